@@ -1,0 +1,73 @@
+"""gpunets: GPU-accelerated learning networks.
+
+A model is a graph of sources, machines (a model bound to its training
+inputs) and operation nodes.  ``fit`` trains every machine upstream of a node,
+in dependency order, retraining only what changed; calling a node evaluates
+the graph on the training data or on new data.  Independent branches run
+concurrently (threads on a CPU, CUDA streams on a GPU, Dask beyond one
+machine), and every network runs on the CPU too, with the same answers.
+
+>>> import numpy as np, gpunets as gn
+>>> from sklearn.linear_model import Ridge, LinearRegression
+>>> rng = np.random.default_rng(0)
+>>> X = gn.source(rng.normal(size=(50, 3)), name="X")
+>>> y = gn.source(rng.normal(size=50), name="y")
+>>> yhat = gn.mean(gn.machine(Ridge(), X, y).predict(X), gn.machine(LinearRegression(), X, y).predict(X))
+>>> sorted(yhat.fit(executor="serial").actions.by_label().items())
+[('LinearRegression', 'train'), ('Ridge', 'train')]
+>>> yhat().shape
+(50,)
+
+``import gpunets`` imports none of cupy, cudf, cuml, numba or dask.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .config import config, get_config, set_config
+from .devices import Device, DeviceFallbackWarning, device
+from .exceptions import (CycleError, DeviceUnavailableError, EvaluationError, FitError, GpunetsError, NetworkError,
+                         NotFittedError, StreamOrderError)
+from .executors import Executor, SerialExecutor, StreamsExecutor, ThreadsExecutor
+from .machines import Machine, machine
+from .network import Evaluation, evaluate, fit, last_trace
+from .nodes import AbstractNode, Node, Source, node, source
+from .ops import hstack, max, mean, min, sum, var, vote, weighted_sum
+from .report import FitReport, fitted_params, report
+from .trace import Trace
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "source", "node", "machine", "fit", "evaluate", "report", "fitted_params", "last_trace",
+    "mean", "weighted_sum", "vote", "hstack", "sum", "min", "max", "var",
+    "config", "get_config", "set_config", "device", "Device", "DeviceFallbackWarning",
+    "AbstractNode", "Source", "Node", "Machine", "FitReport", "Trace", "Evaluation",
+    "Executor", "SerialExecutor", "ThreadsExecutor", "StreamsExecutor", "DaskExecutor",
+    "GpunetsError", "NotFittedError", "CycleError", "NetworkError", "DeviceUnavailableError", "FitError",
+    "EvaluationError", "StreamOrderError",
+]
+
+_LAZY = {
+    "DaskExecutor": ("gpunets.executors.dask", "DaskExecutor"),
+    "Composite": ("gpunets.composite", "Composite"),
+    "CompositeRegressor": ("gpunets.composite", "CompositeRegressor"),
+    "CompositeClassifier": ("gpunets.composite", "CompositeClassifier"),
+    "CompositeTransformer": ("gpunets.composite", "CompositeTransformer"),
+    "StackingRegressor": ("gpunets.stacking", "StackingRegressor"),
+    "StackingClassifier": ("gpunets.stacking", "StackingClassifier"),
+}
+_LAZY_MODULES = ("testing", "kernels", "data", "models", "plan", "scheduler", "graph")
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _LAZY:
+        mod, attr = _LAZY[name]
+        return getattr(importlib.import_module(mod), attr)
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"gpunets.{name}")
+    msg = f"module 'gpunets' has no attribute {name!r}"
+    raise AttributeError(msg)

@@ -1,0 +1,361 @@
+"""Where work runs: the :class:`Device` value, GPU detection, and placement blocks.
+
+Placement of a node or machine is decided in this order (first that applies):
+
+1. an explicit ``device=`` given when the node or machine is built;
+2. the innermost ``with gn.device(...)`` block around the code that built it;
+3. the configured default, ``gn.get_config()["device"]``.
+
+``"auto"`` (or ``None``) at any level means "no preference here": the next level
+decides, and at the bottom ``"auto"`` is ``cuda:0`` when a GPU is usable here
+(:func:`gpu_available`) and ``cpu`` otherwise.
+
+Nothing here imports CuPy at import time; :func:`gpu_available` imports it on
+first call (cached) and never raises.
+
+>>> Device.parse("cuda") == Device.parse("cuda:0")
+True
+>>> with device("cpu"):
+...     resolve(None)
+Device('cpu')
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Any, Union
+
+from .config import get_config
+from .exceptions import DeviceUnavailableError
+
+__all__ = [
+    "Device",
+    "DeviceFallbackWarning",
+    "CPU",
+    "gpu_available",
+    "gpu_count",
+    "resolve",
+    "device",
+    "current_placement",
+    "device_exists",
+    "why_unavailable",
+    "check_available",
+]
+
+_VALID_FORMS = "'cpu', 'cuda', 'cuda:N' (N >= 0), or 'auto'"
+_CUDA_RE = re.compile(r"^cuda(?::(\d+))?$")
+
+
+class DeviceFallbackWarning(UserWarning):
+    """Work placed on a GPU that does not exist here runs on the CPU instead."""
+
+
+@dataclass(frozen=True)
+class Device:
+    """A place where arrays live and work runs: the CPU or one CUDA GPU.
+
+    A frozen, hashable value.  ``Device("cuda")`` is ``cuda:0``; a string with an
+    index (``Device("cuda:1")``) is parsed.
+
+    Parameters
+    ----------
+    kind : {"cpu", "cuda"} or str
+        The kind of device, or a full spec such as ``"cuda:1"``.
+    index : int, optional
+        The GPU ordinal; ``None`` for the CPU, ``0`` by default for CUDA.
+
+    Examples
+    --------
+    >>> Device("cuda", 1)
+    Device('cuda:1')
+    >>> str(Device("cuda")), Device("cpu").is_cpu
+    ('cuda:0', True)
+    >>> {Device("cuda"), Device.parse("cuda:0")} == {Device("cuda", 0)}
+    True
+    """
+
+    kind: str
+    index: Union[int, None] = None
+
+    def __post_init__(self) -> None:
+        kind, index = self.kind, self.index
+        if isinstance(kind, str) and ":" in kind and index is None:
+            parsed = Device.parse(kind)
+            kind, index = parsed.kind, parsed.index
+        if kind == "cpu":
+            if index is not None:
+                raise ValueError(f"Device('cpu') takes no index (got {index!r}); use Device('cpu').")
+        elif kind == "cuda":
+            index = 0 if index is None else index
+            if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+                raise ValueError(f"Invalid CUDA device index {index!r}: expected an int >= 0, "
+                                 f"as in Device('cuda', 1) or 'cuda:1'.")
+        else:
+            raise ValueError(f"Invalid device kind {kind!r}: expected {_VALID_FORMS}.")
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "index", index)
+
+    @staticmethod
+    def parse(spec: Any) -> "Device":
+        """Parse a device spec: a :class:`Device`, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``.
+
+        ``"auto"`` is the automatic device (``cuda:0`` if :func:`gpu_available`,
+        else ``cpu``); use :func:`resolve` to honour ``gn.device`` blocks and the
+        configured default.  String specs are parsed once and cached.
+
+        Raises
+        ------
+        ValueError
+            For anything else, listing the valid forms.
+
+        Examples
+        --------
+        >>> Device.parse(" CUDA:2 ")
+        Device('cuda:2')
+        >>> Device.parse("tpu")
+        Traceback (most recent call last):
+        ...
+        ValueError: Invalid device 'tpu': expected 'cpu', 'cuda', 'cuda:N' (N >= 0), or 'auto'.
+        """
+        if isinstance(spec, Device):
+            return spec
+        if isinstance(spec, str):
+            if spec.strip().lower() == "auto":
+                return _auto_device()
+            return _parse_str(spec)
+        msg = f"Invalid device {spec!r} (a {type(spec).__name__}): expected {_VALID_FORMS}."
+        if isinstance(spec, int) and not isinstance(spec, bool):
+            msg += f" For GPU number {spec}, write 'cuda:{spec}'."
+        raise ValueError(msg)
+
+    @property
+    def is_cuda(self) -> bool:
+        """True for a CUDA GPU.
+
+        >>> Device("cuda:3").is_cuda
+        True
+        """
+        return self.kind == "cuda"
+
+    @property
+    def is_cpu(self) -> bool:
+        """True for the CPU.
+
+        >>> Device("cpu").is_cpu
+        True
+        """
+        return self.kind == "cpu"
+
+    def __str__(self) -> str:
+        return "cpu" if self.kind == "cpu" else f"cuda:{self.index}"
+
+    def __repr__(self) -> str:
+        return f"Device({str(self)!r})"
+
+
+CPU = Device("cpu")
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_str(spec: str) -> Device:
+    text = spec.strip().lower()
+    if text == "cpu":
+        return CPU
+    match = _CUDA_RE.match(text)
+    if match:
+        return Device("cuda", int(match.group(1) or 0))
+    msg = f"Invalid device {spec!r}: expected {_VALID_FORMS}."
+    if text in ("gpu", "cuda:-1") or text.startswith("gpu:"):
+        msg += " GPUs are written 'cuda' or 'cuda:N' with N >= 0."
+    raise ValueError(msg)
+
+
+# ----------------------------------------------------------------- detection
+
+
+@functools.lru_cache(maxsize=1)
+def _gpu_probe() -> tuple[bool, int, str]:
+    """(usable, count, why-not) for this process; cached, never raises."""
+    try:
+        import cupy  # noqa: PLC0415 - optional, imported lazily
+    except Exception as exc:  # ImportError, or a broken CUDA install
+        return False, 0, f"CuPy is not importable ({type(exc).__name__}: {exc})"
+    try:
+        is_available = getattr(cupy.cuda, "is_available", None) or cupy.is_available
+        if not is_available():
+            return False, 0, "cupy.cuda.is_available() is False (no GPU or driver visible)"
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as exc:
+        return False, 0, f"the CUDA runtime could not be queried ({type(exc).__name__}: {exc})"
+    return count > 0, count, "" if count > 0 else "no CUDA device is visible"
+
+
+def gpu_available() -> bool:
+    """Whether a CUDA GPU is usable here: False if CuPy is not importable.
+
+    Cheap after the first call (cached) and never raises.
+
+    >>> isinstance(gpu_available(), bool)
+    True
+    """
+    return _gpu_probe()[0]
+
+
+def gpu_count() -> int:
+    """The number of CUDA GPUs usable here (0 without CuPy or a GPU).
+
+    >>> gpu_count() >= 0
+    True
+    """
+    return _gpu_probe()[1] if gpu_available() else 0
+
+
+def _auto_device() -> Device:
+    return Device("cuda", 0) if gpu_available() else CPU
+
+
+def device_exists(dev: Any) -> bool:
+    """Whether ``dev`` exists on this machine (the CPU always does).
+
+    >>> device_exists("cpu")
+    True
+    """
+    dev = Device.parse(dev)
+    return dev.is_cpu or (gpu_available() and dev.index < gpu_count())
+
+
+def why_unavailable(dev: Any) -> str:
+    """Why ``dev`` cannot be used here, in words; ``""`` when it can.
+
+    >>> why_unavailable("cpu")
+    ''
+    """
+    dev = Device.parse(dev)
+    if device_exists(dev):
+        return ""
+    if not gpu_available():
+        return f"no GPU is available here: {_gpu_probe()[2] or 'gpu_available() is False'}"
+    count = gpu_count()
+    return (f"this machine has {count} GPU(s) (cuda:0 to cuda:{count - 1})"
+            if count else "this machine has no GPU")
+
+
+# ----------------------------------------------------------------- placement
+
+_PLACEMENT: contextvars.ContextVar[Union[Device, str, None]] = contextvars.ContextVar(
+    "gpunets_placement", default=None)
+
+
+class device:
+    """Context manager: the default placement of nodes and machines built inside it.
+
+    Blocks nest; the innermost wins.  ``device("auto")`` defers to the configured
+    default.  The setting lives in a :mod:`contextvars` variable, so it applies
+    to this thread and to tasks that copy the caller's context.
+
+    Parameters
+    ----------
+    spec : str or Device
+        ``"cpu"``, ``"cuda"``, ``"cuda:N"``, a :class:`Device`, or ``"auto"``.
+
+    Examples
+    --------
+    >>> with device("cuda:1"):
+    ...     with device("cpu"):
+    ...         inner = current_placement()
+    ...     outer = current_placement()
+    >>> inner, outer, current_placement()
+    (Device('cpu'), Device('cuda:1'), None)
+    """
+
+    def __init__(self, spec: Union[str, Device]) -> None:
+        if spec is None or (isinstance(spec, str) and spec.strip().lower() == "auto"):
+            self._spec: Union[Device, str] = "auto"
+        else:
+            self._spec = Device.parse(spec)
+        self._tokens: list[contextvars.Token] = []
+
+    def __enter__(self) -> Union[Device, str]:
+        self._tokens.append(_PLACEMENT.set(self._spec))
+        return self._spec
+
+    def __exit__(self, *exc: object) -> None:
+        _PLACEMENT.reset(self._tokens.pop())
+
+
+def current_placement() -> Union[Device, str, None]:
+    """What the innermost :class:`device` block set (a Device or ``"auto"``), or None outside.
+
+    >>> current_placement() is None
+    True
+    """
+    return _PLACEMENT.get()
+
+
+def resolve(spec: Union[str, Device, None] = None) -> Device:
+    """The device to use for ``spec``: explicit, else the ``device`` block, else the config.
+
+    Parameters
+    ----------
+    spec : str, Device or None
+        An explicit placement; ``None`` or ``"auto"`` means "no preference".
+
+    Returns
+    -------
+    Device
+
+    Examples
+    --------
+    >>> resolve("cuda:1")
+    Device('cuda:1')
+    >>> from gpunets.config import config
+    >>> with config(device="cpu"):
+    ...     resolve("auto")
+    Device('cpu')
+    """
+    for level in (spec, current_placement(), get_config().get("device")):
+        if level is None or (isinstance(level, str) and level.strip().lower() == "auto"):
+            continue
+        return Device.parse(level)
+    return _auto_device()
+
+
+def check_available(dev: Union[str, Device], *, what: str, fallback: Union[str, None] = None) -> Device:
+    """Return the device to use for ``what``: ``dev`` if it exists here, else the CPU or an error.
+
+    Parameters
+    ----------
+    dev : str or Device
+        Where ``what`` is placed.
+    what : str
+        The culprit, for messages, e.g. ``"machine Ridge"`` or ``"node mean"``.
+    fallback : {"warn", "raise", "silent"}, optional
+        Default: ``get_config()["fallback"]``.  ``"warn"`` emits one
+        :class:`DeviceFallbackWarning` and returns the CPU; ``"silent"`` returns
+        the CPU; ``"raise"`` raises :class:`~gpunets.exceptions.DeviceUnavailableError`.
+
+    Examples
+    --------
+    >>> check_available("cpu", what="node mean")
+    Device('cpu')
+    """
+    dev = Device.parse(dev)
+    if device_exists(dev):
+        return dev
+    policy = fallback or get_config()["fallback"]
+    if policy not in ("warn", "raise", "silent"):
+        raise ValueError(f"fallback={policy!r} is not a fallback policy; use 'warn', 'raise' or 'silent'.")
+    why = why_unavailable(dev)
+    if policy == "raise":
+        msg = (f"{what} is placed on {dev!s}, but {why}. Place it on 'cpu', or run where a GPU is "
+               f"present; gn.config(fallback='warn') runs it on the CPU with a warning.")
+        raise DeviceUnavailableError(msg)
+    if policy == "warn":
+        msg = (f"{what} is placed on {dev!s}, but {why}; running it on the CPU instead. "
+               f"Place it on 'cpu' to silence this, or use gn.config(fallback='raise') to make it an error.")
+        warnings.warn(msg, DeviceFallbackWarning, stacklevel=2)
+    return CPU

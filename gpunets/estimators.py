@@ -1,0 +1,60 @@
+"""Fitting and applying one machine's estimator: the single place models are called.
+
+Placement (which estimator actually runs, on which device) is decided by
+:func:`gpunets.models.resolve_estimator` when the plan is compiled; this
+module only clones, fits and applies.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .machines import FittedState, Machine
+
+__all__ = ["fresh_estimator", "fit_estimator", "apply_estimator"]
+
+
+def fresh_estimator(model: Any) -> Any:
+    """An unfitted copy of ``model`` (scikit-learn's ``clone``, deep copy for other objects)."""
+    from sklearn.base import clone
+
+    return clone(model, safe=False)
+
+
+def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None) -> tuple[Any, dict[str, Any]]:
+    """Fit the fresh estimator ``est`` on ``values``; return it and where it ran.
+
+    Pure apart from fitting ``est`` itself, so it can run on any thread or Dask worker.
+    """
+    start = time.perf_counter()
+    info: dict[str, Any] = {"device": "cpu", "path": "sklearn"}
+    if resolved is not None:
+        from .models import fit_context
+
+        info = {"device": str(resolved.device), "path": resolved.path}
+        if getattr(resolved, "reason", ""):
+            info["reason"] = resolved.reason
+        with fit_context(resolved):
+            est.fit(*values)
+    else:
+        est.fit(*values)
+    info["seconds"] = time.perf_counter() - start
+    shape = getattr(values[0], "shape", None) if values else None
+    info["n_rows"] = int(shape[0]) if shape else None
+    return est, info
+
+
+def apply_estimator(est: Any, op: str, values: tuple[Any, ...], path: str = "sklearn") -> Any:
+    """Call operation ``op`` of the fitted estimator ``est`` on ``values``."""
+    method = getattr(est, op, None)
+    if method is None:
+        msg = f"The fitted {type(est).__name__} has no method {op!r}."
+        raise AttributeError(msg)
+    if path == "array_api":
+        from .models import call_context
+
+        with call_context(path):
+            return method(*values)
+    return method(*values)

@@ -1,0 +1,52 @@
+"""The executor interface: ``run(plan) -> Run``."""
+
+from __future__ import annotations
+
+import contextvars
+import os
+from typing import Any
+
+__all__ = ["Executor", "inside_task", "task_context", "default_workers"]
+
+_IN_TASK: contextvars.ContextVar[int] = contextvars.ContextVar("gpunets_in_task", default=0)
+
+
+def inside_task() -> bool:
+    """True while running inside a task of a gpunets run (a nested network)."""
+    return _IN_TASK.get() > 0
+
+
+def task_context() -> contextvars.Context:
+    """A copy of the caller's context, marked as being inside a task, for worker threads."""
+    ctx = contextvars.copy_context()
+    ctx.run(_IN_TASK.set, _IN_TASK.get() + 1)
+    return ctx
+
+
+def default_workers() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class Executor:
+    """Runs every task of a plan; subclasses choose where.
+
+    Subclasses implement :meth:`run`, which creates a
+    :class:`gpunets.scheduler.Run`, drives it to its end and returns it.
+    """
+
+    name = "executor"
+
+    def __init__(self, workers: int | None = None) -> None:
+        if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
+            msg = f"workers={workers!r} must be a positive integer or None (the number of cores)."
+            raise ValueError(msg)
+        self.workers = workers or default_workers()
+
+    def run(self, plan: Any, on_task_done: Any = None) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(workers={self.workers})"

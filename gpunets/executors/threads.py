@@ -1,0 +1,79 @@
+"""A pool of worker threads taking ready tasks from the one scheduler.
+
+Native thread pools (BLAS, OpenMP) are capped for the run with threadpoolctl,
+to ``cores // workers`` threads each, so concurrent tasks do not oversubscribe
+the cores.  Threads are started per run and joined before it returns: a
+nested network inside a task starts its own, so nesting cannot deadlock on a
+shared bounded pool.  Ctrl-C stops new tasks, lets running ones finish and
+joins every thread before re-raising.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ..scheduler import Run
+from .base import Executor, default_workers, task_context
+
+__all__ = ["ThreadsExecutor", "limit_native_threads"]
+
+
+class _NoLimit:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: object) -> None:
+        return None
+
+
+def limit_native_threads(n: int, user_api: str | None = None) -> Any:
+    """A threadpoolctl limit of ``n`` native threads (a no-op if threadpoolctl is missing)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
+        return _NoLimit()
+    return threadpool_limits(limits=n, user_api=user_api)
+
+
+class ThreadsExecutor(Executor):
+    """Run ready tasks on ``workers`` threads (default: the cores).
+
+    >>> import numpy as np, gpunets as gn
+    >>> X = gn.source(np.ones(2), name="X")
+    >>> gn.mean(X + 1, X * 3)(executor=ThreadsExecutor(workers=2)).tolist()
+    [2.5, 2.5]
+    """
+
+    name = "threads"
+
+    def __init__(self, workers: int | None = None, limit_native: bool = True) -> None:
+        super().__init__(workers)
+        self.limit_native = limit_native
+
+    def run(self, plan: Any, on_task_done: Any = None) -> Run:
+        run = Run(plan, executor_name=self.name, on_task_done=on_task_done)
+        n_tasks = sum(1 for t in plan.tasks if t.kind != "source")
+        n = max(1, min(self.workers, n_tasks))
+        per_task = max(1, default_workers() // n)
+        threads = [threading.Thread(target=task_context().run, args=(self._work, run, i, per_task),
+                                    name=f"gpunets-thread-{i}", daemon=True) for i in range(n)]
+        limit = limit_native_threads(per_task, "blas") if self.limit_native else _NoLimit()
+        with limit:
+            for t in threads:
+                t.start()
+            try:
+                run.wait()
+            except BaseException as e:  # KeyboardInterrupt: stop cleanly, leave no thread behind
+                run.abort(e)
+                raise
+            finally:
+                for t in threads:
+                    t.join()
+        return run
+
+    def _work(self, run: Run, lane: int, per_task: int) -> None:
+        limit = limit_native_threads(per_task, "openmp") if self.limit_native else _NoLimit()
+        with limit:
+            while (k := run.next_ready(block=True)) is not None:
+                run.run_task(k, lane=lane)

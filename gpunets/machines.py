@@ -1,0 +1,385 @@
+"""Machines: a model bound to its training arguments.
+
+A machine never fits the model object it was given: ``mach.model`` stays the
+hyperparameter specification that users change (``mach.model.alpha = 2`` or
+``mach.model.set_params(...)``); each training fits a fresh
+:func:`sklearn.base.clone` of it, kept at ``mach.estimator_`` once the fit has
+succeeded.  A failed fit leaves the previous state untouched.
+
+Retraining rules (MLJ's ``fit_only!``), applied by :func:`gpunets.fit` to each
+machine upstream of the target, dependencies first:
+
+1. a frozen machine (``freeze()``) always skips;
+2. an untrained machine, ``force=True``, ``rows`` different from its last fit,
+   new data in an upstream source, or an upstream machine that retrained
+   (in this call or since this machine's last fit) → ``"train"``;
+3. its own model's hyperparameters changed since its last fit (nested
+   estimators' parameters included) → ``"update"``;
+4. otherwise → ``"skip"``.
+
+>>> import numpy as np, gpunets as gn
+>>> from sklearn.linear_model import Ridge
+>>> X, y = np.arange(8.0).reshape(4, 2), np.arange(4.0)
+>>> mach = gn.machine(Ridge(), X, y)
+>>> mach
+<Machine Ridge(X, y)>
+>>> dict(mach.fit().actions) == {mach: "train"}
+True
+>>> mach.model.alpha = 2.0
+>>> mach.fit().actions[mach], mach.fit().actions[mach]
+('update', 'skip')
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .exceptions import NotFittedError
+from .nodes import AbstractNode, Node, Source, as_node, is_node
+
+__all__ = ["Machine", "machine", "OPERATIONS"]
+
+OPERATIONS = ("predict", "predict_proba", "predict_log_proba", "decision_function", "transform",
+              "inverse_transform", "fit_transform", "score")
+
+_uids = itertools.count()
+
+
+@dataclass(frozen=True)
+class PendingFit:
+    """A fit decided at plan time: the fresh estimator and the state it will commit."""
+
+    machine: "Machine"
+    action: str
+    estimator: Any
+    params: dict[str, Any]
+    rows_key: Any
+    upstream: dict[int, int]
+
+
+@dataclass(frozen=True)
+class FittedState:
+    """Everything a successful fit leaves behind; replaced as a whole, never mutated."""
+
+    estimator: Any
+    params: dict[str, Any]
+    rows: Any
+    upstream: dict[int, int]         # uid of machine or source -> its version at fit time
+    version: int
+    action: str
+    seconds: float
+    device: str = "cpu"
+    path: str = "sklearn"
+    n_rows: int | None = None
+    history: tuple[str, ...] = field(default=())
+
+
+class Machine:
+    """A model bound to its training arguments (nodes).
+
+    Parameters
+    ----------
+    model : estimator
+        Anything with a ``fit`` method, usually a scikit-learn or cuML estimator.
+    *args : nodes or data
+        Training arguments, passed to ``fit`` positionally (``X``, ``y``, ...).
+        Raw data is wrapped in a source.
+    device : str, optional
+        Where the machine trains and predicts (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
+    name : str, optional
+        A label for reports (default: the model's class name).
+    """
+
+    def __init__(self, model: Any, *args: Any, device: Any = None, name: str | None = None) -> None:
+        from .devices import Device, current_placement
+
+        if not callable(getattr(model, "fit", None)):
+            hint = (" It is a class: pass an instance, e.g. machine(Ridge(), X, y)."
+                    if isinstance(model, type) else "")
+            msg = (f"machine() needs a model with a fit method (a scikit-learn-style estimator); "
+                   f"got {model!r} of type {type(model).__name__}.{hint}")
+            raise TypeError(msg)
+        nodes = []
+        for i, a in enumerate(args):
+            if not is_node(a) and (callable(a) or isinstance(a, (str, bytes))):
+                msg = (f"argument {i} of machine({type(model).__name__}, ...) is {a!r} of type "
+                       f"{type(a).__name__}: expected a node or data (NumPy, pandas, CuPy or cuDF). "
+                       "Wrap data in gn.source(data) or pass a node.")
+                raise TypeError(msg)
+            nodes.append(as_node(a, what=f"argument {i} of machine {type(model).__name__}", position=i))
+        self._uid = next(_uids)
+        self.model = model
+        self.args: tuple[AbstractNode, ...] = tuple(nodes)
+        self.name = name
+        if device is None:
+            device = current_placement()
+        elif device != "auto":
+            device = Device.parse(device)
+        self.device = device
+        self.frozen = False
+        self._state: FittedState | None = None
+        self._version = 0
+        self.n_fits = 0
+
+    # --- identity & display --------------------------------------------------------------
+    @property
+    def label(self) -> str:
+        return self.name or type(self.model).__name__
+
+    def __repr__(self) -> str:
+        args = ", ".join(a._short(1) for a in self.args)
+        return f"<Machine {self.label}({args})>"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+    # --- operations return nodes ---------------------------------------------------------
+    def _operation(self, op: str, *args: Any, name: str | None = None) -> Node:
+        if not callable(getattr(self.model, op, None)):
+            msg = (f"{self.label} has no method {op!r}, so machine.{op}(...) cannot be built. "
+                   f"Operations it offers: {[o for o in OPERATIONS if callable(getattr(self.model, o, None))]}.")
+            raise AttributeError(msg)
+        if not args:
+            args = self.args[:1]
+        nodes = [as_node(a, what=f"argument {i} of {self.label}.{op}", position=i) for i, a in enumerate(args)]
+        return Node(op, nodes, machine=self, name=name, device=self.device)
+
+    def predict(self, X: Any = None, **kw: Any) -> Node:
+        """A node: ``estimator_.predict(X)``."""
+        return self._operation("predict", *([X] if X is not None else []), **kw)
+
+    def predict_proba(self, X: Any = None, **kw: Any) -> Node:
+        """A node: ``estimator_.predict_proba(X)``."""
+        return self._operation("predict_proba", *([X] if X is not None else []), **kw)
+
+    def predict_log_proba(self, X: Any = None, **kw: Any) -> Node:
+        """A node: ``estimator_.predict_log_proba(X)``."""
+        return self._operation("predict_log_proba", *([X] if X is not None else []), **kw)
+
+    def decision_function(self, X: Any = None, **kw: Any) -> Node:
+        """A node: ``estimator_.decision_function(X)``."""
+        return self._operation("decision_function", *([X] if X is not None else []), **kw)
+
+    def transform(self, X: Any = None, **kw: Any) -> Node:
+        """A node: ``estimator_.transform(X)``."""
+        return self._operation("transform", *([X] if X is not None else []), **kw)
+
+    def inverse_transform(self, X: Any = None, **kw: Any) -> Node:
+        """A node: ``estimator_.inverse_transform(X)``."""
+        return self._operation("inverse_transform", *([X] if X is not None else []), **kw)
+
+    # --- state ---------------------------------------------------------------------------
+    @property
+    def is_fitted(self) -> bool:
+        return self._state is not None
+
+    @property
+    def estimator_(self) -> Any:
+        """The fitted clone of ``model``."""
+        if self._state is None:
+            raise NotFittedError(self._not_fitted_message())
+        return self._state.estimator
+
+    def _not_fitted_message(self) -> str:
+        frozen = " It is frozen: thaw() it first." if self.frozen else ""
+        return (f"Machine {self.label} is not trained yet, so its operations cannot be evaluated. "
+                f"Call fit() on the node (or gn.fit(node)) first.{frozen}")
+
+    def freeze(self) -> "Machine":
+        """Never retrain this machine (until :meth:`thaw`)."""
+        self.frozen = True
+        return self
+
+    def thaw(self) -> "Machine":
+        """Undo :meth:`freeze`."""
+        self.frozen = False
+        return self
+
+    def fit(self, rows: Any = None, force: bool = False, **kw: Any) -> Any:
+        """Train this machine and every machine upstream of it; see :func:`gpunets.fit`."""
+        from .network import fit
+
+        return fit(self, rows=rows, force=force, **kw)
+
+    # --- the retraining rule -------------------------------------------------------------
+    def _upstream_versions(self) -> dict[int, int]:
+        from .graph import machine_parents, machine_sources
+
+        out = {m._uid: m._version for m in machine_parents(self)}
+        out.update({s._uid: s._version for s in machine_sources(self)})
+        return out
+
+    def _decide(self, rows_key: Any, force: bool, upstream_changing: bool) -> str:
+        """What :func:`gpunets.fit` will do with this machine (rules in the module docstring)."""
+        if self.frozen:
+            return "skip"
+        st = self._state
+        if st is None or force or upstream_changing or not _same_rows(st.rows, rows_key):
+            return "train"
+        if st.upstream != self._upstream_versions():
+            return "train"
+        if not params_equal(st.params, snapshot_params(self.model)):
+            return "update"
+        return "skip"
+
+    def _prepare_fit(self, action: str, rows_key: Any, upstream: dict[int, int]) -> "PendingFit":
+        """What a fit task needs, taken now (when the plan is compiled), so the task is pure.
+
+        ``upstream`` holds the versions the upstream machines will have once
+        this plan's fits have committed.
+        """
+        from .estimators import fresh_estimator
+
+        previous = self._state
+        if action == "update" and previous is not None and getattr(previous.estimator, "_gn_incremental", False):
+            est = previous.estimator._gn_updated_copy(self.model)
+        else:
+            est = fresh_estimator(self.model)
+        return PendingFit(self, action, est, snapshot_params(self.model), rows_key, upstream)
+
+    def _commit(self, pending: "PendingFit", est: Any, info: dict[str, Any]) -> None:
+        """Install the result of a successful fit (called on the client, in the scheduler)."""
+        previous = self._state
+        hist = (previous.history if previous else ()) + (pending.action,)
+        self._state = FittedState(est, pending.params, pending.rows_key, pending.upstream, self._version + 1,
+                                  pending.action, info.get("seconds", 0.0), info.get("device", "cpu"),
+                                  info.get("path", "sklearn"), info.get("n_rows"), hist)
+        self._version += 1
+        self.n_fits += 1
+
+    def _apply(self, op: str, values: tuple[Any, ...]) -> Any:
+        from .estimators import apply_estimator
+
+        if self._state is None:
+            raise NotFittedError(self._not_fitted_message())
+        return apply_estimator(self._state.estimator, op, values, self._state.path)
+
+    # --- what it learned -----------------------------------------------------------------
+    def fitted_params(self) -> dict[str, Any]:
+        """The learned attributes of the fitted estimator (scikit-learn's trailing ``_``)."""
+        est = self.estimator_
+        out: dict[str, Any] = {}
+        for k in sorted(vars(est)) if hasattr(est, "__dict__") else []:
+            if k.endswith("_") and not k.startswith("_") and not k.endswith("__"):
+                out[k] = getattr(est, k)
+        return out
+
+    def report(self) -> dict[str, Any]:
+        """What happened when this machine last trained: action, time, rows, device."""
+        st = self._state
+        base = {"label": self.label, "model": type(self.model).__name__, "frozen": self.frozen,
+                "trained": st is not None, "n_fits": self.n_fits}
+        if st is None:
+            return base
+        base.update(action=st.action, seconds=st.seconds, n_rows=st.n_rows, device=st.device, path=st.path,
+                    history=list(st.history))
+        extra = getattr(st.estimator, "report_", None)
+        if isinstance(extra, dict):
+            base["components"] = extra
+        return base
+
+
+def _n_rows(x: Any) -> int | None:
+    shape = getattr(x, "shape", None)
+    if shape:
+        return int(shape[0])
+    try:
+        return len(x)
+    except TypeError:
+        return None
+
+
+def _same_rows(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return _equal(a, b)
+
+
+def machine(model: Any, *args: Any, device: Any = None, name: str | None = None) -> Machine:
+    """Bind ``model`` to its training arguments.
+
+    Parameters
+    ----------
+    model : estimator
+        An object with ``fit`` (scikit-learn, cuML, a gpunets composite, ...).
+    *args : nodes or data
+        Training arguments, e.g. ``X`` and ``y``. Raw data is wrapped in a source.
+    device : str, optional
+        Placement: ``"cpu"``, ``"cuda"``, ``"cuda:N"``; default the enclosing
+        ``gn.device`` block, else the config default.
+    name : str, optional
+        Label for reports.
+
+    Examples
+    --------
+    >>> import numpy as np, gpunets as gn
+    >>> from sklearn.preprocessing import StandardScaler
+    >>> X = gn.source(np.array([[0.0], [2.0]]), name="X")
+    >>> scale = gn.machine(StandardScaler(), X)
+    >>> W = scale.transform(X)
+    >>> W
+    <Node transform(StandardScaler, X)>
+    >>> _ = W.fit()
+    >>> W().ravel().tolist()
+    [-1.0, 1.0]
+    """
+    return Machine(model, *args, device=device, name=name)
+
+
+# --- hyperparameter snapshots ----------------------------------------------------------
+
+def snapshot_params(model: Any) -> dict[str, Any]:
+    """A copy of ``model``'s hyperparameters (nested ones included) to compare later."""
+    get = getattr(model, "get_params", None)
+    if callable(get):
+        try:
+            params = get(deep=True)
+        except TypeError:
+            params = get()
+    else:
+        params = {k: v for k, v in vars(model).items() if not k.endswith("_")} if hasattr(model, "__dict__") else {}
+    out: dict[str, Any] = {}
+    for k, v in params.items():
+        if callable(getattr(v, "get_params", None)) or callable(getattr(v, "fit", None)):
+            out[k] = ("<estimator>", type(v), id(v))  # its own params are flattened as k__param
+        else:
+            try:
+                out[k] = copy.deepcopy(v)
+            except Exception:
+                out[k] = ("<uncopyable>", id(v))
+    return out
+
+
+def params_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    if a.keys() != b.keys():
+        return False
+    return all(_equal(a[k], b[k]) for k in a)
+
+
+def _equal(x: Any, y: Any) -> bool:
+    if x is y:
+        return True
+    if type(x) is not type(y):
+        return False
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        import numpy as np
+
+        try:
+            return x.shape == y.shape and bool(np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True))
+        except TypeError:
+            return bool(np.array_equal(np.asarray(x), np.asarray(y)))
+    if isinstance(x, (list, tuple)):
+        return len(x) == len(y) and all(_equal(p, q) for p, q in zip(x, y))
+    if isinstance(x, dict):
+        return x.keys() == y.keys() and all(_equal(x[k], y[k]) for k in x)
+    if isinstance(x, slice):
+        return (x.start, x.stop, x.step) == (y.start, y.stop, y.step)
+    try:
+        r = x == y
+        return bool(r) if isinstance(r, (bool,)) or type(r).__name__ == "bool_" else False
+    except Exception:
+        return False

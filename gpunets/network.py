@@ -1,0 +1,229 @@
+"""Fit and evaluate networks: compile a plan, pick an executor, run, report.
+
+This is the one place where the user-facing verbs meet the planner and the
+executors; nodes and machines call into it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .exceptions import NetworkError
+from .nodes import AbstractNode, Source, is_node
+from .plan import compile_call, compile_fit
+from .trace import Trace
+
+__all__ = ["fit", "evaluate", "Evaluation", "last_trace"]
+
+_LAST_TRACE: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("gpunets_last_trace", default=None)
+
+
+def last_trace() -> Trace | None:
+    """The trace of the last fit or evaluation run in this context."""
+    return _LAST_TRACE.get()
+
+
+def _max_lanes(executor: Any, workers: int | None) -> int:
+    from .config import get_config
+    from .executors.base import default_workers
+
+    if workers is None:
+        workers = get_config()["workers"]
+    if workers is None:
+        workers = getattr(executor, "workers", None)
+    return max(1, workers or default_workers())
+
+
+def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = None,
+        workers: int | None = None, device: Any = None, progress: bool | None = None) -> Any:
+    """Train every machine upstream of ``targets``, dependencies first.
+
+    Each machine trains, updates or skips by the retraining rules (see
+    :mod:`gpunets.machines`).
+
+    Parameters
+    ----------
+    *targets : Node or Machine
+        What to fit for.
+    rows : index, slice or mask, optional
+        Train every machine on these rows of the sources' data.
+    force : bool
+        Retrain every machine from scratch (except frozen ones).
+    executor : {"auto", "serial", "threads", "streams", "dask"} or Executor, optional
+        Where tasks run; default from :func:`gpunets.config` (``"auto"``).
+    workers : int, optional
+        Threads (``threads``) or lanes (``streams``); default: the cores.
+    device : str, optional
+        Run the whole network on this device for this fit: ``device="cpu"``
+        is the CPU fallback path (every node on the CPU, cuML models replaced
+        by their scikit-learn twins).
+    progress : bool, optional
+        Show a tqdm progress bar.
+
+    Returns
+    -------
+    FitReport
+        ``actions`` maps every machine upstream to ``"train"``, ``"update"`` or ``"skip"``.
+
+    Examples
+    --------
+    >>> import numpy as np, gpunets as gn
+    >>> from sklearn.linear_model import Ridge
+    >>> X = gn.source(np.arange(10.0).reshape(5, 2), name="X")
+    >>> y = gn.source(np.arange(5.0), name="y")
+    >>> m = gn.machine(Ridge(), X, y)
+    >>> report = gn.fit(m.predict(X))
+    >>> report.actions["Ridge"]
+    'train'
+    >>> gn.fit(m.predict(X)).actions["Ridge"]
+    'skip'
+    """
+    from .config import config, get_config
+    from .executors import get_executor
+    from .report import FitReport
+
+    if not targets:
+        msg = "gn.fit needs at least one node or machine to fit, e.g. gn.fit(yhat)."
+        raise TypeError(msg)
+    if device is not None:
+        with config(device=device), _override_placement(device):
+            return fit(*targets, rows=rows, force=force, executor=executor, workers=workers, progress=progress)
+    plan = compile_fit(list(targets), rows=rows, force=force, max_lanes=_max_lanes(executor, workers))
+    ex = get_executor(executor, workers, plan)
+    show = get_config()["progress"] if progress is None else progress
+    bar, callback = _progress_bar(plan, show)
+    try:
+        run = ex.run(plan, on_task_done=callback)
+    finally:
+        if bar is not None:
+            bar.close()
+    _LAST_TRACE.set(run.trace)
+    run.raise_error()
+    return FitReport(plan, run.trace, getattr(ex, "name", str(ex)))
+
+
+def _override_placement(device: Any) -> Any:
+    from .devices import override_placement
+
+    return override_placement(device)
+
+
+def _progress_bar(plan: Any, show: bool) -> tuple[Any, Any]:
+    n = sum(1 for t in plan.tasks if t.kind == "fit")
+    if not show or n == 0:
+        return None, None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover - tqdm is optional
+        return None, None
+    bar = tqdm(total=n, desc="fitting", unit="machine", leave=False)
+
+    def callback(task: Any) -> None:
+        if task.kind == "fit":
+            bar.update(1)
+
+    return bar, callback
+
+
+@dataclass
+class Evaluation:
+    """The value of an evaluation and its trace."""
+
+    value: Any
+    trace: Trace
+
+
+def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any]) -> dict[int, Any]:
+    origins = target.origins
+    bindings: dict[int, Any] = {}
+    if len(data) > 1:
+        msg = (f"{target!r} takes new data for one origin positionally, got {len(data)} values; "
+               f"pass the others by source name, e.g. node(X=..., Z=...).")
+        raise TypeError(msg)
+    if data:
+        if len(origins) != 1:
+            names = [s.label for s in origins]
+            kw = ", ".join(f"{n}=..." for n in names)
+            msg = (f"{target!r} has {len(origins)} origins ({names}), so new data must be passed by "
+                   f"source name: node({kw}).")
+            raise NetworkError(msg)
+        bindings[origins[0]._uid] = data[0]
+    if named:
+        by_name: dict[str, list[Source]] = {}
+        for s in origins:
+            if s.name is not None:
+                by_name.setdefault(s.name, []).append(s)
+        for name, value in named.items():
+            found = by_name.get(name)
+            if not found:
+                valid = sorted(by_name)
+                others = [s.name for s in target.sources if s.name == name]
+                why = (f" Source {name!r} is upstream only through a machine's training data, so new data "
+                       "for it would not change this node." if others else "")
+                msg = (f"{target!r} has no origin named {name!r}.{why} Valid names are: {valid}"
+                       + ("" if valid else " (no origin has a name: create sources with gn.source(data, name=...))")
+                       + ".")
+                raise NetworkError(msg)
+            if len(found) > 1:
+                msg = f"{len(found)} origins of {target!r} are named {name!r}: give the sources distinct names."
+                raise NetworkError(msg)
+            if found[0]._uid in bindings:
+                msg = f"Data for origin {name!r} was given twice (positionally and by name)."
+                raise TypeError(msg)
+            bindings[found[0]._uid] = value
+    if bindings:
+        from .data import check_placeable
+
+        labels = {s._uid: s.label for s in origins}
+        for uid, value in bindings.items():
+            check_placeable(value, what=f"the data given for source {labels[uid]!r}", device="cpu")
+    return bindings
+
+
+def evaluate(target: AbstractNode, data: Sequence[Any] = (), named: dict[str, Any] | None = None, *,
+             rows: Any = None, executor: Any = None, workers: int | None = None, output: str = "auto",
+             trace: bool = False) -> Any:
+    """Evaluate ``target``: ``target()``, ``target(Xnew)``, ``target(X=...)``, ``target(rows=r)``.
+
+    With ``trace=True`` return an :class:`Evaluation` holding the value and the trace.
+
+    >>> import numpy as np, gpunets as gn
+    >>> X = gn.source(np.ones(2), name="X")
+    >>> r = gn.evaluate(X + 1, trace=True)
+    >>> r.value.tolist(), len(r.trace)
+    ([2.0, 2.0], 1)
+    """
+    from .executors import get_executor
+
+    if not is_node(target):
+        msg = f"evaluate needs a node, got {target!r} of type {type(target).__name__}."
+        raise TypeError(msg)
+    if output not in ("auto", "device"):
+        msg = f"output={output!r}: use 'auto' (the type family given) or 'device' (where it was computed)."
+        raise ValueError(msg)
+    bindings = _bindings(target, tuple(data), dict(named or {}))
+    plan = compile_call([target], bindings, rows=rows, max_lanes=_max_lanes(executor, workers))
+    ex = get_executor(executor, workers, plan)
+    run = ex.run(plan)
+    _LAST_TRACE.set(run.trace)
+    (value,) = run.results()
+    if output == "auto":
+        value = _like_input(value, plan)
+    return Evaluation(value, run.trace) if trace else value
+
+
+def _like_input(value: Any, plan: Any) -> Any:
+    """Return ``value`` in the type family of the data the caller gave (pandas in, pandas out)."""
+    from .data import device_of, to_host_like
+
+    sources = [t.value for t in plan.tasks if t.kind == "source" and t.value is not None]
+    if not sources:
+        return value
+    try:
+        if device_of(sources[0]) == device_of(value):
+            return value
+    except TypeError:
+        return value
+    return to_host_like(value, sources[0])

@@ -1,0 +1,311 @@
+"""Compile a fit or a call of a network into a :class:`Plan` of tasks.
+
+A plan is a list of :class:`Task` in a topological order.  Each task has
+
+* ``kind``: ``"source"`` (a value known before the run: source data, already
+  row-selected), ``"eval"`` (apply a node's operation), ``"fit"`` (train one
+  machine) or ``"move"`` (copy a value to another device);
+* ``deps``: the keys of the tasks whose values it consumes, in argument order;
+* ``lane``: the independent branch it belongs to, assigned with GrCUDA's
+  policy (a chain stays on its lane, a parent's first child inherits the
+  parent's lane, other children take a free lane or open a new one, up to
+  ``max_lanes``).
+
+Machines that skip cost no task.  Every executor runs the same plan.
+
+>>> import numpy as np, gpunets as gn
+>>> X = gn.source(np.ones(3), name="X")
+>>> p = compile_call([X + 1, X * 2], {}, rows=None)
+>>> [(t.kind, t.label) for t in p.tasks]
+[('source', 'X'), ('eval', 'add(X, 1)'), ('eval', 'mul(X, 2)')]
+>>> [t.lane for t in p.tasks[1:]]
+[0, 1]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from .exceptions import NetworkError, NotFittedError
+from .graph import machine_parents, machine_sources, op_nodes, upstream_machines
+from .nodes import AbstractNode, Node, Source, is_node
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .machines import Machine
+
+__all__ = ["Task", "Plan", "compile_fit", "compile_call", "assign_lanes"]
+
+
+@dataclass(eq=False)
+class Task:
+    """One unit of work in a plan."""
+
+    key: int
+    kind: str
+    label: str
+    fn: Callable[..., Any] | None
+    deps: tuple[int, ...] = ()
+    lane: int = -1
+    device: str = "cpu"
+    node: AbstractNode | None = None
+    machine: "Machine | None" = None
+    value: Any = None          # for "source" tasks
+    cost: float = 1.0
+    commit: Callable[..., None] | None = None   # "fit" tasks: installs the fitted state on the client
+
+    def __repr__(self) -> str:
+        return f"<Task {self.key} {self.kind} {self.label} lane={self.lane} deps={list(self.deps)}>"
+
+
+@dataclass(eq=False)
+class Plan:
+    """Tasks in topological order, the keys of the outputs, and what each machine will do."""
+
+    kind: str                           # "fit" or "call"
+    tasks: list[Task]
+    outputs: tuple[int, ...]
+    actions: dict[Any, str] = field(default_factory=dict)
+    n_lanes: int = 0
+    consumers: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        cons: list[list[int]] = [[] for _ in self.tasks]
+        for t in self.tasks:
+            for d in t.deps:
+                cons[d].append(t.key)
+        self.consumers = cons
+
+    @property
+    def runnable(self) -> list[Task]:
+        return [t for t in self.tasks if t.kind != "source"]
+
+    @property
+    def width(self) -> int:
+        return self.n_lanes
+
+    def path_to_output(self, key: int) -> list[Task]:
+        """The chain of tasks from ``key`` to an output (for error messages)."""
+        path = [self.tasks[key]]
+        seen = {key}
+        while path[-1].key not in self.outputs and self.consumers[path[-1].key]:
+            nxt = self.consumers[path[-1].key][0]
+            if nxt in seen:
+                break
+            seen.add(nxt)
+            path.append(self.tasks[nxt])
+        return path
+
+
+class _Builder:
+    """Turns nodes into tasks, memoised so a node reached twice is computed once."""
+
+    def __init__(self, *, rows: Any, bindings: dict[int, Any], mode: str) -> None:
+        self.rows = rows
+        self.bindings = bindings      # source uid -> replacement data
+        self.mode = mode              # "fit" (sources at rows) or "call"
+        self.tasks: list[Task] = []
+        self.memo: dict[int, int] = {}
+        self.fit_key: dict[int, int] = {}
+
+    def add(self, **kw: Any) -> int:
+        key = len(self.tasks)
+        self.tasks.append(Task(key=key, **kw))
+        return key
+
+    def node(self, n: AbstractNode) -> int:
+        key = self.memo.get(n._uid)
+        if key is not None:
+            return key
+        for x in op_nodes([n]):
+            if x._uid in self.memo:
+                continue
+            self.memo[x._uid] = self._make(x)
+        return self.memo[n._uid]
+
+    def _make(self, x: AbstractNode) -> int:
+        if isinstance(x, Source):
+            return self.add(kind="source", label=x.label, fn=None, node=x, value=self._source_value(x))
+        assert isinstance(x, Node)
+        deps: list[int] = []
+        spec: list[tuple[bool, Any]] = []
+        for a in x.args:
+            if is_node(a):
+                spec.append((True, len(deps)))
+                deps.append(self.memo[a._uid])
+            else:
+                spec.append((False, a))
+        m = x.machine
+        cost = 1.0
+        if m is not None:
+            fk = self.fit_key.get(m._uid)
+            if fk is None and not m.is_fitted:
+                raise NotFittedError(m._not_fitted_message() + f" (needed by node {x._short()})")
+            if fk is not None:
+                deps.append(fk)  # the fitted estimator arrives as the last input
+                fn = partial(_apply_fitted, x.operation, tuple(spec))
+            else:
+                st = m._state
+                fn = partial(_apply_state, x.operation, tuple(spec), st.estimator, st.path)
+            cost = 2.0
+        else:
+            fn = _call_op(x.operation, spec)
+        return self.add(kind="eval", label=x._short(), fn=fn, deps=tuple(deps), node=x, machine=m,
+                        cost=cost)
+
+    def _source_value(self, s: Source) -> Any:
+        from .data import n_rows, take_rows
+
+        if s._uid in self.bindings:
+            value = self.bindings[s._uid]
+            what = "the data given for"
+        else:
+            value = s.data
+            what = "the data of"
+            if value is None:
+                hint = (f"set it with {s.label}.data = ..." if self.mode == "fit"
+                        else f"set it with {s.label}.data = ..., or pass data: node({s.label}=...)")
+                msg = f"Source {s.label!r} has no data, so the network cannot be {'trained' if self.mode == 'fit' else 'evaluated'}: {hint}."
+                raise NetworkError(msg)
+        if self.rows is None:
+            return value
+        try:
+            return take_rows(value, self.rows)
+        except IndexError as e:
+            msg = f"rows out of range for {what} source {s.label!r} ({n_rows(value)} rows): {e}"
+            raise IndexError(msg) from None
+
+
+def _call_op(fn: Callable[..., Any], spec: list[tuple[bool, Any]]) -> Callable[..., Any]:
+    if all(is_dep for is_dep, _ in spec) and [i for _, i in spec] == list(range(len(spec))):
+        return fn
+    return partial(_call_with_constants, fn, tuple(spec))
+
+
+def _call_with_constants(fn: Callable[..., Any], spec: tuple[tuple[bool, Any], ...], *values: Any) -> Any:
+    return fn(*[values[i] if is_dep else i for is_dep, i in spec])
+
+
+def _apply_state(op: str, spec: tuple[tuple[bool, Any], ...], est: Any, path: str, *values: Any) -> Any:
+    from .estimators import apply_estimator
+
+    return apply_estimator(est, op, tuple(values[i] if is_dep else i for is_dep, i in spec), path)
+
+
+def _apply_fitted(op: str, spec: tuple[tuple[bool, Any], ...], *values: Any) -> Any:
+    from .estimators import apply_estimator
+
+    est, info = values[-1]
+    return apply_estimator(est, op, tuple(values[i] if is_dep else i for is_dep, i in spec),
+                           info.get("path", "sklearn"))
+
+
+def _fit_task(est: Any, n_args: int, resolved: Any, *values: Any) -> tuple[Any, dict[str, Any]]:
+    from .estimators import fit_estimator
+
+    return fit_estimator(est, tuple(values[:n_args]), resolved)
+
+
+def _rows_key(rows: Any) -> Any:
+    if rows is None or isinstance(rows, slice):
+        return rows
+    import numpy as np
+
+    return np.asarray(rows).copy()
+
+
+def compile_fit(targets: Sequence[Any], *, rows: Any = None, force: bool = False,
+                max_lanes: int | None = None) -> Plan:
+    """The plan that trains every machine upstream of ``targets`` (nodes or machines)."""
+    from .machines import Machine
+
+    nodes: list[AbstractNode] = []
+    extra: list[Machine] = []
+    for t in targets:
+        if isinstance(t, Machine):
+            extra.append(t)
+            nodes.extend(t.args)
+        elif is_node(t):
+            nodes.append(t)
+        else:
+            msg = f"gn.fit takes nodes or machines; got {t!r} of type {type(t).__name__}."
+            raise TypeError(msg)
+    machines = list(upstream_machines(nodes))
+    seen = {m._uid for m in machines}
+    for m in extra:
+        if m._uid not in seen:
+            machines.append(m)
+            seen.add(m._uid)
+    rows_key = _rows_key(rows)
+    actions: dict[Any, str] = {}
+    for m in machines:
+        changing = any(actions.get(p, "skip") != "skip" for p in machine_parents(m))
+        actions[m] = m._decide(rows_key, force, changing)
+    expected = {m._uid: m._version + (actions[m] != "skip") for m in machines}
+    b = _Builder(rows=rows, bindings={}, mode="fit")
+    # Every source is validated here (no data, rows out of range) before anything runs.
+    for m in machines:
+        if actions[m] == "skip":
+            continue
+        deps = [b.node(a) for a in m.args]
+        upstream = {p._uid: expected.get(p._uid, p._version) for p in machine_parents(m)}
+        upstream.update({s._uid: s._version for s in machine_sources(m)})
+        pending = m._prepare_fit(actions[m], rows_key, upstream)
+        key = b.add(kind="fit", label=f"fit {m.label}", fn=partial(_fit_task, pending.estimator, len(deps), None),
+                    deps=tuple(deps), machine=m, cost=10.0, commit=partial(m._commit, pending))
+        b.fit_key[m._uid] = key
+    plan = Plan("fit", b.tasks, tuple(b.fit_key.values()), actions)
+    assign_lanes(plan, max_lanes)
+    return plan
+
+
+def compile_call(targets: Sequence[AbstractNode], bindings: dict[int, Any], *, rows: Any = None,
+                 max_lanes: int | None = None) -> Plan:
+    """The plan that evaluates ``targets`` with origins replaced by ``bindings`` (source uid -> data)."""
+    b = _Builder(rows=rows, bindings=bindings, mode="call")
+    outputs = tuple(b.node(t) for t in targets)
+    plan = Plan("call", b.tasks, outputs)
+    assign_lanes(plan, max_lanes)
+    return plan
+
+
+def assign_lanes(plan: Plan, max_lanes: int | None = None) -> int:
+    """Tag each runnable task with a lane (GrCUDA's stream-assignment policy).
+
+    Source tasks are known before the run and take no lane (``-1``).
+    """
+    tasks = plan.tasks
+    anc = [0] * len(tasks)            # bitset of runnable ancestors
+    lane_last: list[int] = []         # last task key on each lane
+    lane_load: list[float] = []
+    inherited: set[int] = set()       # parents whose first child already took their lane
+    for t in tasks:
+        if t.kind == "source":
+            continue
+        a = 0
+        for d in t.deps:
+            if tasks[d].kind != "source":
+                a |= anc[d] | (1 << d)
+        anc[t.key] = a
+        lane = -1
+        for d in t.deps:
+            if tasks[d].kind != "source" and d not in inherited:
+                inherited.add(d)
+                lane = tasks[d].lane
+                break
+        if lane < 0:
+            free = [i for i, last in enumerate(lane_last) if (a >> last) & 1]
+            if free:
+                lane = min(free, key=lambda i: lane_load[i])
+            elif max_lanes is None or len(lane_last) < max_lanes:
+                lane = len(lane_last)
+                lane_last.append(t.key)
+                lane_load.append(0.0)
+            else:
+                lane = min(range(len(lane_last)), key=lambda i: lane_load[i])
+        t.lane = lane
+        lane_last[lane] = t.key
+        lane_load[lane] += t.cost
+    plan.n_lanes = len(lane_last)
+    return plan.n_lanes

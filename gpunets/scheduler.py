@@ -1,0 +1,223 @@
+"""The one scheduler: the state of a run and the rules that move tasks through it.
+
+Every executor drives the same :class:`Run`.  A task is *waiting* until all
+of its dependencies are *done*, then *ready*; an executor takes ready tasks
+(:meth:`Run.next_ready`) and runs them where it likes (:meth:`Run.run_task`),
+which records the value, wakes the dependents and appends a trace record.
+Executors differ only in where and when they call those two methods:
+
+* ``serial`` calls them in the calling thread;
+* ``threads`` from a pool of worker threads;
+* ``streams`` from one worker thread per lane, each running its lane's tasks
+  in plan order, with events on the edges between lanes;
+* ``dask`` lowers the plan to a Dask graph (its scheduler replaces this one,
+  and the run's trace is rebuilt from what Dask reports).
+
+State (all in one object, guarded by one lock):
+
+``values[k]``        the value of task ``k`` once done (sources start done);
+``missing[k]``       how many dependencies of ``k`` are not done yet;
+``holders[k]``       how many consumers of ``k`` have not run yet; the value
+                     is dropped when this reaches zero unless ``k`` is an output;
+``ready``            keys whose dependencies are all done, not yet taken;
+``error``            the first failure; once set no new task starts.
+
+When a task fails, tasks already running finish, nothing new starts, and
+:meth:`Run.raise_error` raises the error, naming the task, with the original
+exception chained.  Machines trained before the failure keep their new state
+(each fit commits its own state only when it succeeds).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Any, Callable
+
+from .exceptions import EvaluationError, FitError, GpunetsError, wrap_exception
+from .plan import Plan, Task
+from .trace import Trace, TraceRecord
+
+__all__ = ["Run"]
+
+_SENTINEL = object()
+
+
+class Run:
+    """The state of one run of a plan (see the module docstring)."""
+
+    def __init__(self, plan: Plan, *, executor_name: str = "serial",
+                 on_task_done: Callable[[Task], None] | None = None) -> None:
+        self.plan = plan
+        n = len(plan.tasks)
+        self.values: list[Any] = [_SENTINEL] * n
+        self.done = [False] * n
+        self.missing = [0] * n
+        self.holders = [len(c) for c in plan.consumers]
+        self.outputs = set(plan.outputs)
+        self.ready: collections.deque[int] = collections.deque()
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self.error: BaseException | None = None
+        self.n_left = 0
+        self.n_running = 0
+        self.trace = Trace(executor=executor_name, kind=plan.kind)
+        self.on_task_done = on_task_done
+        self.t0 = time.perf_counter()
+        for t in plan.tasks:
+            if t.kind == "source":
+                self.values[t.key] = t.value
+                self.done[t.key] = True
+        for t in plan.tasks:
+            if t.kind == "source":
+                continue
+            self.n_left += 1
+            self.missing[t.key] = sum(1 for d in t.deps if not self.done[d])
+            if self.missing[t.key] == 0:
+                self.ready.append(t.key)
+
+    # --- taking work -------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.n_left == 0 or (self.error is not None and self.n_running == 0)
+
+    def next_ready(self, block: bool = False) -> int | None:
+        """Take a ready task, or None when the run is over (or has failed).
+
+        With ``block=True`` wait until a task is ready or the run ends.
+        """
+        with self.lock:
+            while True:
+                if self.error is not None or self.n_left == 0:
+                    return None
+                if self.ready:
+                    self.n_running += 1
+                    return self.ready.popleft()
+                if not block:
+                    return None
+                self.changed.wait()
+
+    def claim(self, key: int) -> bool:
+        """Mark ``key`` as running without taking it from ``ready`` (lane executors)."""
+        with self.lock:
+            if self.error is not None:
+                return False
+            self.n_running += 1
+            return True
+
+    def inputs(self, task: Task) -> tuple[Any, ...]:
+        vals = self.values
+        return tuple(vals[d] for d in task.deps)
+
+    # --- running -----------------------------------------------------------------------
+    def run_task(self, key: int, *, lane: Any = None, inputs: tuple[Any, ...] | None = None,
+                 device: str | None = None, before: Callable[[], None] | None = None) -> bool:
+        """Run task ``key`` here and now; return False if it failed."""
+        task = self.plan.tasks[key]
+        if inputs is None:
+            inputs = self.inputs(task)
+        start = time.perf_counter()
+        try:
+            if before is not None:
+                before()
+            value = task.fn(*inputs)
+        except BaseException as e:  # noqa: BLE001 - re-raised by raise_error
+            self._record(task, lane, start, time.perf_counter(), device, failed=True)
+            self.fail(key, e)
+            return False
+        end = time.perf_counter()
+        self._record(task, lane, start, end, device)
+        self.complete(key, value)
+        return True
+
+    def _record(self, task: Task, lane: Any, start: float, end: float, device: str | None,
+                failed: bool = False) -> None:
+        self.trace.records.append(TraceRecord(
+            key=task.key, kind=task.kind, label=task.label,
+            lane=task.lane if lane is None else lane, device=device or task.device,
+            start=start - self.t0, end=end - self.t0, thread=threading.current_thread().name,
+            failed=failed))
+
+    def complete(self, key: int, value: Any) -> None:
+        task = self.plan.tasks[key]
+        if task.commit is not None:
+            task.commit(*value)  # a fit: the machine's new state, installed before dependents run
+        with self.lock:
+            self.values[key] = value
+            self.done[key] = True
+            self.n_left -= 1
+            self.n_running -= 1
+            for c in self.plan.consumers[key]:
+                self.missing[c] -= 1
+                if self.missing[c] == 0:
+                    self.ready.append(c)
+            for d in task.deps:
+                self.holders[d] -= 1
+                if self.holders[d] == 0 and d not in self.outputs:
+                    self.release(d)
+            self.changed.notify_all()
+        if self.on_task_done is not None:
+            self.on_task_done(task)
+
+    def release(self, key: int) -> None:
+        """Drop an intermediate value nobody needs any more (lane executors defer this)."""
+        if self.plan.tasks[key].kind != "source":
+            self.values[key] = None
+
+    def fail(self, key: int, exc: BaseException) -> None:
+        with self.lock:
+            self.n_running -= 1
+            if self.error is None:
+                self.error = self._wrap(key, exc)
+            self.changed.notify_all()
+
+    def abort(self, exc: BaseException) -> None:
+        """Stop the run from outside (KeyboardInterrupt): nothing new starts."""
+        with self.lock:
+            if self.error is None:
+                self.error = exc
+            self.changed.notify_all()
+
+    def wait(self, timeout: float | None = 0.1) -> None:
+        """Block until the run is over; wakes up regularly so Ctrl-C is seen."""
+        with self.lock:
+            while not self.finished:
+                self.changed.wait(timeout)
+
+    # --- results -----------------------------------------------------------------------
+    def _wrap(self, key: int, exc: BaseException) -> BaseException:
+        if not isinstance(exc, Exception):
+            return exc  # KeyboardInterrupt, SystemExit: not ours to wrap
+        task = self.plan.tasks[key]
+        if isinstance(exc, GpunetsError) and getattr(exc, "_gn_task_named", False):
+            return exc  # already names its task (a nested network's error)
+        detail = f"{type(exc).__name__}: {exc}"
+        if task.kind == "fit":
+            label = task.machine.label if task.machine is not None else task.label
+            msg = (f"Machine {label} failed to fit ({detail}). Machines trained before it keep their new "
+                   f"state and {label} keeps its previous one; fix the cause and call fit() again: only "
+                   f"{label} and what depends on it will retrain.")
+            err = wrap_exception(FitError, msg, exc)
+        else:
+            path = " <- ".join(t.label for t in self.plan.path_to_output(key)[1:4])
+            mach = f" (machine {task.machine.label})" if task.machine is not None else ""
+            where = f"; needed by {path}" if path else ""
+            msg = f"Evaluating node {task.label}{mach} failed ({detail}){where}."
+            err = wrap_exception(EvaluationError, msg, exc)
+        err._gn_task_named = True
+        err._gn_original = exc
+        return err
+
+    def raise_error(self) -> None:
+        err = self.error
+        if err is None:
+            return
+        original = getattr(err, "_gn_original", None)
+        if original is not None and original is not err:
+            raise err from original
+        raise err
+
+    def results(self) -> list[Any]:
+        self.raise_error()
+        return [self.values[k] for k in self.plan.outputs]

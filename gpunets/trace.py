@@ -1,0 +1,135 @@
+"""What ran where and when: a record per task, a timeline plot, Chrome trace export.
+
+>>> t = Trace(executor="serial", kind="fit")
+>>> t.records.append(TraceRecord(0, "fit", "fit Ridge", 0, "cpu", 0.0, 0.5, "MainThread"))
+>>> t.lanes(), round(t.wall_time, 2)
+([0], 0.5)
+>>> t.to_chrome_events()[0]["name"]
+'fit Ridge'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["Trace", "TraceRecord"]
+
+
+@dataclass
+class TraceRecord:
+    """One task: what it was, its lane and device, start and end (seconds from the run's start)."""
+
+    key: int
+    kind: str
+    label: str
+    lane: Any
+    device: str
+    start: float
+    end: float
+    thread: str
+    failed: bool = False
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class Trace:
+    """The timeline of one run (a fit or an evaluation)."""
+
+    executor: str = "serial"
+    kind: str = "fit"
+    records: list[TraceRecord] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self):
+        return iter(sorted(self.records, key=lambda r: r.start))
+
+    def lanes(self) -> list[Any]:
+        """The lanes used, in order of first use."""
+        out: list[Any] = []
+        for r in sorted(self.records, key=lambda r: r.start):
+            if r.lane not in out:
+                out.append(r.lane)
+        return out
+
+    @property
+    def wall_time(self) -> float:
+        if not self.records:
+            return 0.0
+        return max(r.end for r in self.records) - min(r.start for r in self.records)
+
+    @property
+    def busy_time(self) -> float:
+        return sum(r.seconds for r in self.records)
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        return [asdict(r) for r in self]
+
+    def to_chrome_events(self) -> list[dict[str, Any]]:
+        """Trace-event dicts ("X" complete events, microseconds), one thread row per lane."""
+        lanes = self.lanes()
+        events: list[dict[str, Any]] = []
+        for i, lane in enumerate(lanes):
+            events.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": i,
+                           "args": {"name": f"lane {lane}"}})
+        for r in self:
+            events.append({"name": r.label, "cat": r.kind, "ph": "X", "pid": 1, "tid": lanes.index(r.lane),
+                           "ts": r.start * 1e6, "dur": max(r.seconds * 1e6, 0.001),
+                           "args": {"device": r.device, "thread": r.thread, "key": r.key, "failed": r.failed}})
+        events.sort(key=lambda e: (e["ph"] != "M", e.get("ts", 0)))
+        return events
+
+    def to_chrome(self, path: str | os.PathLike[str]) -> str:
+        """Write Chrome/Perfetto trace-event JSON to ``path``; return the path."""
+        payload = {"traceEvents": self.to_chrome_events(), "displayTimeUnit": "ms",
+                   "otherData": {"executor": self.executor, "kind": self.kind}}
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(payload, f)
+        return os.fspath(path)
+
+    def plot(self, ax: Any = None, path: str | os.PathLike[str] | None = None, title: str | None = None) -> Any:
+        """Draw the timeline with matplotlib: one row per lane, a bar per task.
+
+        Returns the matplotlib Axes; with ``path`` also saves the figure (PNG, SVG, ...).
+        """
+        try:
+            import matplotlib
+
+            if ax is None and path is not None and not os.environ.get("DISPLAY"):
+                matplotlib.use("Agg", force=False)
+            import matplotlib.pyplot as plt
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            msg = "Trace.plot() needs matplotlib: pip install matplotlib (or gpunets[plot])."
+            raise ImportError(msg) from e
+        lanes = self.lanes()
+        if ax is None:
+            fig, ax = plt.subplots(figsize=(10, 0.6 * max(len(lanes), 1) + 1.5))
+        colors = {"fit": "tab:blue", "eval": "tab:green", "move": "tab:orange", "source": "tab:gray"}
+        for r in self:
+            row = lanes.index(r.lane)
+            ax.barh(row, r.seconds * 1e3, left=r.start * 1e3, height=0.6,
+                    color="tab:red" if r.failed else colors.get(r.kind, "tab:purple"), edgecolor="black",
+                    linewidth=0.3)
+            if r.seconds > 0.06 * max(self.wall_time, 1e-9):
+                ax.text((r.start + r.seconds / 2) * 1e3, row, r.label[:24], ha="center", va="center", fontsize=7)
+        ax.set_yticks(range(len(lanes)))
+        ax.set_yticklabels([f"lane {lane}" for lane in lanes])
+        ax.invert_yaxis()
+        ax.set_xlabel("time (ms)")
+        ax.set_title(title or f"{self.kind} on {self.executor}: {len(self.records)} tasks, "
+                     f"{self.wall_time * 1e3:.1f} ms")
+        if path is not None:
+            ax.figure.tight_layout()
+            ax.figure.savefig(path, dpi=120)
+        return ax
+
+    def __repr__(self) -> str:
+        return (f"<Trace {self.kind} on {self.executor}: {len(self.records)} tasks on {len(self.lanes())} lanes, "
+                f"{self.wall_time * 1e3:.2f} ms>")
