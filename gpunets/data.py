@@ -234,7 +234,11 @@ def _numeric_frame_values(value: Any, dev: Device) -> np.ndarray:
         raise TypeError(f"Cannot move a pandas {type(value).__name__} with non-numeric column(s) {bad} "
                         f"to {dev} as a CuPy array. Install cuDF to keep it a data frame, encode those "
                         f"columns first, or place it on 'cpu'.")
-    return value.to_numpy()
+    try:  # one common dtype, so bool + float columns give float, not object
+        common = np.result_type(*[np.dtype(dt) for dt in dtypes])
+    except TypeError:  # pandas extension dtypes: let pandas choose
+        common = None
+    return value.to_numpy(dtype=common)
 
 
 def to_device(value: Any, device: DeviceLike, *, stream: Any = None, frames: str = "cudf") -> Any:

@@ -2,6 +2,7 @@
 
 Placement of a node or machine is decided in this order (first that applies):
 
+0. an :class:`override_placement` block in force (``gn.fit(..., device=...)``) wins over all;
 1. an explicit ``device=`` given when the node or machine is built;
 2. the innermost ``with gn.device(...)`` block around the code that built it;
 3. the configured default, ``gn.get_config()["device"]``.
@@ -41,6 +42,8 @@ __all__ = [
     "resolve",
     "device",
     "current_placement",
+    "override_placement",
+    "placement_override",
     "device_exists",
     "why_unavailable",
     "check_available",
@@ -296,8 +299,48 @@ def current_placement() -> Union[Device, str, None]:
     return _PLACEMENT.get()
 
 
+_OVERRIDE: contextvars.ContextVar[Union[Device, None]] = contextvars.ContextVar(
+    "gpunets_placement_override", default=None)
+
+
+class override_placement:
+    """Context manager: run everything inside on one device, whatever its own placement.
+
+    Used by ``gn.fit(..., device=...)`` and the cross-device test helpers; it
+    wins over explicit placements, :class:`device` blocks and the config.
+    ``"auto"`` (or None) sets no override.
+
+    Examples
+    --------
+    >>> with override_placement("cpu"):
+    ...     resolve("cuda:1"), placement_override()
+    (Device('cpu'), Device('cpu'))
+    >>> placement_override() is None
+    True
+    """
+
+    def __init__(self, spec: Union[str, Device, None]) -> None:
+        auto = spec is None or (isinstance(spec, str) and spec.strip().lower() == "auto")
+        self._spec = None if auto else Device.parse(spec)
+        self._tokens: list[contextvars.Token] = []
+
+    def __enter__(self) -> Union[Device, None]:
+        self._tokens.append(_OVERRIDE.set(self._spec))
+        return self._spec
+
+    def __exit__(self, *exc: object) -> None:
+        _OVERRIDE.reset(self._tokens.pop())
+
+
+def placement_override() -> Union[Device, None]:
+    """The device forced by the innermost :class:`override_placement` block, or None."""
+    return _OVERRIDE.get()
+
+
 def resolve(spec: Union[str, Device, None] = None) -> Device:
     """The device to use for ``spec``: explicit, else the ``device`` block, else the config.
+
+    An :class:`override_placement` block in force wins over all three.
 
     Parameters
     ----------
@@ -317,6 +360,9 @@ def resolve(spec: Union[str, Device, None] = None) -> Device:
     ...     resolve("auto")
     Device('cpu')
     """
+    forced = _OVERRIDE.get()
+    if forced is not None:
+        return forced
     for level in (spec, current_placement(), get_config().get("device")):
         if level is None or (isinstance(level, str) and level.strip().lower() == "auto"):
             continue

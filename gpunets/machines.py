@@ -97,7 +97,7 @@ class Machine:
     def __init__(self, model: Any, *args: Any, device: Any = None, name: str | None = None) -> None:
         from .devices import Device, current_placement
 
-        if not callable(getattr(model, "fit", None)):
+        if isinstance(model, type) or not callable(getattr(model, "fit", None)):
             hint = (" It is a class: pass an instance, e.g. machine(Ridge(), X, y)."
                     if isinstance(model, type) else "")
             msg = (f"machine() needs a model with a fit method (a scikit-learn-style estimator); "
@@ -342,16 +342,25 @@ def snapshot_params(model: Any) -> dict[str, Any]:
             params = get()
     else:
         params = {k: v for k, v in vars(model).items() if not k.endswith("_")} if hasattr(model, "__dict__") else {}
-    out: dict[str, Any] = {}
-    for k, v in params.items():
-        if callable(getattr(v, "get_params", None)) or callable(getattr(v, "fit", None)):
-            out[k] = ("<estimator>", type(v), id(v))  # its own params are flattened as k__param
-        else:
-            try:
-                out[k] = copy.deepcopy(v)
-            except Exception:
-                out[k] = ("<uncopyable>", id(v))
-    return out
+    return {k: _freeze(v) for k, v in params.items()}
+
+
+def _is_estimator(v: Any) -> bool:
+    return not isinstance(v, type) and (callable(getattr(v, "get_params", None)) or callable(getattr(v, "fit", None)))
+
+
+def _freeze(v: Any) -> Any:
+    """A comparable copy: estimators by identity (their params are flattened separately)."""
+    if _is_estimator(v):
+        return ("<estimator>", type(v), id(v))
+    if isinstance(v, (list, tuple)):
+        return type(v)(_freeze(x) for x in v) if type(v) in (list, tuple) else tuple(_freeze(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _freeze(x) for k, x in v.items()}
+    try:
+        return copy.deepcopy(v)
+    except Exception:
+        return ("<uncopyable>", id(v))
 
 
 def params_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -38,22 +38,27 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Task", "Plan", "compile_fit", "compile_call", "assign_lanes"]
 
 
-@dataclass(eq=False)
 class Task:
-    """One unit of work in a plan."""
+    """One unit of work in a plan (its label is computed only when asked for)."""
 
-    key: int
-    kind: str
-    label: str
-    fn: Callable[..., Any] | None
-    deps: tuple[int, ...] = ()
-    lane: int = -1
-    device: str = "cpu"
-    node: AbstractNode | None = None
-    machine: "Machine | None" = None
-    value: Any = None          # for "source" tasks
-    cost: float = 1.0
-    commit: Callable[..., None] | None = None   # "fit" tasks: installs the fitted state on the client
+    __slots__ = ("key", "kind", "_label", "fn", "deps", "lane", "device", "node", "machine", "value", "cost",
+                 "commit")
+
+    def __init__(self, key: int, kind: str, fn: Callable[..., Any] | None, deps: tuple[int, ...] = (),
+                 label: str | None = None, lane: int = -1, device: str = "cpu", node: AbstractNode | None = None,
+                 machine: "Machine | None" = None, value: Any = None, cost: float = 1.0,
+                 commit: Callable[..., None] | None = None) -> None:
+        self.key, self.kind, self._label, self.fn, self.deps = key, kind, label, fn, deps
+        self.lane, self.device, self.node, self.machine = lane, device, node, machine
+        self.value = value            # for "source" tasks
+        self.cost = cost
+        self.commit = commit          # "fit" tasks: installs the fitted state on the client
+
+    @property
+    def label(self) -> str:
+        if self._label is None:
+            self._label = self.node._short() if self.node is not None else self.kind
+        return self._label
 
     def __repr__(self) -> str:
         return f"<Task {self.key} {self.kind} {self.label} lane={self.lane} deps={list(self.deps)}>"
@@ -108,10 +113,49 @@ class _Builder:
         self.tasks: list[Task] = []
         self.memo: dict[int, int] = {}
         self.fit_key: dict[int, int] = {}
+        self.dev: list[Any] = []                       # task key -> Device its value lives on
+        self.mach_dev: dict[int, tuple[Any, str]] = {}  # machine uid -> (Device, path) of this plan's fit
+        self.moves: dict[tuple[int, Any, str], int] = {}
+        self._placed: dict[Any, Any] = {}
 
-    def add(self, **kw: Any) -> int:
+    def placed(self, spec: Any, what: str) -> Any:
+        """The device ``spec`` resolves to here (explicit, block, config), after the availability check."""
+        from .devices import check_available, resolve
+
+        key = spec if spec is None or isinstance(spec, str) else str(spec)
+        dev = self._placed.get(key)
+        if dev is None:
+            dev = resolve(spec)
+            if dev.is_cuda:
+                dev = check_available(dev, what=what)
+            self._placed[key] = dev
+        return dev
+
+    def moved(self, key: int, dev: Any, frames: str = "auto") -> int:
+        """The key of task ``key``'s value on ``dev``: a move task, made once per (value, device)."""
+        if self.dev[key] == dev:
+            return key
+        from .data import check_placeable, installed
+
+        if frames == "auto":
+            frames = "cudf" if installed("cudf") else "array"
+        mk = self.moves.get((key, dev, frames))
+        if mk is None:
+            src = self.tasks[key]
+            if src.kind == "source" and dev.is_cuda:
+                check_placeable(src.value, what=f"source {src.label!r} (moved to {dev})", device=dev)
+            mk = self.add(kind="move", fn=partial(_move, dev, frames), deps=(key,), device=dev,
+                          label=f"move {src.label} to {dev}")
+            self.moves[(key, dev, frames)] = mk
+        return mk
+
+    def add(self, *, device: Any = None, **kw: Any) -> int:
+        from .devices import CPU
+
         key = len(self.tasks)
-        self.tasks.append(Task(key=key, **kw))
+        dev = CPU if device is None else device
+        self.tasks.append(Task(key=key, device=str(dev), **kw))
+        self.dev.append(dev)
         return key
 
     def node(self, n: AbstractNode) -> int:
@@ -126,22 +170,38 @@ class _Builder:
 
     def _make(self, x: AbstractNode) -> int:
         if isinstance(x, Source):
-            return self.add(kind="source", label=x.label, fn=None, node=x, value=self._source_value(x))
+            from .data import device_of
+
+            value = self._source_value(x)
+            return self.add(kind="source", label=x.label, fn=None, node=x, value=value, device=device_of(value))
         assert isinstance(x, Node)
+        m = x.machine
+        fk = None
+        frames = "auto"
+        if m is not None:
+            fk = self.fit_key.get(m._uid)
+            if fk is None and not m.is_fitted:
+                raise NotFittedError(m._not_fitted_message() + f" (needed by node {x._short()})")
+            if fk is not None:
+                dev, path = self.mach_dev[m._uid]
+            else:
+                from .devices import Device
+
+                dev, path = Device.parse(m._state.device), m._state.path
+            if path == "array_api":
+                frames = "array"
+        else:
+            dev = self.placed(x.device, f"node {x._short()}")
         deps: list[int] = []
         spec: list[tuple[bool, Any]] = []
         for a in x.args:
             if is_node(a):
                 spec.append((True, len(deps)))
-                deps.append(self.memo[a._uid])
+                deps.append(self.moved(self.memo[a._uid], dev, frames))
             else:
                 spec.append((False, a))
-        m = x.machine
         cost = 1.0
         if m is not None:
-            fk = self.fit_key.get(m._uid)
-            if fk is None and not m.is_fitted:
-                raise NotFittedError(m._not_fitted_message() + f" (needed by node {x._short()})")
             if fk is not None:
                 deps.append(fk)  # the fitted estimator arrives as the last input
                 fn = partial(_apply_fitted, x.operation, tuple(spec))
@@ -151,8 +211,7 @@ class _Builder:
             cost = 2.0
         else:
             fn = _call_op(x.operation, spec)
-        return self.add(kind="eval", label=x._short(), fn=fn, deps=tuple(deps), node=x, machine=m,
-                        cost=cost)
+        return self.add(kind="eval", fn=fn, deps=tuple(deps), node=x, machine=m, cost=cost, device=dev)
 
     def _source_value(self, s: Source) -> Any:
         from .data import n_rows, take_rows
@@ -199,6 +258,24 @@ def _apply_fitted(op: str, spec: tuple[tuple[bool, Any], ...], *values: Any) -> 
     est, info = values[-1]
     return apply_estimator(est, op, tuple(values[i] if is_dep else i for is_dep, i in spec),
                            info.get("path", "sklearn"))
+
+
+def _move(dev: Any, frames: str, value: Any) -> Any:
+    from .data import to_device
+
+    return to_device(value, dev, frames=frames)
+
+
+def _resolve_fit(b: "_Builder", m: "Machine", pending: Any) -> Any:
+    """Where machine ``m`` trains and as which estimator (None: the CPU clone as it is)."""
+    from .models import is_cuml_estimator, resolve_estimator
+
+    what = f"machine {m.label}"
+    dev = b.placed(m.device, what)
+    if dev.is_cpu and not is_cuml_estimator(pending.estimator):
+        return None, dev, "sklearn"
+    r = resolve_estimator(pending.estimator, dev, what=what)
+    return r, r.device, r.path
 
 
 def _fit_task(est: Any, n_args: int, resolved: Any, *values: Any) -> tuple[Any, dict[str, Any]]:
@@ -248,12 +325,17 @@ def compile_fit(targets: Sequence[Any], *, rows: Any = None, force: bool = False
     for m in machines:
         if actions[m] == "skip":
             continue
-        deps = [b.node(a) for a in m.args]
+        pending_deps = [b.node(a) for a in m.args]
         upstream = {p._uid: expected.get(p._uid, p._version) for p in machine_parents(m)}
         upstream.update({s._uid: s._version for s in machine_sources(m)})
         pending = m._prepare_fit(actions[m], rows_key, upstream)
-        key = b.add(kind="fit", label=f"fit {m.label}", fn=partial(_fit_task, pending.estimator, len(deps), None),
-                    deps=tuple(deps), machine=m, cost=10.0, commit=partial(m._commit, pending))
+        resolved, dev, path = _resolve_fit(b, m, pending)
+        est = resolved.estimator if resolved is not None else pending.estimator
+        frames = "array" if path == "array_api" else "auto"
+        deps = [b.moved(k, dev, frames) for k in pending_deps]
+        b.mach_dev[m._uid] = (dev, path)
+        key = b.add(kind="fit", label=f"fit {m.label}", fn=partial(_fit_task, est, len(deps), resolved),
+                    deps=tuple(deps), machine=m, cost=10.0, commit=partial(m._commit, pending), device=dev)
         b.fit_key[m._uid] = key
     plan = Plan("fit", b.tasks, tuple(b.fit_key.values()), actions)
     assign_lanes(plan, max_lanes)

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from .exceptions import EvaluationError, FitError, GpunetsError, wrap_exception
 from .plan import Plan, Task
-from .trace import Trace, TraceRecord
+from .trace import Trace
 
 __all__ = ["Run"]
 
@@ -108,7 +108,7 @@ class Run:
 
     def inputs(self, task: Task) -> tuple[Any, ...]:
         vals = self.values
-        return tuple(vals[d] for d in task.deps)
+        return tuple([vals[d] for d in task.deps])
 
     # --- running -----------------------------------------------------------------------
     def run_task(self, key: int, *, lane: Any = None, inputs: tuple[Any, ...] | None = None,
@@ -133,11 +133,7 @@ class Run:
 
     def _record(self, task: Task, lane: Any, start: float, end: float, device: str | None,
                 failed: bool = False) -> None:
-        self.trace.records.append(TraceRecord(
-            key=task.key, kind=task.kind, label=task.label,
-            lane=task.lane if lane is None else lane, device=device or task.device,
-            start=start - self.t0, end=end - self.t0, thread=threading.current_thread().name,
-            failed=failed))
+        self.trace.add(task, lane, start - self.t0, end - self.t0, threading.current_thread().name, device, failed)
 
     def complete(self, key: int, value: Any) -> None:
         task = self.plan.tasks[key]
@@ -148,15 +144,23 @@ class Run:
             self.done[key] = True
             self.n_left -= 1
             self.n_running -= 1
+            missing, ready, newly = self.missing, self.ready, 0
             for c in self.plan.consumers[key]:
-                self.missing[c] -= 1
-                if self.missing[c] == 0:
-                    self.ready.append(c)
+                missing[c] -= 1
+                if missing[c] == 0:
+                    ready.append(c)
+                    newly += 1
+            holders = self.holders
             for d in task.deps:
-                self.holders[d] -= 1
-                if self.holders[d] == 0 and d not in self.outputs:
+                holders[d] -= 1
+                if holders[d] == 0 and d not in self.outputs:
                     self.release(d)
-            self.changed.notify_all()
+            # Wake only as many waiting workers as there is new work (the caller takes one itself);
+            # everyone when the run is over.
+            if self.n_left == 0:
+                self.changed.notify_all()
+            elif newly > 1:
+                self.changed.notify(newly - 1)
         if self.on_task_done is not None:
             self.on_task_done(task)
 

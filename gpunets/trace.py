@@ -4,7 +4,7 @@
 >>> t.records.append(TraceRecord(0, "fit", "fit Ridge", 0, "cpu", 0.0, 0.5, "MainThread"))
 >>> t.lanes(), round(t.wall_time, 2)
 ([0], 0.5)
->>> t.to_chrome_events()[0]["name"]
+>>> t.to_chrome_events()[-1]["name"]
 'fit Ridge'
 """
 
@@ -43,7 +43,24 @@ class Trace:
 
     executor: str = "serial"
     kind: str = "fit"
-    records: list[TraceRecord] = field(default_factory=list)
+    _records: list[TraceRecord] = field(default_factory=list, repr=False)
+    _raw: list[tuple] = field(default_factory=list, repr=False)   # (task, lane, start, end, thread, device, failed)
+
+    def add(self, task: Any, lane: Any, start: float, end: float, thread: str, device: str | None,
+            failed: bool = False) -> None:
+        """Record a task cheaply; the :class:`TraceRecord` is built only when read."""
+        self._raw.append((task, lane, start, end, thread, device, failed))
+
+    @property
+    def records(self) -> list[TraceRecord]:
+        """One :class:`TraceRecord` per task run (a list that executors may append to)."""
+        if self._raw:
+            raw, self._raw = self._raw, []
+            self._records.extend(
+                TraceRecord(key=t.key, kind=t.kind, label=t.label, lane=t.lane if lane is None else lane,
+                            device=str(device or t.device), start=start, end=end, thread=thread, failed=failed)
+                for t, lane, start, end, thread, device, failed in raw)
+        return self._records
 
     def __len__(self) -> int:
         return len(self.records)

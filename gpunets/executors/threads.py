@@ -10,6 +10,7 @@ joins every thread before re-raising.
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -27,13 +28,23 @@ class _NoLimit:
         return None
 
 
+_CONTROLLER: list[Any] = [None, -1]   # a cached threadpoolctl controller and len(sys.modules) when made
+
+
 def limit_native_threads(n: int, user_api: str | None = None) -> Any:
-    """A threadpoolctl limit of ``n`` native threads (a no-op if threadpoolctl is missing)."""
+    """A threadpoolctl limit of ``n`` native threads (a no-op if threadpoolctl is missing).
+
+    Finding the native libraries is the slow part of threadpoolctl (milliseconds),
+    so the controller is cached and rebuilt only after new modules were imported.
+    """
     try:
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import ThreadpoolController
     except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
         return _NoLimit()
-    return threadpool_limits(limits=n, user_api=user_api)
+    if _CONTROLLER[0] is None or _CONTROLLER[1] != len(sys.modules):
+        _CONTROLLER[0] = ThreadpoolController()
+        _CONTROLLER[1] = len(sys.modules)
+    return _CONTROLLER[0].limit(limits=n, user_api=user_api)
 
 
 class ThreadsExecutor(Executor):

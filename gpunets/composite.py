@@ -1,0 +1,492 @@
+"""Composite models: a learning network exported as a scikit-learn estimator.
+
+A subclass writes ``__init__`` (storing its arguments unchanged, scikit-learn
+style) and ``network(self, X, y)``, which receives *sources* and returns the
+node the model exposes, or a dict ``{operation: node}``.  That is MLJ's
+``NetworkComposite``/``prefit``: the composite's hyperparameters are its
+``__init__`` arguments, including component models (nested ``first__alpha``),
+plus ``executor`` and ``device`` (default ``"auto"``), used for the
+composite's own network whenever it is fitted or called.
+
+Fitting (``fit(X, y)``):
+
+1. the input is validated as scikit-learn does (``n_features_in_``,
+   ``feature_names_in_``, ``classes_`` for classifiers, NaN/inf, sparse);
+2. ``network(X, y)`` is called on sources named ``"X"`` and ``"y"`` holding the
+   data (pandas input is passed on as given, other input as validated);
+3. when the data are the same as at the previous fit (identity, else
+   equality), the machines of the new graph adopt the fitted state of the
+   machines of the previous graph whose training inputs are the same
+   (:mod:`gpunets._composite_ops`), so the core's retraining rules apply:
+   unchanged machines skip, a component with new parameters or replaced by
+   another model updates, and what is downstream of it retrains;
+4. ``gn.fit`` runs the network with the composite's ``executor``/``device``;
+   its :class:`~gpunets.FitReport` is kept as ``fit_report_``.
+
+New data retrain everything.  A failed fit leaves the previous network (and
+predictions) in place.
+
+Which operations a composite has is decided by its network: ``hasattr(model,
+"predict_proba")`` is true exactly when the dict returned by ``network`` has
+that key.  Once fitted, the fitted network answers; before, the network is
+built on empty sources (only the graph, no data and no training) to find out;
+a subclass whose network needs data to be built can declare the class
+attribute ``operations = ("predict", ...)`` instead.
+
+Examples
+--------
+>>> import numpy as np, gpunets as gn
+>>> from sklearn.linear_model import Ridge, LinearRegression
+>>> class Averaged(gn.CompositeRegressor):
+...     def __init__(self, first=None, second=None, weight=0.5, executor="auto", device="auto"):
+...         self.first, self.second, self.weight = first, second, weight
+...         self.executor, self.device = executor, device
+...     def network(self, X, y):
+...         a = gn.machine(self.first or Ridge(), X, y)
+...         b = gn.machine(self.second or LinearRegression(), X, y)
+...         return {"predict": gn.mean(a.predict(X), b.predict(X), weights=[self.weight, 1 - self.weight])}
+>>> rng = np.random.default_rng(0)
+>>> X, y = rng.normal(size=(40, 3)), rng.normal(size=40)
+>>> model = Averaged(first=Ridge(alpha=3.0)).fit(X, y)
+>>> model.predict(X[:2]).shape
+(2,)
+>>> model.set_params(first__alpha=1.0).fit(X, y).fit_report_.actions.by_label()
+{'Ridge': 'update', 'LinearRegression': 'skip'}
+>>> hasattr(model, "predict_proba")
+False
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, TransformerMixin, clone, is_regressor
+from sklearn.utils.metaestimators import available_if
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_array, check_is_fitted, validate_data
+
+from ._composite_ops import adopt_states, match_machines, same_value
+from .machines import Machine
+from .nodes import AbstractNode, Source, is_node
+
+__all__ = ["Composite", "CompositeRegressor", "CompositeClassifier", "CompositeTransformer", "COMPOSITE_OPERATIONS"]
+
+#: The operations a composite's network may expose.
+COMPOSITE_OPERATIONS = ("predict", "predict_proba", "predict_log_proba", "decision_function", "transform",
+                        "inverse_transform")
+
+
+@dataclass(frozen=True)
+class NetworkState:
+    """The fitted network of a composite; replaced as a whole at each successful fit, never mutated."""
+
+    sources: dict[str, Source]
+    data: dict[str, Any]
+    outputs: dict[str, AbstractNode]
+    machines: tuple[Machine, ...]
+    names: dict[int, str]                      # id(machine) -> component name or label
+    plain_params: dict[str, Any] = field(default_factory=dict)
+
+
+def _is_estimator(v: Any) -> bool:
+    return not isinstance(v, type) and callable(getattr(v, "fit", None))
+
+
+def _has_operation(op: str):
+    def check(self: "Composite") -> bool:
+        return op in self._gn_available_operations()
+
+    check.__name__ = f"has_{op}"
+    return check
+
+
+def _is_pandas(x: Any) -> bool:
+    return type(x).__module__.split(".")[0] == "pandas"
+
+
+class Composite(BaseEstimator):
+    """Base class of composite models: a learning network as a scikit-learn estimator.
+
+    Subclasses define ``__init__`` (storing arguments unchanged) and
+    :meth:`network`.  ``executor`` (``"auto"``, ``"serial"``, ``"threads"``,
+    ``"streams"`` or an executor object), ``device`` (``"auto"``, ``"cpu"``,
+    ``"cuda"``...) and ``workers`` are read from the instance when the
+    subclass defines them, else default to ``"auto"``, ``"auto"``, None.
+
+    Attributes
+    ----------
+    fit_report_ : FitReport
+        What the last fit did (``fit_report_.actions``).
+    report_ : dict
+        ``{component name: machine report}`` for every machine of the network;
+        a machine whose model is a hyperparameter is keyed by that
+        hyperparameter's name, others by their gpunets label.
+    fitted_params_ : dict
+        ``{component name: learned attributes}``, keyed like ``report_``.
+    n_features_in_, feature_names_in_ : as in scikit-learn.
+
+    Examples
+    --------
+    >>> import numpy as np, gpunets as gn
+    >>> from sklearn.linear_model import Ridge
+    >>> class Scaled(gn.CompositeRegressor):
+    ...     def __init__(self, model=None):
+    ...         self.model = model
+    ...     def network(self, X, y):
+    ...         return gn.machine(self.model or Ridge(), X, y).predict(X)
+    >>> m = Scaled(Ridge(alpha=2.0)).fit(np.eye(3), np.arange(3.0))
+    >>> sorted(m.report_), m.executor, m.fit(np.eye(3), np.arange(3.0)).fit_report_.actions.by_label()
+    (['model'], 'auto', {'Ridge': 'skip'})
+    """
+
+    #: fitted estimators of composites are refit incrementally by the core (see ``_gn_updated_copy``)
+    _gn_incremental = True
+    #: the operation a network returning a single node exposes
+    _default_operation = "predict"
+    #: operations declared without building the network (None: build it on empty sources to find out)
+    operations: tuple[str, ...] | None = None
+
+    executor: Any = "auto"
+    device: Any = "auto"
+    workers: int | None = None
+
+    # --- what subclasses write ---------------------------------------------------------
+    def network(self, X: Source, y: Source) -> AbstractNode | Mapping[str, AbstractNode]:
+        """Build the network on sources ``X`` and ``y``; return a node or ``{operation: node}``."""
+        msg = (f"{type(self).__name__} must define network(self, X, y), returning the node the model "
+               "exposes or a dict such as {'predict': mach.predict(X)}.")
+        raise NotImplementedError(msg)
+
+    # --- building ------------------------------------------------------------------------
+    def _gn_build(self, sources: dict[str, Source], extra: dict[str, Any] | None = None) -> dict[str, AbstractNode]:
+        kwargs = {k: v for k, v in sources.items() if k not in ("X", "y")}
+        kwargs.update(extra or {})
+        result = self.network(sources["X"], sources["y"], **kwargs)
+        return self._gn_check_outputs(result)
+
+    def _gn_check_outputs(self, result: Any) -> dict[str, AbstractNode]:
+        name = type(self).__name__
+        if is_node(result):
+            return {self._default_operation: result}
+        if isinstance(result, Machine):
+            msg = (f"{name}.network returned the machine {result!r}; it must return a node or a dict of "
+                   f"nodes. Hint: return {{'{self._default_operation}': mach.{self._default_operation}(X)}}.")
+            raise TypeError(msg)
+        if not isinstance(result, Mapping):
+            msg = (f"{name}.network must return a node or a dict {{operation: node}}; it returned {result!r} "
+                   f"of type {type(result).__name__}. Hint: return {{'predict': mach.predict(X)}}.")
+            raise TypeError(msg)
+        if not result:
+            msg = (f"{name}.network returned an empty dict; it must expose at least one operation "
+                   f"among {list(COMPOSITE_OPERATIONS)}.")
+            raise ValueError(msg)
+        out: dict[str, AbstractNode] = {}
+        for op, node in result.items():
+            if op not in COMPOSITE_OPERATIONS:
+                msg = (f"{name}.network returned an unknown operation {op!r}. Valid operations are "
+                       f"{list(COMPOSITE_OPERATIONS)}. Hint: key the dict by the method the model should "
+                       "offer, e.g. {'predict': ...}.")
+                raise ValueError(msg)
+            if not is_node(node):
+                hint = (f" Hint: return mach.{op}(X), not the machine." if isinstance(node, Machine) else
+                        " Hint: build it with gn.machine(...).predict(X) or gn.node(fn, ...).")
+                msg = (f"{name}.network returned {node!r} of type {type(node).__name__} for operation {op!r}; "
+                       f"expected a gpunets node.{hint}")
+                raise TypeError(msg)
+            out[op] = node
+        return out
+
+    def _gn_available_operations(self) -> tuple[str, ...]:
+        st = self.__dict__.get("_gn_state")
+        if st is not None:
+            return tuple(st.outputs)
+        declared = type(self).operations
+        if declared is not None:
+            return tuple(declared)
+        try:
+            outs = self._gn_build({"X": Source(name="X"), "y": Source(name="y")})
+        except Exception:  # the network needs data to be built: claim every operation
+            return COMPOSITE_OPERATIONS
+        return tuple(outs)
+
+    # --- hyperparameters -----------------------------------------------------------------------
+    def _gn_components(self) -> dict[str, Any]:
+        """``{hyperparameter name: component model}`` for naming machines in reports."""
+        return {k: v for k, v in self.get_params(deep=False).items() if _is_estimator(v)}
+
+    def _gn_plain_params(self) -> dict[str, Any]:
+        out = {}
+        for k, v in self.get_params(deep=False).items():
+            if _is_estimator(v):
+                out[k] = ("<estimator>", type(v))
+            else:
+                try:
+                    out[k] = copy.deepcopy(v)
+                except Exception:
+                    out[k] = ("<uncopyable>", id(v))
+        return out
+
+    def _gn_names(self, machines: tuple[Machine, ...]) -> dict[int, str]:
+        from .report import labels
+
+        by_id = {id(v): k for k, v in self._gn_components().items()}
+        labs = labels(machines)
+        count: dict[str, int] = {}
+        out: dict[int, str] = {}
+        for m in machines:
+            k = by_id.get(id(m.model))
+            if k is None:
+                out[id(m)] = labs[m]
+                continue
+            count[k] = count.get(k, 0) + 1
+            out[id(m)] = k if count[k] == 1 else f"{k}#{count[k]}"
+        return out
+
+    def _gn_run_options(self) -> dict[str, Any]:
+        executor = getattr(self, "executor", "auto")
+        device = getattr(self, "device", "auto")
+        return {"executor": executor, "workers": getattr(self, "workers", None),
+                "device": None if device is None or isinstance(device, Mapping) or device == "auto" else device}
+
+    # --- validation ----------------------------------------------------------------------------
+    def _gn_check_params(self, X: Any, y: Any) -> None:
+        """Check hyperparameters before any work (subclasses extend)."""
+        from .executors import get_executor
+
+        get_executor(getattr(self, "executor", "auto"), getattr(self, "workers", None))
+
+    def _gn_validate_fit(self, X: Any, y: Any) -> tuple[Any, Any]:
+        """Validate training data like scikit-learn; return what the network's sources get."""
+        tags = self.__sklearn_tags__()
+        kw = dict(accept_sparse=["csr", "csc"] if tags.input_tags.sparse else False, dtype="numeric",
+                  ensure_all_finite="allow-nan" if tags.input_tags.allow_nan else True)
+        if y is None and not tags.target_tags.required:
+            Xv = validate_data(self, X, reset=True, **kw)
+            yv = None
+        else:
+            Xv, yv = validate_data(self, X, y, reset=True, multi_output=tags.target_tags.multi_output,
+                                   y_numeric=is_regressor(self), **kw)
+        Xo = X if _is_pandas(X) and getattr(X, "ndim", 2) == 2 else Xv
+        yo = y if _is_pandas(y) and getattr(y, "ndim", 1) == 1 else yv
+        return Xo, yo
+
+    def _gn_validate_call(self, X: Any, op: str) -> Any:
+        tags = self.__sklearn_tags__()
+        kw = dict(accept_sparse=["csr", "csc"] if tags.input_tags.sparse else False, dtype="numeric",
+                  ensure_all_finite="allow-nan" if tags.input_tags.allow_nan else True)
+        if op == "inverse_transform":
+            Xv = check_array(X, **kw)
+        else:
+            Xv = validate_data(self, X, reset=False, **kw)
+        return X if _is_pandas(X) and getattr(X, "ndim", 2) == 2 else Xv
+
+    # --- fit --------------------------------------------------------------------------------------
+    def fit(self, X: Any, y: Any = None, **fit_params: Any) -> "Composite":
+        """Validate the data, build the network (or re-use the previous one) and fit it.
+
+        Extra keyword arguments that are arrays become sources of that name,
+        passed to ``network`` as keyword arguments (others are passed as given).
+
+        Returns
+        -------
+        self
+        """
+        self._gn_check_params(X, y)
+        Xo, yo = self._gn_validate_fit(X, y)
+        self._gn_fit_network(Xo, yo, fit_params)
+        return self
+
+    def _gn_fit_network(self, X: Any, y: Any, fit_params: dict[str, Any]) -> None:
+        from .network import fit as gn_fit
+
+        old: NetworkState | None = self.__dict__.get("_gn_state")
+        data = {"X": X, "y": y}
+        extra: dict[str, Any] = {}
+        for k, v in fit_params.items():
+            if hasattr(v, "shape") or _is_pandas(v):
+                data[k] = v
+            else:
+                extra[k] = v
+        same = old is not None and old.data.keys() == data.keys() and all(
+            same_value(old.data[k], v) for k, v in data.items())
+        if same:
+            sources = dict(old.sources)
+        else:
+            sources = {k: Source(v, name=k) for k, v in data.items()}
+        outputs = self._gn_build(sources, extra)
+        from .graph import upstream_machines
+
+        machines = upstream_machines(list(outputs.values()))
+        names = self._gn_names(machines)
+        plain = self._gn_plain_params()
+        if same:
+            strict = not all(same_value(plain.get(k), v) for k, v in old.plain_params.items()) or \
+                plain.keys() != old.plain_params.keys()
+            mapping = match_machines(machines, old.machines, new_names=names, old_names=old.names, strict=strict)
+            adopt_states(machines, mapping)
+        opts = self._gn_run_options()
+        report = gn_fit(*outputs.values(), **opts)
+        self._gn_state = NetworkState(sources, data, outputs, machines, names, plain)
+        self.fit_report_ = report
+        self._gn_after_fit(self._gn_state)
+
+    def _gn_after_fit(self, state: NetworkState) -> None:
+        """Hook: set fitted attributes from the trained network (subclasses)."""
+
+    # --- calling -----------------------------------------------------------------------------------
+    def _gn_call(self, op: str, X: Any) -> Any:
+        from .network import evaluate
+
+        check_is_fitted(self, "fit_report_")
+        st: NetworkState = self._gn_state
+        if op not in st.outputs:
+            msg = (f"This {type(self).__name__} has no operation {op!r}; its network exposes "
+                   f"{list(st.outputs)}.")
+            raise AttributeError(msg)
+        Xv = self._gn_validate_call(X, op)
+        node = st.outputs[op]
+        named = {"X": Xv} if any(s.name == "X" for s in node.origins) else {}
+        opts = self._gn_run_options()
+        if opts["device"] is not None:
+            from .config import config
+            from .devices import override_placement
+
+            with config(device=opts["device"]), override_placement(opts["device"]):
+                return evaluate(node, (), named, executor=opts["executor"], workers=opts["workers"])
+        return evaluate(node, (), named, executor=opts["executor"], workers=opts["workers"])
+
+    @available_if(_has_operation("predict"))
+    def predict(self, X: Any) -> Any:
+        """The network's ``predict`` node evaluated on ``X``."""
+        return self._gn_call("predict", X)
+
+    @available_if(_has_operation("predict_proba"))
+    def predict_proba(self, X: Any) -> Any:
+        """The network's ``predict_proba`` node evaluated on ``X``."""
+        return self._gn_call("predict_proba", X)
+
+    @available_if(_has_operation("predict_log_proba"))
+    def predict_log_proba(self, X: Any) -> Any:
+        """The network's ``predict_log_proba`` node evaluated on ``X``."""
+        return self._gn_call("predict_log_proba", X)
+
+    @available_if(_has_operation("decision_function"))
+    def decision_function(self, X: Any) -> Any:
+        """The network's ``decision_function`` node evaluated on ``X``."""
+        return self._gn_call("decision_function", X)
+
+    @available_if(_has_operation("transform"))
+    def transform(self, X: Any) -> Any:
+        """The network's ``transform`` node evaluated on ``X``."""
+        return self._gn_call("transform", X)
+
+    @available_if(_has_operation("inverse_transform"))
+    def inverse_transform(self, X: Any) -> Any:
+        """The network's ``inverse_transform`` node evaluated on ``X``."""
+        return self._gn_call("inverse_transform", X)
+
+    # --- reports -------------------------------------------------------------------------------------
+    @property
+    def report_(self) -> dict[str, dict[str, Any]]:
+        """``{component name: machine report}`` of the fitted network."""
+        check_is_fitted(self, "fit_report_")
+        st = self._gn_state
+        return {st.names[id(m)]: m.report() for m in st.machines}
+
+    @property
+    def fitted_params_(self) -> dict[str, dict[str, Any]]:
+        """``{component name: learned attributes}`` of the fitted network."""
+        check_is_fitted(self, "fit_report_")
+        st = self._gn_state
+        return {st.names[id(m)]: m.fitted_params() for m in st.machines}
+
+    @property
+    def machines_(self) -> dict[str, Machine]:
+        """``{component name: machine}`` of the fitted network."""
+        check_is_fitted(self, "fit_report_")
+        st = self._gn_state
+        return {st.names[id(m)]: m for m in st.machines}
+
+    # --- incremental refit by an outer network -------------------------------------------------------
+    def _gn_updated_copy(self, spec: Any) -> Any:
+        """A copy of this fitted composite with ``spec``'s hyperparameters, sharing the trained network.
+
+        Called by the core when a machine whose model is a composite
+        "updates": fitting the copy retrains only the components that
+        changed.  The copy builds a new network (its machines adopt the
+        states of this one's), so this fitted composite is left untouched and
+        stays usable if the copy's fit fails.
+        """
+        if type(spec) is not type(self) or "_gn_state" not in self.__dict__:
+            return clone(spec)
+        cp = copy.copy(self)
+        cp.set_params(**clone(spec).get_params(deep=False))
+        return cp
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        return tags
+
+
+class CompositeRegressor(RegressorMixin, Composite):
+    """A composite whose network predicts continuous targets (``score`` is R²).
+
+    >>> import numpy as np, gpunets as gn
+    >>> from sklearn.linear_model import Ridge
+    >>> class One(gn.CompositeRegressor):
+    ...     def __init__(self, model=None, executor="auto"):
+    ...         self.model, self.executor = model, executor
+    ...     def network(self, X, y):
+    ...         return gn.machine(self.model or Ridge(), X, y).predict(X)
+    >>> round(One().fit(np.eye(4), np.arange(4.0)).score(np.eye(4), np.arange(4.0)), 3)
+    0.6
+    """
+
+
+class CompositeClassifier(ClassifierMixin, Composite):
+    """A composite classifier: ``classes_`` is set from ``y`` and targets must be class labels.
+
+    >>> import numpy as np, gpunets as gn
+    >>> from sklearn.linear_model import LogisticRegression
+    >>> class Logit(gn.CompositeClassifier):
+    ...     def __init__(self, model=None):
+    ...         self.model = model
+    ...     def network(self, X, y):
+    ...         m = gn.machine(self.model or LogisticRegression(), X, y)
+    ...         return {"predict": m.predict(X), "predict_proba": m.predict_proba(X)}
+    >>> clf = Logit().fit(np.array([[0.0], [1.0], [5.0], [6.0]]), np.array(["a", "a", "b", "b"]))
+    >>> clf.classes_.tolist(), clf.predict(np.array([[0.5]])).tolist(), hasattr(clf, "decision_function")
+    (['a', 'b'], ['a'], False)
+    """
+
+    def _gn_validate_fit(self, X: Any, y: Any) -> tuple[Any, Any]:
+        Xo, yo = super()._gn_validate_fit(X, y)
+        yv = np.asarray(yo)
+        try:
+            check_classification_targets(yv)
+        except ValueError as e:
+            msg = (f"{e} {type(self).__name__} is a classifier: y must hold class labels (integers, strings "
+                   "or booleans), not continuous values. Hint: use a regressor composite for continuous targets.")
+            raise ValueError(msg) from None
+        self.classes_ = np.unique(yv) if yv.ndim == 1 else [np.unique(c) for c in yv.T]
+        return Xo, yo
+
+
+class CompositeTransformer(TransformerMixin, Composite):
+    """A composite whose network transforms ``X`` (``y`` is optional); a single node is its ``transform``.
+
+    >>> import numpy as np, gpunets as gn
+    >>> from sklearn.preprocessing import StandardScaler
+    >>> class Scale(gn.CompositeTransformer):
+    ...     def __init__(self, scaler=None):
+    ...         self.scaler = scaler
+    ...     def network(self, X, y):
+    ...         return gn.machine(self.scaler or StandardScaler(), X).transform(X)
+    >>> Scale().fit_transform(np.array([[0.0], [2.0]])).ravel().tolist()
+    [-1.0, 1.0]
+    """
+
+    _default_operation = "transform"

@@ -1,0 +1,577 @@
+"""Run a plan on a Dask cluster: the plan is lowered to one Dask graph and Dask schedules it.
+
+How a run goes (:meth:`DaskExecutor.run`):
+
+1. A plan with nothing to run (every machine skips) returns at once: no
+   cluster is started, contacted or sent anything.
+2. Every task function is pickled on the client with cloudpickle.  A task
+   that cannot be pickled (a model holding a lock, an open file, ...) fails
+   the run with an error naming its machine or node, *before anything is sent*.
+3. The source values the plan reads are scattered to the workers in one
+   ``client.scatter`` call: once per run, never embedded in a task.
+4. The tasks become one graph, submitted with one ``client.get(...,
+   sync=False)``: dependencies are Dask keys, so intermediate values stay on
+   the workers and move between them only when a consumer runs elsewhere.
+   Tasks on ``cuda:N`` are restricted to the worker that owns GPU ``N``
+   (see :func:`gpu_owners`); the others may run anywhere.
+5. Only what the client needs comes back: each fit's ``(fitted estimator,
+   info)`` (committed on the client as soon as it arrives, so machines that
+   finished keep their state if a later task fails) and the requested outputs.
+6. Each task times itself on its worker; the timings are collected with one
+   ``client.run`` at the end and become the run's trace (one lane per worker).
+
+Faults: a task that raises is retried ``retries`` times by Dask; a worker that
+dies while running a task makes the scheduler run it on another worker, up to
+the scheduler's ``distributed.scheduler.allowed-failures`` (set to
+``retries`` on a cluster this executor starts), then the run fails with an
+error naming the task.  ``timeout`` bounds a run; on expiry the outstanding
+work is cancelled and the run fails naming the unfinished tasks.
+
+``dask`` and ``distributed`` are imported only in this module, and only when
+an executor is created (``pip install "gpunets[dask]"``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import threading
+import time
+import uuid
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable
+
+from ..scheduler import Run
+from .base import Executor, task_context
+
+__all__ = ["DaskExecutor", "gpu_owners", "require_distributed", "INSTALL_HINT"]
+
+INSTALL_HINT = 'pip install "gpunets[dask]"'
+
+# Worker side: timings of the tasks that ran in this process, by run id (bounded).
+_TIMINGS: "OrderedDict[str, list[tuple[int, float, float, str, bool]]]" = OrderedDict()
+_TIMINGS_LOCK = threading.Lock()
+_MAX_RUNS_KEPT = 256
+
+
+def require_distributed() -> tuple[Any, Any]:
+    """Import and return ``(dask, distributed)``, or raise an ImportError saying what to install.
+
+    >>> dask, distributed = require_distributed()  # doctest: +SKIP
+    """
+    try:
+        import dask
+        import distributed
+    except ImportError as e:
+        msg = (f"The dask executor needs dask and distributed, which are not installed ({e}). "
+               f"Install them with: {INSTALL_HINT}")
+        raise ImportError(msg) from e
+    return dask, distributed
+
+
+# --------------------------------------------------------------------------------------------
+# Worker-side helpers (module-level so they pickle by reference)
+# --------------------------------------------------------------------------------------------
+def _run_remote(run_id: str, key: int, payload: Any, *args: Any) -> Any:
+    """Run one task on a worker: unpickle its function, time it, record the timing."""
+    import cloudpickle
+
+    fn = cloudpickle.loads(payload) if isinstance(payload, bytes) else payload
+    start = time.time()
+    failed = True
+    try:
+        value = task_context().run(fn, *args)  # a nested network sees it runs inside a task
+        failed = False
+        return value
+    finally:
+        end = time.time()
+        with _TIMINGS_LOCK:
+            recs = _TIMINGS.get(run_id)
+            if recs is None:
+                recs = _TIMINGS[run_id] = []
+                while len(_TIMINGS) > _MAX_RUNS_KEPT:
+                    _TIMINGS.popitem(last=False)
+            recs.append((key, start, end, threading.current_thread().name, failed))
+
+
+def _run_on_gpu(local_index: int, run_id: str, key: int, payload: Any, *args: Any) -> Any:
+    """Run a task with GPU ``local_index`` (this process's ordinal) current, when CuPy is present."""
+    try:
+        import cupy
+
+        usable = bool(cupy.cuda.is_available())
+    except Exception:  # noqa: BLE001 - no CuPy, or no driver: run as on a CPU worker
+        usable = False
+    if not usable:
+        return _run_remote(run_id, key, payload, *args)
+    with cupy.cuda.Device(local_index):
+        return _run_remote(run_id, key, payload, *args)
+
+
+def _pop_timings(run_id: str) -> list[tuple[int, float, float, str, bool]]:
+    with _TIMINGS_LOCK:
+        return _TIMINGS.pop(run_id, [])
+
+
+def _visible_devices() -> str | None:
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def gpu_owners(client: Any) -> dict[int, list[str]]:
+    """Which workers own which GPU: ``{physical GPU index: [worker addresses]}``.
+
+    A worker owns the first GPU in its ``CUDA_VISIBLE_DEVICES`` (dask-cuda's
+    ``LocalCUDACluster`` starts one worker per GPU with its own GPU listed
+    first).  Workers without ``CUDA_VISIBLE_DEVICES`` own no GPU in particular.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A connected client.
+
+    Returns
+    -------
+    dict
+        Physical GPU index to the addresses of the workers that own it.
+    """
+    seen = client.run(_visible_devices, on_error="ignore")
+    owners: dict[int, list[str]] = {}
+    for addr, cvd in sorted(seen.items()):
+        if not cvd:
+            continue
+        first = cvd.split(",")[0].strip()
+        if first.isdigit():
+            owners.setdefault(int(first), []).append(addr)
+    return owners
+
+
+def _cuda_index(task: Any) -> int | None:
+    """The physical GPU a task is placed on (its ``device``, else its machine's or node's), or None."""
+    for dev in (getattr(task, "device", None), getattr(task.machine, "device", None),
+                getattr(task.node, "device", None)):
+        spec = str(dev) if dev is not None else ""
+        if spec.startswith("cuda"):
+            _, _, idx = spec.partition(":")
+            return int(idx) if idx.isdigit() else 0
+    return None
+
+
+_KEY_RE = re.compile(r"[^A-Za-z0-9_]+")
+
+
+def _dask_key(task: Any, run_id: str) -> str:
+    label = _KEY_RE.sub("_", task.label).strip("_")[:40] or task.kind
+    return f"gpunets_{label}-{run_id}-{task.key}"
+
+
+def _describe(task: Any) -> str:
+    if task.kind == "fit":
+        label = task.machine.label if task.machine is not None else task.label
+        return f"Machine {label}"
+    mach = f" (machine {task.machine.label})" if task.machine is not None else ""
+    return f"Node {task.label}{mach}"
+
+
+# --------------------------------------------------------------------------------------------
+# The executor
+# --------------------------------------------------------------------------------------------
+class DaskExecutor(Executor):
+    """Run plans on a Dask cluster (``dask.distributed``).
+
+    Parameters
+    ----------
+    client : distributed.Client, optional
+        The cluster to use; never closed by this executor.  Without one, each
+        run uses the current default client (``distributed.default_client()``)
+        if there is one, else a ``LocalCluster`` this executor starts.
+    workers : int, optional
+        Worker processes of a ``LocalCluster`` this executor starts (default 2,
+        one thread each).  Ignored with a client.
+    retries : int
+        How many times a failing task is retried (Dask's ``retries``), and, on
+        a cluster this executor starts, how many times a task whose worker died
+        is run again elsewhere (``distributed.scheduler.allowed-failures``).
+    timeout : float, optional
+        Seconds a run may take before its outstanding tasks are cancelled and
+        it fails naming them (default: no limit).
+    keep_cluster : bool
+        Keep a ``LocalCluster`` this executor starts until :meth:`close` (or
+        the end of a ``with`` block, or interpreter exit) instead of closing it
+        at the end of each run.  Entering ``with DaskExecutor() as ex:`` keeps it.
+    trace : bool
+        Collect per-task timings from the workers (one ``client.run`` per run).
+    cluster_kwargs : dict, optional
+        Extra keyword arguments for the ``LocalCluster`` it starts.
+
+    Raises
+    ------
+    ImportError
+        If dask or distributed is not installed (``pip install "gpunets[dask]"``).
+
+    Examples
+    --------
+    >>> from dask.distributed import Client, LocalCluster     # doctest: +SKIP
+    >>> client = Client(LocalCluster(n_workers=2, threads_per_worker=1))  # doctest: +SKIP
+    >>> report = yhat.fit(executor=gn.DaskExecutor(client))  # doctest: +SKIP
+    >>> yhat(X_test, executor="dask")                         # doctest: +SKIP
+    """
+
+    name = "dask"
+
+    def __init__(self, client: Any = None, *, workers: int | None = None, retries: int = 1,
+                 timeout: float | None = None, keep_cluster: bool = False, trace: bool = True,
+                 cluster_kwargs: dict[str, Any] | None = None) -> None:
+        require_distributed()
+        super().__init__(workers)
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            msg = f"retries={retries!r} must be an integer >= 0."
+            raise ValueError(msg)
+        if timeout is not None and not timeout > 0:
+            msg = f"timeout={timeout!r} must be a positive number of seconds or None (no limit)."
+            raise ValueError(msg)
+        self.client = client
+        self.workers = workers or 2
+        self.retries = retries
+        self.timeout = timeout
+        self.keep_cluster = keep_cluster
+        self.trace = trace
+        self.cluster_kwargs = dict(cluster_kwargs or {})
+        self._own: tuple[Any, Any] | None = None     # (client, cluster) started here and kept
+        self._own_lock = threading.Lock()
+        self.last_cluster: Any = None                # the cluster of the last run started here (tests)
+
+    # --- the cluster ----------------------------------------------------------------------
+    def _start_cluster(self) -> tuple[Any, Any]:
+        dask, distributed = require_distributed()
+        kw: dict[str, Any] = {"n_workers": self.workers, "threads_per_worker": 1, "processes": True,
+                              "dashboard_address": ":0"}
+        kw.update(self.cluster_kwargs)
+        with dask.config.set({"distributed.scheduler.allowed-failures": self.retries}):
+            cluster = distributed.LocalCluster(**kw)
+            client = distributed.Client(cluster, set_as_default=False)
+        self.last_cluster = cluster
+        return client, cluster
+
+    def _acquire(self) -> tuple[Any, Callable[[], None] | None]:
+        """The client for a run and, for a cluster started just for it, how to close it."""
+        if self.client is not None:
+            return self.client, None
+        with self._own_lock:
+            if self._own is not None:
+                return self._own[0], None
+        current = _default_client()
+        if current is not None:
+            return current, None
+        client, cluster = self._start_cluster()
+        if self.keep_cluster:
+            with self._own_lock:
+                self._own = (client, cluster)
+            _register_atexit(self)
+            return client, None
+        return client, lambda: _close(client, cluster)
+
+    def close(self) -> None:
+        """Close the ``LocalCluster`` this executor started and kept (never a client it was given)."""
+        with self._own_lock:
+            own, self._own = self._own, None
+        if own is not None:
+            _close(*own)
+
+    def __enter__(self) -> "DaskExecutor":
+        self.keep_cluster = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        where = "client" if self.client is not None else f"LocalCluster(n_workers={self.workers})"
+        return f"DaskExecutor({where}, retries={self.retries})"
+
+    # --- a run ----------------------------------------------------------------------------
+    def run(self, plan: Any, on_task_done: Any = None) -> Run:
+        """Run ``plan`` on the cluster and return the finished :class:`~gpunets.scheduler.Run`."""
+        run = Run(plan, executor_name=self.name, on_task_done=on_task_done)
+        tasks = [t for t in plan.tasks if t.kind != "source"]
+        if not tasks:
+            return run   # nothing to do: the cluster is not touched
+        payloads = self._pickle_tasks(run, tasks)
+        if payloads is None:
+            return run   # a task cannot be pickled: nothing was sent
+        client, closer = self._acquire()
+        try:
+            self._drive(client, run, tasks, payloads)
+        finally:
+            if closer is not None:
+                closer()
+        return run
+
+    def _pickle_tasks(self, run: Run, tasks: list[Any]) -> dict[int, bytes] | None:
+        import cloudpickle
+
+        payloads: dict[int, bytes] = {}
+        for t in tasks:
+            try:
+                payloads[t.key] = cloudpickle.dumps(t.fn)
+            except Exception as e:  # noqa: BLE001 - any pickling failure, reported naming the task
+                what = _describe(t)
+                model = ""
+                if t.machine is not None:
+                    model = f" (its model {type(t.machine.model).__name__}, or the fitted estimator)"
+                msg = (f"{what} cannot be sent to the Dask workers: it cannot be pickled{model} "
+                       f"({type(e).__name__}: {e}). Nothing was sent to the cluster. Make it picklable "
+                       "(no locks, open files or connections in its attributes) or use a local executor "
+                       "such as executor=\"threads\".")
+                _set_error(run, t.key, msg, e)
+                return None
+        return payloads
+
+    def _drive(self, client: Any, run: Run, tasks: list[Any], payloads: dict[int, bytes]) -> None:
+        _, distributed = require_distributed()
+        plan = run.plan
+        run_id = uuid.uuid4().hex[:12]
+        t0_wall = time.time() - (time.perf_counter() - run.t0)
+        wanted = [k for k in dict.fromkeys([t.key for t in tasks if t.kind == "fit"] + list(plan.outputs))
+                  if plan.tasks[k].kind != "source"]
+        restrict = self._placement(client, tasks)
+        finished: set[int] = set()       # wanted keys whose values are on the client
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        resumes = max(1, self.retries)
+        attempt = 0
+        try:
+            while True:
+                lost = self._submit_and_collect(client, distributed, run, f"{run_id}{attempt or ''}", wanted,
+                                                finished, restrict, payloads, deadline)
+                if not lost or run.error is not None:
+                    break
+                attempt += 1
+                if attempt > resumes:
+                    k = next(k for k in wanted if k not in finished)
+                    msg = (f"{_describe(plan.tasks[k])} could not be computed on Dask: workers died while "
+                           f"running it or holding its inputs, {attempt} times (a crash or a killed process, "
+                           f"e.g. out of memory); gave up after {resumes} resubmission(s) (retries={self.retries}).")
+                    _set_error(run, k, msg, RuntimeError(msg))
+                    break
+        finally:
+            if self.trace:
+                for i in range(attempt + 1):
+                    self._collect_trace(client, run, f"{run_id}{i or ''}", t0_wall)
+        if run.error is None:
+            for t in tasks:   # intermediates: done, their values stayed on the workers
+                if t.key not in finished and run.claim(t.key):
+                    run.complete(t.key, None)
+
+    def _submit_and_collect(self, client: Any, distributed: Any, run: Run, run_id: str, wanted: list[int],
+                            finished: set[int], restrict: dict[int, tuple[list[str], int]],
+                            payloads: dict[int, bytes], deadline: float | None) -> bool:
+        """Submit what is still needed; collect it.  True if the cluster lost data (resubmit)."""
+        plan = run.plan
+        tasks = plan.tasks
+        # what to compute: the unfinished wanted keys and their dependencies, down to known values
+        known = {t.key for t in tasks if t.kind == "source"} | finished
+        todo: set[int] = set()
+        stack = [k for k in wanted if k not in finished]
+        while stack:
+            k = stack.pop()
+            if k in todo or k in known:
+                continue
+            todo.add(k)
+            stack.extend(tasks[k].deps)
+        order = [t for t in tasks if t.key in todo]
+        keys = {t.key: _dask_key(t, run_id) for t in order}
+
+        # 1. the values the workers need from the client (the sources; after a loss, finished fits),
+        #    scattered in one call
+        needed = sorted({d for t in order for d in t.deps if d in known})
+        refs: dict[int, Any] = {}
+        if needed:
+            try:
+                futs = client.scatter([run.values[k] for k in needed], hash=False)
+            except Exception as e:  # noqa: BLE001
+                names = ", ".join(tasks[k].label for k in needed)
+                msg = (f"The data of {names} could not be sent to the Dask cluster "
+                       f"({type(e).__name__}: {e}).")
+                _set_error(run, needed[0], msg, e)
+                return False
+            refs.update(zip(needed, futs))
+        refs.update(keys)
+
+        # 2. one graph: one layer for anywhere, one per GPU restriction
+        layers: dict[Any, dict[str, tuple[Any, ...]]] = {}
+        for t in order:
+            gpu = restrict.get(t.key)
+            head: tuple[Any, ...] = (_run_remote,) if gpu is None else (_run_on_gpu, gpu[1])
+            layers.setdefault(None if gpu is None else tuple(gpu[0]), {})[keys[t.key]] = (
+                head + (run_id, t.key, payloads[t.key]) + tuple(refs[d] for d in t.deps))
+        want = [k for k in wanted if k in keys]
+        futures = client.get(_graph(layers), [keys[k] for k in want], sync=False,
+                             retries=self.retries or None)
+        by_key = {f.key: k for f, k in zip(futures, want)}
+
+        # 3. what comes back: fits (committed on arrival) and outputs
+        lost = False
+        try:
+            for fut in _completed(distributed, futures, deadline):
+                k = by_key[fut.key]
+                if fut.status == "cancelled":
+                    lost = True   # its inputs were lost with a worker: resubmit what is left
+                    break
+                if fut.status == "error":
+                    exc = fut.exception()
+                    if run.claim(k):
+                        run.fail(k, exc)
+                    break
+                value = fut.result()
+                finished.add(k)
+                if run.claim(k):
+                    run.complete(k, value)
+        except _TimeoutSignal:
+            pending = [tasks[k] for k in wanted if k not in finished]
+            names = ", ".join(t.label for t in pending[:5]) + (" ..." if len(pending) > 5 else "")
+            timeout = self.timeout
+            msg = (f"{_describe(pending[0])} did not finish on Dask within timeout={timeout}s "
+                   f"(unfinished: {names}); the run's outstanding tasks were cancelled.")
+            _set_error(run, pending[0].key, msg, TimeoutError(msg))
+        except _cancelled_errors(distributed):
+            lost = True
+        except BaseException as e:  # KeyboardInterrupt: stop, cancel, re-raise
+            run.abort(e)
+            client.cancel(futures)
+            raise
+        if run.error is not None or lost:
+            client.cancel(futures)
+        return lost
+
+    def _placement(self, client: Any, tasks: list[Any]) -> dict[int, tuple[list[str], int]]:
+        """``{task key: (worker addresses, GPU ordinal inside those workers)}`` for tasks on a GPU."""
+        want = {t.key: i for t in tasks if (i := _cuda_index(t)) is not None}
+        if not want:
+            return {}
+        owners = gpu_owners(client)
+        seen = client.run(_visible_devices, on_error="ignore")
+        out: dict[int, tuple[list[str], int]] = {}
+        for k, gpu in want.items():
+            addrs = owners.get(gpu)
+            if not addrs:
+                continue   # no worker owns that GPU: anywhere (the model layer decides CPU/GPU)
+            cvd = [x.strip() for x in (seen.get(addrs[0]) or "").split(",")]
+            local = cvd.index(str(gpu)) if str(gpu) in cvd else 0
+            out[k] = (addrs, local)
+        return out
+
+    def _collect_trace(self, client: Any, run: Run, run_id: str, t0_wall: float) -> None:
+        from ..trace import TraceRecord
+
+        try:
+            got = client.run(_pop_timings, run_id, on_error="ignore")
+        except Exception:  # noqa: BLE001 - a trace is not worth failing a run for
+            return
+        tasks = run.plan.tasks
+        for addr, recs in got.items():
+            if not isinstance(recs, list):
+                continue
+            for key, start, end, thread, failed in recs:
+                t = tasks[key]
+                run.trace.records.append(TraceRecord(
+                    key=key, kind=t.kind, label=t.label, lane=addr, device=str(t.device),
+                    start=start - t0_wall, end=end - t0_wall, thread=thread, failed=failed))
+
+
+# --------------------------------------------------------------------------------------------
+# small helpers
+# --------------------------------------------------------------------------------------------
+class _TimeoutSignal(Exception):
+    pass
+
+
+def _completed(distributed: Any, futures: list[Any], deadline: float | None) -> Any:
+    """Yield futures as they finish; raise _TimeoutSignal at ``deadline`` (``time.monotonic()``)."""
+    if deadline is None:
+        yield from distributed.as_completed(futures)
+        return
+    pending = set(futures)
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _TimeoutSignal
+        try:
+            done, pending = distributed.wait(pending, timeout=left, return_when="FIRST_COMPLETED")
+        except TimeoutError:
+            raise _TimeoutSignal from None
+        yield from done
+
+
+def _cancelled_errors(distributed: Any) -> tuple[type[BaseException], ...]:
+    import asyncio
+
+    from distributed.client import FuturesCancelledError
+
+    return (FuturesCancelledError, asyncio.CancelledError, getattr(distributed, "CancelledError",
+                                                                    asyncio.CancelledError))
+
+
+def _graph(layers: dict[Any, dict[str, tuple[Any, ...]]]) -> Any:
+    """A plain dict graph, or a HighLevelGraph with one annotated layer per worker restriction."""
+    if list(layers) == [None]:
+        return layers[None]
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+    hl: dict[str, Any] = {}
+    for i, (restriction, dsk) in enumerate(layers.items()):
+        ann = None if restriction is None else {"workers": list(restriction), "allow_other_workers": False}
+        hl[f"gpunets-layer-{i}"] = MaterializedLayer(dsk, annotations=ann)
+    return HighLevelGraph(hl, {name: set() for name in hl})
+
+
+def _set_error(run: Run, key: int, message: str, exc: BaseException) -> None:
+    """Fail ``run`` at ``key`` with ``message`` (an error of the task's kind that is also ``type(exc)``)."""
+    from ..exceptions import EvaluationError, FitError, wrap_exception
+
+    task = run.plan.tasks[key]
+    kind = FitError if task.kind == "fit" else EvaluationError
+    err = wrap_exception(kind, message, exc)
+    err._gn_task_named = True  # type: ignore[attr-defined]
+    err._gn_original = exc  # type: ignore[attr-defined]
+    with run.lock:
+        if run.error is None:
+            run.error = err
+        run.changed.notify_all()
+
+
+def _default_client() -> Any:
+    """The current default ``distributed`` client, or None."""
+    from distributed import default_client
+
+    try:
+        return default_client()
+    except ValueError:
+        return None
+
+
+def _close(client: Any, cluster: Any) -> None:
+    try:
+        client.close()
+    finally:
+        cluster.close()
+
+
+_KEPT: "weakref.WeakSet[DaskExecutor]" = weakref.WeakSet()
+_ATEXIT = False
+
+
+def _register_atexit(ex: DaskExecutor) -> None:
+    global _ATEXIT
+    _KEPT.add(ex)
+    if not _ATEXIT:
+        _ATEXIT = True
+        atexit.register(_close_kept)
+
+
+def _close_kept() -> None:
+    for ex in list(_KEPT):
+        try:
+            ex.close()
+        except Exception:  # noqa: BLE001, S110 - interpreter exit
+            pass

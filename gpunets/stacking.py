@@ -1,0 +1,472 @@
+"""Stacking as one learning network: a branch per (base model, fold).
+
+:class:`StackingRegressor` and :class:`StackingClassifier` take
+scikit-learn's arguments (``estimators``, ``final_estimator``, ``cv``,
+``stack_method``, ``passthrough``) and, for a deterministic ``cv``, give the
+same predictions as :class:`sklearn.ensemble.StackingRegressor` /
+:class:`~sklearn.ensemble.StackingClassifier`.  The network they build is::
+
+    X, y                                  sources
+    Xtr[k], ytr[k], Xte[k]                take_rows nodes, one set per fold k
+    fold[e, k] = machine(e, Xtr[k], ytr[k])            one branch per (model, fold)
+    oof[e]     = assemble(fold[e, 0].method(Xte[0]), ...)   out-of-fold, original row order
+    full[e]    = machine(e, X, y)                      full-data refit, concurrent with the folds
+    final      = machine(final_estimator, hstack(oof[...], [X]), y)
+    predict    = final.predict(hstack(full[e].method(X) ..., [X]))
+
+Every fit task is independent of the others except the final estimator's,
+which waits only on the out-of-fold predictions, so an executor keeps all
+cores busy with (model, fold) fits.  Being composites, stacks retrain only
+what changed: after ``set_params(ridge__alpha=2.0)`` only the ridge
+machines (its folds and full refit) and the final estimator retrain.
+"""
+
+from __future__ import annotations
+
+from numbers import Integral
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from sklearn.base import ClassifierMixin, RegressorMixin, TransformerMixin, clone, is_classifier, is_regressor
+from sklearn.model_selection import check_cv
+from sklearn.preprocessing import LabelEncoder
+from sklearn.utils.metaestimators import _BaseComposition
+from sklearn.utils.multiclass import check_classification_targets, type_of_target
+
+from .composite import Composite, NetworkState
+from .machines import machine
+from .nodes import Source, node
+
+__all__ = ["StackingRegressor", "StackingClassifier"]
+
+
+# --- node operations (module-level so networks pickle) -----------------------------------------------
+
+def take_rows(value: Any, rows: np.ndarray) -> Any:
+    """``value`` at ``rows`` (``.iloc`` for pandas)."""
+    from .data import take_rows as _take
+
+    return _take(value, rows)
+
+
+def _to_numpy(p: Any) -> Any:
+    if hasattr(p, "to_numpy"):
+        return p.to_numpy()
+    return p
+
+
+def assemble_folds(test_indices: tuple[np.ndarray, ...], n_rows: int, *preds: Any) -> Any:
+    """Out-of-fold predictions in original row order (``cross_val_predict``'s result)."""
+    preds = [_to_numpy(p) for p in preds]
+    if isinstance(preds[0], list):  # pragma: no cover - multi-output predict_proba lists
+        return [assemble_folds(test_indices, n_rows, *[p[j] for p in preds]) for j in range(len(preds[0]))]
+    first = np.asarray(preds[0])
+    out = np.empty((n_rows,) + first.shape[1:], dtype=np.result_type(*[np.asarray(p).dtype for p in preds]))
+    for idx, p in zip(test_indices, preds):
+        out[idx] = p
+    return out
+
+
+def enforce_order(classes: np.ndarray, n_classes: int, method: str, predictions: Any) -> Any:
+    """Columns for classes absent from a fold's training rows (``cross_val_predict``'s rule)."""
+    from sklearn.model_selection._validation import _enforce_prediction_order
+
+    return _enforce_prediction_order(classes, np.asarray(predictions), n_classes, method)
+
+
+def concat_predictions(methods: tuple[str, ...], n_classes: int, passthrough: bool, *values: Any) -> Any:
+    """scikit-learn's ``_concatenate_predictions``: 2-D columns, binary ``predict_proba`` minus its first column."""
+    from scipy import sparse
+
+    preds = values[:len(methods)]
+    X_meta = []
+    for meth, p in zip(methods, preds):
+        p = _to_numpy(p)
+        if isinstance(p, list):
+            X_meta.extend(q[:, 1:] for q in p)
+        elif p.ndim == 1:
+            X_meta.append(p.reshape(-1, 1))
+        elif meth == "predict_proba" and n_classes == 2:
+            X_meta.append(p[:, 1:])
+        else:
+            X_meta.append(p)
+    if passthrough:
+        X = values[len(methods)]
+        if sparse.issparse(X):
+            return sparse.hstack(X_meta + [X], format=X.format)
+        X_meta.append(_to_numpy(X))
+    return np.hstack(X_meta)
+
+
+def decode_labels(classes: np.ndarray, y: Any) -> Any:
+    """Encoded predictions back to the original labels (``LabelEncoder.inverse_transform``)."""
+    return classes[np.asarray(y).astype(np.intp)]
+
+
+# --- the estimators ------------------------------------------------------------------------------------------
+
+class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
+    """What the stacking regressor and classifier share (one network, see the module docstring)."""
+
+    _required_parameters = ["estimators"]
+
+    def __init__(self, estimators: Sequence[tuple[str, Any]], final_estimator: Any = None, *, cv: Any = None,
+                 stack_method: str = "auto", passthrough: bool = False, executor: Any = "auto",
+                 device: Any = "auto", workers: int | None = None) -> None:
+        self.estimators = estimators
+        self.final_estimator = final_estimator
+        self.cv = cv
+        self.stack_method = stack_method
+        self.passthrough = passthrough
+        self.executor = executor
+        self.device = device
+        self.workers = workers
+
+    # --- parameters (nested by estimator name, as in scikit-learn's ensembles) ---------------------------
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """Parameters, with each base estimator by its name (``ridge__alpha``)."""
+        return self._get_params("estimators", deep=deep)
+
+    def set_params(self, **params: Any) -> "_BaseStacking":
+        """Set parameters; ``name=est`` replaces a base estimator, ``name="drop"`` drops it."""
+        self._set_params("estimators", **params)
+        return self
+
+    @property
+    def named_estimators(self) -> dict[str, Any]:
+        """The base estimators by name."""
+        from sklearn.utils import Bunch
+
+        return Bunch(**dict(self.estimators))
+
+    def _gn_components(self) -> dict[str, Any]:
+        out = {name: est for name, est in self.estimators if est != "drop"}
+        if self.final_estimator is not None:
+            out["final_estimator"] = self.final_estimator
+        return out
+
+    def _gn_plain_params(self) -> dict[str, Any]:
+        p = super()._gn_plain_params()
+        p["estimators"] = tuple((n, "drop" if e == "drop" else type(e)) for n, e in self.estimators)
+        for n, _ in self.estimators:
+            p.pop(n, None)
+        return p
+
+    def _gn_names(self, machines: tuple[Any, ...]) -> dict[int, str]:
+        return {id(m): m.name for m in machines}
+
+    # --- validation (all before any training) -----------------------------------------------------------
+    def _default_final(self) -> Any:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _validate_estimators(self) -> tuple[list[str], list[Any]]:
+        cls = type(self).__name__
+        ests = self.estimators
+        if not isinstance(ests, (list, tuple)) or len(ests) == 0 or not all(
+                isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str) for item in ests):
+            msg = (f"{cls}: invalid 'estimators' {ests!r}; expected a non-empty list of (name, estimator) "
+                   "tuples, e.g. [('ridge', Ridge()), ('rf', RandomForestRegressor())].")
+            raise ValueError(msg)
+        names = [n for n, _ in ests]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            msg = (f"{cls}: estimator names must be unique; {dup} appear more than once in {names}. "
+                   "Hint: give each base estimator its own name, e.g. ('ridge_a', ...), ('ridge_b', ...).")
+            raise ValueError(msg)
+        params = set(self.get_params(deep=False)) - set(names)
+        clash = sorted(set(names) & params)
+        if clash:
+            msg = f"{cls}: estimator names {clash} conflict with constructor arguments; rename them."
+            raise ValueError(msg)
+        bad = [n for n in names if "__" in n]
+        if bad:
+            msg = f"{cls}: estimator names must not contain '__': {bad}."
+            raise ValueError(msg)
+        kept = [(n, e) for n, e in ests if not (isinstance(e, str) and e == "drop")]
+        if not kept:
+            msg = f"{cls}: all estimators are dropped; at least one must be an estimator."
+            raise ValueError(msg)
+        want, kind = (is_classifier, "classifier") if is_classifier(self) else (is_regressor, "regressor")
+        for n, e in kept:
+            if not want(e):
+                msg = (f"{cls}: the estimator {n!r} ({type(e).__name__}) should be a {kind}. "
+                       f"Hint: pass {kind}s as base estimators, or 'drop' to leave it out.")
+                raise ValueError(msg)
+        return [n for n, _ in kept], [e for _, e in kept]
+
+    def _validate_final(self) -> Any:
+        est = self.final_estimator if self.final_estimator is not None else self._default_final()
+        want, kind = (is_classifier, "classifier") if is_classifier(self) else (is_regressor, "regressor")
+        if not want(est):
+            msg = (f"{type(self).__name__}: 'final_estimator' parameter should be a {kind}. "
+                   f"Got {est!r}.")
+            raise ValueError(msg)
+        return est
+
+    def _validate_cv(self) -> None:
+        cv, cls = self.cv, type(self).__name__
+        hint = "Hint: cv=5, or a splitter such as KFold(n_splits=5)."
+        if isinstance(cv, str):
+            msg = (f"{cls}: cv={cv!r} is not supported (gpunets stacks always cross-validate); "
+                   f"expected None, an integer >= 2, a splitter or an iterable of (train, test) splits. {hint}")
+            raise ValueError(msg)
+        if isinstance(cv, Integral) and not isinstance(cv, bool) and cv < 2:
+            msg = f"{cls}: cv={cv!r} gives fewer than 2 folds; stacking needs at least 2. {hint}"
+            raise ValueError(msg)
+        if hasattr(cv, "get_n_splits") and not isinstance(cv, Integral):
+            try:
+                n = cv.get_n_splits()
+            except Exception:
+                n = None
+            if n is not None and n < 2:
+                msg = f"{cls}: cv={cv!r} gives {n} fold(s); stacking needs at least 2. {hint}"
+                raise ValueError(msg)
+
+    def _gn_check_params(self, X: Any, y: Any) -> None:
+        super()._gn_check_params(X, y)
+        self._validate_estimators()
+        self._validate_final()
+        self._validate_cv()
+        if self.stack_method not in ("auto", "predict_proba", "decision_function", "predict"):
+            msg = (f"{type(self).__name__}: stack_method={self.stack_method!r}; expected one of "
+                   "'auto', 'predict_proba', 'decision_function', 'predict'.")
+            raise ValueError(msg)
+
+    def _methods(self, names: list[str], ests: list[Any]) -> list[str]:
+        return ["predict"] * len(ests)
+
+    def _devices(self) -> dict[str, Any]:
+        d = self.device
+        return dict(d) if isinstance(d, Mapping) else {}
+
+    # --- the network --------------------------------------------------------------------------------------
+    def network(self, X: Source, y: Source) -> dict[str, Any]:
+        """One branch per (base model, fold), full-data refits, the final estimator (module docstring)."""
+        names, ests = self._validate_estimators()
+        final_est = self._validate_final()
+        methods = self._methods(names, ests)
+        dev = self._devices()
+        y_data = np.asarray(y.data)
+        n = len(y_data)
+        cv = check_cv(self.cv, y_data, classifier=is_classifier(self))
+        if hasattr(cv, "random_state") and cv.random_state is None:
+            cv.random_state = np.random.RandomState()
+        splits = [(np.asarray(tr), np.asarray(te)) for tr, te in cv.split(np.zeros((n, 1)), y_data)]
+        if len(splits) < 2:
+            msg = f"{type(self).__name__}: cv={self.cv!r} gave {len(splits)} split(s); stacking needs at least 2."
+            raise ValueError(msg)
+        test_all = np.concatenate([te for _, te in splits])
+        if len(test_all) != n or not np.array_equal(np.sort(test_all), np.arange(n)):
+            msg = (f"{type(self).__name__}: the cv splits' test sets must partition the rows (each row in "
+                   "exactly one test fold), as cross_val_predict requires; got overlapping or missing rows.")
+            raise ValueError(msg)
+        n_classes = len(self.classes_) if is_classifier(self) else 0
+        folds = [(node(take_rows, X, tr, name=f"X[train {k}]"), node(take_rows, y, tr, name=f"y[train {k}]"),
+                  node(take_rows, X, te, name=f"X[test {k}]")) for k, (tr, te) in enumerate(splits)]
+        tests = tuple(te for _, te in splits)
+        oof, full_preds = [], []
+        self._gn_full_names = list(names)
+        for name, est, meth in zip(names, ests, methods):
+            d = dev.get(name)
+            preds = []
+            for k, (Xtr, ytr, Xte) in enumerate(folds):
+                m = machine(est, Xtr, ytr, name=f"{name}[fold {k}]", device=d)
+                p = getattr(m, meth)(Xte)
+                if n_classes and meth != "predict":
+                    present = np.unique(y_data[splits[k][0]])
+                    if len(present) != n_classes:
+                        p = node(enforce_order_partial(present, n_classes, meth), p)
+                preds.append(p)
+            oof.append(node(assemble_folds, tests, n, *preds, name=f"oof[{name}]"))
+            full = machine(est, X, y, name=name, device=d)
+            full_preds.append(getattr(full, meth)(X))
+        extra = [X] if self.passthrough else []
+        meta_train = node(concat_predictions, tuple(methods), n_classes, bool(self.passthrough), *oof, *extra,
+                          name="X_meta[train]")
+        final = machine(final_est, meta_train, y, name="final_estimator", device=dev.get("final_estimator"))
+        meta = node(concat_predictions, tuple(methods), n_classes, bool(self.passthrough), *full_preds, *extra,
+                    name="X_meta")
+        return self._outputs(final, meta)
+
+    def _outputs(self, final: Any, meta: Any) -> dict[str, Any]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _gn_available_operations(self) -> tuple[str, ...]:
+        st = self.__dict__.get("_gn_state")
+        if st is not None:
+            return tuple(st.outputs)
+        est = self.final_estimator if self.final_estimator is not None else self._default_final()
+        return ("transform",) + tuple(op for op in ("predict", "predict_proba", "decision_function")
+                                      if hasattr(est, op))
+
+    def _gn_after_fit(self, state: NetworkState) -> None:
+        by_name = {m.name: m for m in state.machines}
+        names = self._gn_full_names
+        self.estimators_ = [by_name[n].estimator_ for n in names]
+        from sklearn.utils import Bunch
+
+        named = Bunch()
+        for n, e in self.estimators:
+            named[n] = by_name[n].estimator_ if n in by_name else "drop"
+        self.named_estimators_ = named
+        self.final_estimator_ = by_name["final_estimator"].estimator_
+        self.stack_method_ = self._methods(names, [dict(self.estimators)[n] for n in names])
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        try:
+            first = next(e for _, e in self.estimators if not (isinstance(e, str) and e == "drop"))
+            from sklearn.utils import get_tags
+
+            tags.input_tags.allow_nan = get_tags(first).input_tags.allow_nan
+            tags.input_tags.sparse = all(get_tags(e).input_tags.sparse for _, e in self.estimators
+                                         if not (isinstance(e, str) and e == "drop"))
+        except Exception:
+            pass
+        return tags
+
+
+def enforce_order_partial(present: np.ndarray, n_classes: int, method: str) -> Any:
+    from functools import partial
+
+    fn = partial(enforce_order, present, n_classes, method)
+    fn.__name__ = "enforce_order"  # type: ignore[attr-defined]
+    return fn
+
+
+class StackingRegressor(RegressorMixin, _BaseStacking):
+    """Stack regressors with a final regressor, as one network (same predictions as scikit-learn's).
+
+    Parameters
+    ----------
+    estimators : list of (str, estimator)
+        Base regressors; an estimator may be ``"drop"``.
+    final_estimator : estimator, default=None
+        Fitted on the out-of-fold predictions; default :class:`~sklearn.linear_model.RidgeCV`.
+    cv : int, splitter or iterable, default=None
+        Folds for the out-of-fold predictions (None: 5-fold ``KFold``).
+    passthrough : bool, default=False
+        Also give ``X`` to the final estimator.
+    executor, device, workers
+        Where the network runs (see :class:`gpunets.Composite`); ``device`` may
+        also be a dict ``{estimator name or "final_estimator": device}``
+        placing individual models.
+
+    Attributes
+    ----------
+    estimators_, named_estimators_, final_estimator_, stack_method_, n_features_in_, fit_report_
+
+    Examples
+    --------
+    >>> import numpy as np, gpunets as gn
+    >>> from sklearn.linear_model import Ridge, LinearRegression
+    >>> from sklearn.tree import DecisionTreeRegressor
+    >>> rng = np.random.default_rng(0)
+    >>> X, y = rng.normal(size=(60, 3)), rng.normal(size=60)
+    >>> stack = gn.StackingRegressor([("ridge", Ridge()), ("tree", DecisionTreeRegressor(random_state=0))],
+    ...                              final_estimator=LinearRegression(), cv=3, executor="serial").fit(X, y)
+    >>> stack.predict(X[:2]).shape, len(stack.fit_report_.actions)
+    ((2,), 9)
+    >>> stack.set_params(ridge__alpha=3.0).fit(X, y).fit_report_.actions["tree"]
+    'skip'
+    """
+
+    def __init__(self, estimators: Sequence[tuple[str, Any]], final_estimator: Any = None, *, cv: Any = None,
+                 passthrough: bool = False, executor: Any = "auto", device: Any = "auto",
+                 workers: int | None = None) -> None:
+        super().__init__(estimators, final_estimator, cv=cv, stack_method="predict", passthrough=passthrough,
+                         executor=executor, device=device, workers=workers)
+
+    def _default_final(self) -> Any:
+        from sklearn.linear_model import RidgeCV
+
+        return RidgeCV()
+
+    def _outputs(self, final: Any, meta: Any) -> dict[str, Any]:
+        return {"predict": final.predict(meta), "transform": meta}
+
+
+class StackingClassifier(ClassifierMixin, _BaseStacking):
+    """Stack classifiers with a final classifier, as one network (same predictions as scikit-learn's).
+
+    Parameters
+    ----------
+    estimators : list of (str, estimator)
+        Base classifiers; an estimator may be ``"drop"``.
+    final_estimator : estimator, default=None
+        Default :class:`~sklearn.linear_model.LogisticRegression`.
+    cv : int, splitter or iterable, default=None
+        None or an int: ``StratifiedKFold`` (unshuffled).
+    stack_method : {"auto", "predict_proba", "decision_function", "predict"}
+        What each base model contributes; ``"auto"`` takes the first it has.
+    passthrough : bool, default=False
+    executor, device, workers
+        As in :class:`StackingRegressor`.
+
+    Examples
+    --------
+    >>> import numpy as np, gpunets as gn
+    >>> from sklearn.linear_model import LogisticRegression
+    >>> from sklearn.naive_bayes import GaussianNB
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(60, 2)); y = np.where(X[:, 0] > 0, "yes", "no")
+    >>> clf = gn.StackingClassifier([("lr", LogisticRegression()), ("nb", GaussianNB())], cv=3,
+    ...                             executor="serial").fit(X, y)
+    >>> clf.classes_.tolist(), clf.stack_method_, clf.predict(X[:1]).tolist() == y[:1].tolist()
+    (['no', 'yes'], ['predict_proba', 'predict_proba'], True)
+    """
+
+    def __init__(self, estimators: Sequence[tuple[str, Any]], final_estimator: Any = None, *, cv: Any = None,
+                 stack_method: str = "auto", passthrough: bool = False, executor: Any = "auto",
+                 device: Any = "auto", workers: int | None = None) -> None:
+        super().__init__(estimators, final_estimator, cv=cv, stack_method=stack_method, passthrough=passthrough,
+                         executor=executor, device=device, workers=workers)
+
+    def _default_final(self) -> Any:
+        from sklearn.linear_model import LogisticRegression
+
+        return LogisticRegression()
+
+    def _gn_validate_fit(self, X: Any, y: Any) -> tuple[Any, Any]:
+        Xo, yo = Composite._gn_validate_fit(self, X, y)
+        yv = np.asarray(yo)
+        try:
+            check_classification_targets(yv)
+        except ValueError as e:
+            msg = (f"{e} {type(self).__name__} is a classifier: y must hold class labels, not continuous "
+                   "values. Hint: use gn.StackingRegressor for regression targets.")
+            raise ValueError(msg) from None
+        if type_of_target(yv) == "multilabel-indicator":
+            msg = f"{type(self).__name__} does not support multilabel targets yet; y must be 1-D class labels."
+            raise ValueError(msg)
+        le = LabelEncoder().fit(yv)
+        self._label_encoder = le
+        self.classes_ = le.classes_
+        return Xo, le.transform(yv)
+
+    def _methods(self, names: list[str], ests: list[Any]) -> list[str]:
+        from sklearn.utils._response import _check_response_method
+
+        out = []
+        for name, est in zip(names, ests):
+            method = (["predict_proba", "decision_function", "predict"] if self.stack_method == "auto"
+                      else self.stack_method)
+            try:
+                out.append(_check_response_method(est, method).__name__)
+            except AttributeError as e:
+                msg = f"Underlying estimator {name} does not implement the method {method}."
+                raise ValueError(msg) from e
+        return out
+
+    def _gn_check_params(self, X: Any, y: Any) -> None:
+        super()._gn_check_params(X, y)
+        names, ests = self._validate_estimators()
+        self._methods(names, ests)
+
+    def _outputs(self, final: Any, meta: Any) -> dict[str, Any]:
+        out = {"predict": node(decode_labels, self.classes_, final.predict(meta), name="predict"),
+               "transform": meta}
+        for op in ("predict_proba", "decision_function"):
+            if hasattr(final.model, op):
+                out[op] = getattr(final, op)(meta)
+        return out

@@ -1,0 +1,98 @@
+"""Small estimators used by the tests (picklable: defined at module level)."""
+
+import threading
+
+import numpy as np
+from sklearn.base import BaseEstimator, RegressorMixin, TransformerMixin
+
+FIT_COUNTS: dict = {}
+_LOCK = threading.Lock()
+
+
+class FeatureSelector(BaseEstimator, TransformerMixin):
+    """Keep the columns listed in ``features`` (all when None)."""
+
+    def __init__(self, features=None):
+        self.features = features
+
+    def fit(self, X, y=None):
+        self.features_ = list(range(np.asarray(X).shape[1])) if self.features is None else list(self.features)
+        return self
+
+    def transform(self, X):
+        if hasattr(X, "iloc"):
+            return X.iloc[:, self.features_]
+        return np.asarray(X)[:, self.features_]
+
+
+class TargetStandardizer(BaseEstimator, TransformerMixin):
+    """Standardise a 1-D target; ``inverse_transform`` undoes it."""
+
+    def __init__(self, shift=0.0):
+        self.shift = shift
+
+    def fit(self, y, _=None):
+        y = np.asarray(y, dtype=float)
+        self.mean_, self.std_ = y.mean() + self.shift, y.std() or 1.0
+        return self
+
+    def transform(self, y):
+        return (np.asarray(y, dtype=float) - self.mean_) / self.std_
+
+    def inverse_transform(self, z):
+        return np.asarray(z) * self.std_ + self.mean_
+
+
+class Counting(BaseEstimator, RegressorMixin):
+    """Ridge-like least squares that counts its fits under ``tag``; can be told to fail."""
+
+    def __init__(self, tag="c", alpha=1.0, fail=False, fail_predict=False):
+        self.tag, self.alpha, self.fail, self.fail_predict = tag, alpha, fail, fail_predict
+
+    def fit(self, X, y):
+        if self.fail:
+            raise ValueError(f"planted failure in {self.tag}")
+        X = np.asarray(X, dtype=float)
+        y = np.asarray(y, dtype=float)
+        A = X.T @ X + self.alpha * np.eye(X.shape[1])
+        self.coef_ = np.linalg.solve(A, X.T @ y)
+        with _LOCK:
+            FIT_COUNTS[self.tag] = FIT_COUNTS.get(self.tag, 0) + 1
+        return self
+
+    def predict(self, X):
+        if self.fail_predict:
+            raise RuntimeError(f"planted predict failure in {self.tag}")
+        return np.asarray(X, dtype=float) @ self.coef_
+
+
+class NoFit:
+    def predict(self, X):
+        return X
+
+
+class NetModel(BaseEstimator, RegressorMixin):
+    """A model whose fit trains a gpunets network of its own (two branches averaged).
+
+    ``inner`` models may themselves be NetModels: networks inside networks.
+    """
+
+    def __init__(self, first=None, second=None, executor="serial", workers=2):
+        self.first, self.second, self.executor, self.workers = first, second, executor, workers
+
+    def _net(self, X, y):
+        import gpunets as gn
+        from sklearn.linear_model import Ridge
+
+        Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+        a = gn.machine(self.first if self.first is not None else Ridge(alpha=1.0), Xs, ys)
+        b = gn.machine(self.second if self.second is not None else Ridge(alpha=3.0), Xs, ys)
+        return gn.mean(a.predict(Xs), b.predict(Xs))
+
+    def fit(self, X, y):
+        self.net_ = self._net(X, y)
+        self.net_.fit(executor=self.executor, workers=self.workers)
+        return self
+
+    def predict(self, X):
+        return self.net_(X, executor=self.executor, workers=self.workers)

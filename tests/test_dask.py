@@ -1,0 +1,449 @@
+"""The Dask executor: equality with serial, what moves over the network, placement, faults.
+
+One module-scoped ``LocalCluster`` (2 worker processes, 1 thread each) serves every test
+but the one that checks that ``executor="dask"`` starts and closes its own cluster.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+distributed = pytest.importorskip("distributed")
+cloudpickle = pytest.importorskip("cloudpickle")
+
+import dask  # noqa: E402
+from sklearn.base import BaseEstimator, RegressorMixin  # noqa: E402
+from sklearn.linear_model import LinearRegression, Ridge  # noqa: E402
+from sklearn.preprocessing import StandardScaler  # noqa: E402
+
+import gpunets as gn  # noqa: E402
+from gpunets.executors import dask as gdask  # noqa: E402
+from gpunets.executors.dask import DaskExecutor  # noqa: E402
+
+pytestmark = pytest.mark.dask
+
+# Workers cannot import this test module: ship its classes and functions by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+HAS_KERNELS = importlib.util.find_spec("gpunets.kernels") is not None
+
+
+# ------------------------------------------------------------------------------------------
+# fixtures and models
+# ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster_client():
+    # one retry on a worker death, so the "always dies" test is quick
+    with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
+        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                           dashboard_address=":0")
+        client = distributed.Client(cluster)
+    yield client
+    client.close()
+    cluster.close()
+
+
+@pytest.fixture
+def client(cluster_client):
+    cluster_client.wait_for_workers(2, timeout=60)  # a killed worker is restarted by its nanny
+    return cluster_client
+
+
+class Spy:
+    """Count calls of a client's methods (scatter, get, submit, compute, run)."""
+
+    def __init__(self, client, monkeypatch):
+        self.calls: dict[str, list] = {}
+        for name in ("scatter", "get", "submit", "compute", "map", "run"):
+            orig = getattr(client, name)
+            monkeypatch.setattr(client, name, self._wrap(name, orig))
+
+    def _wrap(self, name, orig):
+        def wrapper(*a, **kw):
+            self.calls.setdefault(name, []).append((a, kw))
+            return orig(*a, **kw)
+        return wrapper
+
+    def n(self, name=None):
+        if name is None:
+            return sum(len(v) for v in self.calls.values())
+        return len(self.calls.get(name, []))
+
+
+def _cols(a, b):
+    return np.column_stack([a, b])
+
+
+def _avg(a, b):
+    return (np.asarray(a) + np.asarray(b)) / 2
+
+
+def network(seed=0, n=120):
+    rng = np.random.default_rng(seed)
+    Xd = rng.normal(size=(n, 4))
+    yd = Xd @ np.array([1.0, -2.0, 0.5, 3.0]) + rng.normal(scale=0.1, size=n)
+    X = gn.source(Xd, name="X")
+    y = gn.source(yd, name="y")
+    scale = gn.machine(StandardScaler(), X)
+    W = scale.transform(X)
+    ridge = gn.machine(Ridge(alpha=0.5), W, y)
+    ols = gn.machine(LinearRegression(), W, y)
+    p1, p2 = ridge.predict(W), ols.predict(W)
+    yhat = gn.mean(p1, p2) if HAS_KERNELS else gn.node(_avg, p1, p2, name="avg")
+    return yhat, {"scale": scale, "ridge": ridge, "ols": ols}
+
+
+class KillOnce(BaseEstimator, RegressorMixin):
+    """Kills its worker process the first time it is fitted (a marker file remembers)."""
+
+    def __init__(self, marker="", always=False):
+        self.marker = marker
+        self.always = always
+
+    def fit(self, X, y):
+        if self.always or not os.path.exists(self.marker):
+            if self.marker:
+                open(self.marker, "w").close()
+            os._exit(1)
+        self.mean_ = float(np.mean(y))
+        return self
+
+    def predict(self, X):
+        return np.full(len(X), self.mean_)
+
+
+class FailOnce(BaseEstimator, RegressorMixin):
+    """Raises the first time it is fitted."""
+
+    def __init__(self, marker=""):
+        self.marker = marker
+
+    def fit(self, X, y):
+        if not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            raise RuntimeError("transient failure")
+        self.mean_ = float(np.mean(y))
+        return self
+
+    def predict(self, X):
+        return np.full(len(X), self.mean_)
+
+
+class Locky(BaseEstimator, RegressorMixin):
+    """Holds a lock, so it cannot be pickled."""
+
+    def __init__(self, alpha=1.0):
+        self.alpha = alpha
+        self._lock = threading.Lock()
+
+    def fit(self, X, y):
+        self.mean_ = float(np.mean(y))
+        return self
+
+    def predict(self, X):
+        return np.full(len(X), self.mean_)
+
+
+class Sleepy(BaseEstimator, RegressorMixin):
+    def __init__(self, seconds=1.0):
+        self.seconds = seconds
+
+    def fit(self, X, y):
+        time.sleep(self.seconds)
+        self.mean_ = 0.0
+        return self
+
+    def predict(self, X):
+        return np.zeros(len(X))
+
+
+def _xy(n=40, seed=1):
+    rng = np.random.default_rng(seed)
+    return gn.source(rng.normal(size=(n, 3)), name="X"), gn.source(rng.normal(size=n), name="y")
+
+
+def _walk(obj):
+    if isinstance(obj, (tuple, list)):
+        for o in obj:
+            yield from _walk(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _walk(o)
+    else:
+        yield obj
+
+
+# ------------------------------------------------------------------------------------------
+# results
+# ------------------------------------------------------------------------------------------
+def test_fit_equals_serial_and_predicts_locally(client):
+    ref, ref_m = network()
+    ref.fit(executor="serial")
+    yhat, ms = network()
+    report = yhat.fit(executor=DaskExecutor(client))
+    assert dict(report.actions.by_label()) == {"StandardScaler": "train", "Ridge": "train",
+                                                "LinearRegression": "train"}
+    for name in ms:
+        assert ms[name].is_fitted
+    np.testing.assert_allclose(ms["ridge"].estimator_.coef_, ref_m["ridge"].estimator_.coef_)
+    np.testing.assert_allclose(ms["ols"].estimator_.coef_, ref_m["ols"].estimator_.coef_)
+    # fitted on Dask, predicts locally afterwards
+    Xnew = np.random.default_rng(5).normal(size=(7, 4))
+    np.testing.assert_allclose(yhat(Xnew, executor="serial"), ref(Xnew, executor="serial"))
+    # and on Dask
+    np.testing.assert_allclose(yhat(Xnew, executor=DaskExecutor(client)), ref(Xnew, executor="serial"))
+    np.testing.assert_allclose(yhat(executor="dask"), ref(executor="serial"))   # the default client
+
+
+def test_trace_has_one_record_per_task_with_worker_lanes(client):
+    yhat, _ = network()
+    yhat.fit(executor=DaskExecutor(client))
+    trace = gn.last_trace()
+    assert trace.executor == "dask"
+    assert sorted(r.label for r in trace.records if r.kind == "fit") == [
+        "fit LinearRegression", "fit Ridge", "fit StandardScaler"]
+    assert len(trace.records) == 4   # 3 fits + the scaler's transform
+    workers = set(client.scheduler_info()["workers"])
+    assert set(trace.lanes()) <= workers
+    assert all(r.end >= r.start >= 0 for r in trace.records)
+
+
+def test_second_fit_skips_and_touches_nothing(client, monkeypatch):
+    yhat, ms = network()
+    ex = DaskExecutor(client)
+    yhat.fit(executor=ex)
+    spy = Spy(client, monkeypatch)
+    monkeypatch.setattr(gdask, "_default_client", lambda: pytest.fail("the cluster was looked up"))
+    monkeypatch.setattr(DaskExecutor, "_start_cluster", lambda self: pytest.fail("a cluster was started"))
+    report = yhat.fit(executor=ex)
+    assert set(report.actions.by_label().values()) == {"skip"}
+    assert spy.n() == 0
+    report = yhat.fit(executor="dask")   # no client given: still nothing looked up or started
+    assert set(report.actions.by_label().values()) == {"skip"}
+    # changing one hyperparameter ships only that machine's fit
+    ms["ridge"].model.alpha = 2.0
+    monkeypatch.undo()
+    spy = Spy(client, monkeypatch)
+    report = yhat.fit(executor=ex)
+    assert report.actions["Ridge"] == "update" and report.actions["LinearRegression"] == "skip"
+    (graph_args, _), = spy.calls["get"]
+    assert len(graph_args[1]) == 1   # one future wanted: Ridge's fitted state
+
+
+def test_sources_scattered_once_and_intermediates_stay(client, monkeypatch):
+    yhat, _ = network()
+    spy = Spy(client, monkeypatch)
+    yhat.fit(executor=DaskExecutor(client))
+    assert spy.n("scatter") == 1 and spy.n("submit") == 0 and spy.n("compute") == 0
+    (scatter_args, _), = spy.calls["scatter"]
+    assert len(scatter_args[0]) == 2                         # X and y, once each
+    (get_args, _), = spy.calls["get"]
+    graph, wanted = get_args[0], get_args[1]
+    assert len(graph) == 4                                   # 3 fits + 1 transform
+    assert not any(isinstance(v, np.ndarray) for v in _walk(list(graph.values())))
+    assert len(wanted) == 3                                  # only the fitted states come back
+    # an evaluation brings back only its output
+    spy2 = Spy(client, monkeypatch)
+    yhat(np.ones((3, 4)), executor=DaskExecutor(client))
+    (get_args, _), = spy2.calls["get"]
+    assert len(get_args[1]) == 1
+    (scatter_args, _), = spy2.calls["scatter"]
+    assert len(scatter_args[0]) == 1                         # the new X only
+
+
+def test_a_plan_of_sources_only_needs_no_cluster(monkeypatch):
+    monkeypatch.setattr(gdask, "_default_client", lambda: pytest.fail("the cluster was looked up"))
+    X = gn.source(np.arange(3.0), name="X")
+    assert X(executor=DaskExecutor()).tolist() == [0.0, 1.0, 2.0]
+
+
+# ------------------------------------------------------------------------------------------
+# placement (CPU-only check of the mapping; the real one is test_gpu_placement)
+# ------------------------------------------------------------------------------------------
+def _set_visible(value):
+    if value is None:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = value
+
+
+def _first_visible(x):
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0]
+
+
+def test_cuda_tasks_run_on_the_worker_owning_the_gpu(client):
+    addrs = sorted(client.scheduler_info()["workers"])
+    for i, a in enumerate(addrs):   # pretend each worker owns one GPU, listed first (as dask-cuda does)
+        client.run(_set_visible, f"{i},{1 - i}", workers=[a])
+    try:
+        assert gdask.gpu_owners(client) == {0: [addrs[0]], 1: [addrs[1]]}
+        X = gn.source(np.ones(3), name="X")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            nodes = [gn.node(_first_visible, X, device=f"cuda:{g}", name=f"on{g}") for g in (0, 1) * 3]
+        ex = DaskExecutor(client)
+        for g, nd in zip((0, 1) * 3, nodes):
+            assert nd(executor=ex) == str(g)
+        assert {r.lane for r in gn.last_trace().records} == {addrs[1]}
+    finally:
+        client.run(_set_visible, None)
+
+
+# ------------------------------------------------------------------------------------------
+# faults
+# ------------------------------------------------------------------------------------------
+def test_worker_killed_during_fit_is_retried(client, tmp_path):
+    X, y = _xy()
+    m = gn.machine(KillOnce(marker=str(tmp_path / "killed")), X, y)
+    report = m.predict(X).fit(executor=DaskExecutor(client, timeout=60))
+    assert report.actions["KillOnce"] == "train"
+    assert (tmp_path / "killed").exists()
+    assert m.is_fitted
+    np.testing.assert_allclose(m.predict(X)(executor="serial"), np.mean(y.data))
+
+
+def test_worker_always_killed_names_the_task_and_keeps_finished_state(client):
+    X, y = _xy()
+    first = gn.machine(Ridge(), X, y, name="first")
+    # killer trains on first's output, so first has finished (and committed) before killer starts
+    P = gn.node(_cols, first.predict(X), first.predict(X), name="P")
+    killer = gn.machine(KillOnce(always=True), P, y, name="killer")
+    t = time.perf_counter()
+    with pytest.raises(gn.FitError, match="killer") as info:
+        killer.predict(P).fit(executor=DaskExecutor(client, timeout=60))
+    assert time.perf_counter() - t < 60
+    assert "died" in str(info.value)
+    assert first.is_fitted and not killer.is_fitted
+    killer.model = Ridge()   # fixed: only killer retrains
+    report = killer.predict(P).fit(executor=DaskExecutor(client))
+    assert report.actions["first"] == "skip" and report.actions["killer"] == "train"
+
+
+def test_exceptions_are_retried_per_retries(client, tmp_path):
+    X, y = _xy()
+    m = gn.machine(FailOnce(marker=str(tmp_path / "a")), X, y)
+    assert m.fit(executor=DaskExecutor(client, retries=1)).actions["FailOnce"] == "train"
+    m2 = gn.machine(FailOnce(marker=str(tmp_path / "b")), X, y, name="fragile")
+    with pytest.raises(gn.FitError, match="fragile.*transient failure") as info:
+        m2.fit(executor=DaskExecutor(client, retries=0))
+    assert isinstance(info.value, RuntimeError)
+    assert not m2.is_fitted
+
+
+def test_timeout_does_not_leave_the_client_hanging(client):
+    X, y = _xy()
+    m = gn.machine(Sleepy(seconds=1.5), X, y, name="slow")
+    t = time.perf_counter()
+    with pytest.raises(gn.FitError, match=r"slow.*timeout") as info:
+        m.fit(executor=DaskExecutor(client, timeout=0.3))
+    assert time.perf_counter() - t < 1.4
+    assert isinstance(info.value, TimeoutError)
+    time.sleep(1.3)   # let the worker finish the cancelled sleep
+
+
+def test_unpicklable_model_fails_before_anything_is_sent(client, monkeypatch):
+    X, y = _xy()
+    ok = gn.machine(Ridge(), X, y)
+    bad = gn.machine(Locky(), X, y, name="locky")
+    yhat = gn.node(_avg, ok.predict(X), bad.predict(X))
+    spy = Spy(client, monkeypatch)
+    with pytest.raises(gn.FitError, match=r"locky.*cannot be pickled.*Nothing was sent") as info:
+        yhat.fit(executor=DaskExecutor(client))
+    assert isinstance(info.value, TypeError)
+    assert spy.n() == 0
+    assert not ok.is_fitted and not bad.is_fitted
+    # a machine fitted locally whose fitted estimator cannot be pickled: evaluation fails the same way
+    bad.fit(executor="serial")
+    with pytest.raises(gn.EvaluationError, match=r"locky.*cannot be pickled"):
+        bad.predict(X)(executor=DaskExecutor(client))
+    assert spy.n() == 0
+
+
+# ------------------------------------------------------------------------------------------
+# installation and the cluster's lifetime
+# ------------------------------------------------------------------------------------------
+def test_missing_dask_says_what_to_install(monkeypatch):
+    from gpunets.executors import get_executor
+
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    with pytest.raises(ImportError, match=r'pip install "gpunets\[dask\]"'):
+        gn.DaskExecutor()
+    with pytest.raises(ImportError, match=r'pip install "gpunets\[dask\]"'):
+        get_executor("dask")
+    X = gn.source(np.ones(2), name="X")
+    with pytest.raises(ImportError, match=r"gpunets\[dask\]"):
+        (X + 1)(executor="dask")
+
+
+def test_import_gpunets_does_not_import_dask():
+    code = ("import sys, gpunets, gpunets.executors; "
+            "bad = [m for m in ('dask', 'distributed') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_executor_dask_without_client_starts_and_closes_a_local_cluster(monkeypatch):
+    started = []
+    orig = DaskExecutor._start_cluster
+
+    def recording(self):
+        out = orig(self)
+        started.append(out)
+        return out
+
+    monkeypatch.setattr(gdask, "_default_client", lambda: None)   # as if no client existed
+    monkeypatch.setattr(DaskExecutor, "_start_cluster", recording)
+    yhat, ms = network()
+    ref, _ = network()
+    ref.fit(executor="serial")
+    yhat.fit(executor="dask")
+    assert len(started) == 1
+    client, cluster = started[0]
+    assert client.status == "closed"
+    assert cluster.status.name == "closed"
+    np.testing.assert_allclose(yhat(executor="serial"), ref(executor="serial"))
+
+
+def test_repr_and_validation():
+    with pytest.raises(ValueError, match="retries"):
+        DaskExecutor(retries=-1)
+    with pytest.raises(ValueError, match="timeout"):
+        DaskExecutor(timeout=0)
+    assert "LocalCluster(n_workers=3)" in repr(DaskExecutor(workers=3))
+
+
+# ------------------------------------------------------------------------------------------
+# real GPUs (dask-cuda): runs unchanged on a multi-GPU box
+# ------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_gpu_placement_with_local_cuda_cluster():
+    cupy = pytest.importorskip("cupy")
+    dask_cuda = pytest.importorskip("dask_cuda")
+    if not cupy.cuda.is_available():
+        pytest.skip("no usable GPU")
+    n_gpus = cupy.cuda.runtime.getDeviceCount()
+    with dask_cuda.LocalCUDACluster() as cluster, distributed.Client(cluster) as client:
+        owners = gdask.gpu_owners(client)
+        assert sorted(owners) == list(range(n_gpus))
+        X = gn.source(np.ones(3), name="X")
+        ex = DaskExecutor(client)
+        for g in range(n_gpus):
+            nd = gn.node(_first_visible, X, device=f"cuda:{g}", name=f"on{g}")
+            assert nd(executor=ex) == str(g)
+            assert {r.lane for r in gn.last_trace().records} == set(owners[g])
+        # fits placed on each GPU run on their owner
+        Xd, yd = np.random.default_rng(0).normal(size=(64, 3)), np.random.default_rng(1).normal(size=64)
+        Xs, ys = gn.source(Xd, name="X"), gn.source(yd, name="y")
+        ms = [gn.machine(Ridge(), Xs, ys, device=f"cuda:{g}", name=f"ridge{g}") for g in range(n_gpus)]
+        gn.fit(*[m.predict(Xs) for m in ms], executor=ex)
+        lanes = {r.label: r.lane for r in gn.last_trace().records if r.kind == "fit"}
+        for g in range(n_gpus):
+            assert lanes[f"fit ridge{g}"] in owners[g]

@@ -1,0 +1,161 @@
+"""Bad input gets a clear error, raised before anything is trained; nothing trained is lost."""
+
+import numpy as np
+import pytest
+from sklearn.linear_model import LinearRegression, Ridge
+from sklearn.preprocessing import StandardScaler
+
+import gpunets as gn
+from tests.helpers import Counting, NoFit
+
+
+@pytest.fixture
+def data():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(40, 3)), rng.normal(size=40)
+
+
+def test_untrained_machine_raises_not_fitted(data):
+    X, y = data
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    m = gn.machine(Ridge(), Xs, ys)
+    p = m.predict(Xs)
+    with pytest.raises(gn.NotFittedError, match=r"Machine Ridge is not trained.*fit\(\)") as e:
+        p()
+    assert isinstance(e.value, ValueError) and isinstance(e.value, AttributeError)
+    with pytest.raises(gn.NotFittedError, match="Ridge"):
+        _ = m.estimator_
+
+
+def test_several_origins_positional_call_names_origins(data):
+    X, y = data
+    a, b = gn.source(X, name="X"), gn.source(X, name="Z")
+    n = a + b
+    with pytest.raises(ValueError, match=r"2 origins \(\['X', 'Z'\]\).*node\(X=\.\.\., Z=\.\.\.\)"):
+        n(X)
+    np.testing.assert_allclose(n(X=X, Z=2 * X), 3 * X)
+
+
+def test_unknown_source_name_lists_valid_names(data):
+    X, y = data
+    a, b = gn.source(X, name="X"), gn.source(X, name="Z")
+    with pytest.raises(ValueError, match=r"no origin named 'W'.*Valid names are: \['X', 'Z'\]"):
+        (a + b)(W=X)
+
+
+def test_training_only_source_name_is_explained(data):
+    X, y = data
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    p = gn.machine(Ridge(), Xs, ys).predict(Xs)
+    p.fit()
+    with pytest.raises(ValueError, match=r"'y' is upstream only through a machine's training data"):
+        p(y=y)
+
+
+def test_model_without_fit_is_a_type_error(data):
+    X, y = data
+    with pytest.raises(TypeError, match=r"needs a model with a fit method.*NoFit"):
+        gn.machine(NoFit(), X)
+    with pytest.raises(TypeError, match=r"It is a class: pass an instance"):
+        gn.machine(Ridge, X, y)
+
+
+def test_argument_neither_node_nor_data(data):
+    X, y = data
+    with pytest.raises(TypeError, match=r"argument 1 of machine\(Ridge, \.\.\.\).*expected a node or data"):
+        gn.machine(Ridge(), X, "y")
+    with pytest.raises(TypeError, match=r"source 'X': cannot place a list.*Accepted: NumPy arrays"):
+        gn.machine(Ridge(), [[1.0, 2.0]], y)
+    with pytest.raises(TypeError, match="callable"):
+        gn.node("not callable", gn.source(X))
+
+
+def test_source_without_data_at_fit_time(data):
+    X, y = data
+    Xs, ys = gn.source(name="X"), gn.source(y, name="y")
+    scale = gn.machine(StandardScaler(), gn.source(X, name="Xok"))
+    m = gn.machine(Ridge(), Xs, ys)
+    p = gn.node(lambda a, b: a, scale.transform(), m.predict(Xs))
+    with pytest.raises(ValueError, match=r"Source 'X' has no data.*X.data = "):
+        p.fit()
+    assert not scale.is_fitted and not m.is_fitted  # nothing was trained
+
+
+def test_rows_out_of_range_before_anything_trains(data):
+    X, y = data
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    m = gn.machine(Ridge(), Xs, ys)
+    m.fit()
+    state = m.estimator_
+    with pytest.raises(IndexError, match=r"rows out of range.*source 'X' \(40 rows\)"):
+        m.fit(rows=[0, 1, 400])
+    assert m.estimator_ is state
+    with pytest.raises(IndexError, match="40 rows"):
+        m.predict(Xs)(rows=[41])
+
+
+def test_failure_mid_network_keeps_what_was_trained(executor, data):
+    X, y = data
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    scale = gn.machine(StandardScaler(), Xs)
+    W = scale.transform(Xs)
+    ok = gn.machine(Counting(tag="mid-ok"), W, ys)
+    bad_model = Counting(tag="mid-bad")
+    bad = gn.machine(bad_model, gn.hstack(W, ok.predict(W)), ys)
+    last = gn.machine(LinearRegression(), bad.predict(gn.hstack(W, ok.predict(W))).__neg__(), ys)
+    out = last.predict(bad.predict(gn.hstack(W, ok.predict(W))).__neg__())
+    out.fit()
+    previous_bad = bad.estimator_
+    previous_last = last.estimator_
+    scale.model.with_std = False   # everything downstream of scale will retrain ...
+    bad_model.fail = True          # ... and `bad` fails
+    with pytest.raises(gn.FitError, match=r"Machine Counting#2 failed to fit \(ValueError: planted failure") as e:
+        out.fit()
+    assert isinstance(e.value, ValueError)  # still catchable as the original type
+    assert isinstance(e.value.__cause__, ValueError) and "planted failure" in str(e.value.__cause__)
+    assert scale.estimator_.with_std is False  # trained in that call: keeps its new state
+    assert ok.report()["n_fits"] == 2
+    assert bad.estimator_ is previous_bad and last.estimator_ is previous_last  # previous state kept
+    bad_model.fail = False
+    report = out.fit()
+    assert report.actions.by_label() == {"StandardScaler": "skip", "Counting": "skip", "Counting#2": "train",
+                                         "LinearRegression": "train"}
+
+
+def test_estimator_error_during_evaluation_names_the_node(executor, data):
+    X, y = data
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    model = Counting(tag="evalfail")
+    m = gn.machine(model, Xs, ys)
+    out = gn.mean(m.predict(Xs), gn.machine(Ridge(), Xs, ys).predict(Xs))
+    out.fit()
+    m.estimator_.fail_predict = True
+    with pytest.raises(gn.EvaluationError, match=r"Evaluating node predict\(Counting, X\) \(machine Counting\) "
+                                                 r"failed \(RuntimeError: planted predict failure.*needed by mean") as e:
+        out()
+    assert isinstance(e.value, RuntimeError) and isinstance(e.value.__cause__, RuntimeError)
+
+
+def test_fit_needs_targets_and_nodes():
+    with pytest.raises(TypeError, match="at least one node"):
+        gn.fit()
+    with pytest.raises(TypeError, match="takes nodes or machines"):
+        gn.fit(np.ones(3))
+
+
+def test_bad_executor_and_config_values(data):
+    X, y = data
+    n = gn.source(X, name="X") + 1
+    with pytest.raises(ValueError, match=r"executor='gpu' is not an executor.*'serial'"):
+        n(executor="gpu")
+    with pytest.raises(ValueError, match="fallback='maybe'"):
+        gn.config(fallback="maybe")
+    with pytest.raises(TypeError, match=r"Unknown gpunets setting\(s\) \['exeutor'\]"):
+        gn.config(exeutor="serial")
+    with pytest.raises(ValueError, match="workers=0"):
+        gn.ThreadsExecutor(workers=0)
+
+
+def test_iterating_a_node_is_an_error():
+    with pytest.raises(TypeError, match="cannot be iterated"):
+        list(gn.source(np.ones(2), name="X"))

@@ -1,0 +1,335 @@
+"""Plans and executors: same results everywhere, stream checking, nesting, failures, traces."""
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.linear_model import LinearRegression, Ridge
+
+import gpunets as gn
+from gpunets.executors import choose_auto, get_executor
+from gpunets.plan import compile_call, compile_fit
+from tests.helpers import Counting, NetModel
+
+
+@pytest.fixture
+def data():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 4))
+    return X, X @ np.arange(1.0, 5.0) + 0.1 * rng.normal(size=60)
+
+
+def serial_reference(build):
+    out = build()
+    out.fit(executor="serial")
+    return out(executor="serial")
+
+
+def test_lanes_follow_grcuda_policy():
+    X = gn.source(np.ones(3), name="X")
+    a = X + 1          # root: lane 0
+    b = a * 2          # a's first child: inherits lane 0
+    c = a * 3          # a's second child: a new lane
+    d = b + c          # join: inherits b's lane
+    plan = compile_call([d], {})
+    lanes = {t.label: t.lane for t in plan.tasks if t.kind != "source"}
+    assert lanes["add(X, 1)"] == lanes["mul(add(X, 1), 2)"] == lanes["add(mul(add(X, 1), 2), mul(add(X, 1), 3))"]
+    assert lanes["mul(add(X, 1), 3)"] != lanes["add(X, 1)"]
+    assert plan.n_lanes == 2
+
+
+def test_lanes_are_capped_and_free_lanes_reused():
+    X = gn.source(np.ones(3), name="X")
+    branches = [X + i for i in range(6)]
+    plan = compile_call([gn.mean(*branches)], {}, max_lanes=2)
+    assert plan.n_lanes == 2
+    chain = X
+    for i in range(5):
+        chain = chain + i
+    plan = compile_call([chain], {})
+    assert plan.n_lanes == 1
+
+
+def test_skipped_machines_cost_no_task(data):
+    X, y = data
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    a, b = gn.machine(Ridge(), Xs, ys), gn.machine(LinearRegression(), Xs, ys)
+    out = gn.mean(a.predict(Xs), b.predict(Xs))
+    out.fit()
+    b.model.fit_intercept = False
+    plan = compile_fit([out])
+    assert [t.label for t in plan.tasks if t.kind == "fit"] == ["fit LinearRegression"]
+    assert plan.actions[a] == "skip"
+
+
+def test_every_executor_gives_the_serial_result(executor, data):
+    X, y = data
+
+    def build():
+        Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+        ms = [gn.machine(Ridge(alpha=a), Xs, ys) for a in (0.1, 1.0, 10.0)]
+        return gn.mean(*[m.predict(Xs) for m in ms]) + gn.machine(LinearRegression(), Xs, ys).predict(Xs)
+
+    expected = serial_reference(build)
+    out = build()
+    report = out.fit()
+    assert report.executor.startswith(executor.name)
+    np.testing.assert_array_equal(out(), expected)
+    np.testing.assert_array_equal(out(X[:7]), expected[:7])
+
+
+def test_config_block_sets_the_default_executor(data):
+    X, y = data
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    out = gn.mean(gn.machine(Ridge(), Xs, ys).predict(Xs), gn.machine(LinearRegression(), Xs, ys).predict(Xs))
+    with gn.config(executor="serial"):
+        assert out.fit().executor == "serial"
+    with gn.config(executor="threads", workers=2):
+        assert out.fit(force=True).executor == "threads"
+    assert out.fit(force=True, executor="streams", workers=2).executor == "streams (emulated)"
+
+
+def test_auto_picks_by_width_and_size(data):
+    X, y = data
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    single = gn.machine(Ridge(), Xs, ys).predict(Xs)
+    assert choose_auto(compile_fit([single])) == "serial"  # too small to gain
+    wide = gn.mean(*[gn.machine(Ridge(alpha=a), Xs, ys).predict(Xs) for a in (1, 2, 3)])
+    assert choose_auto(compile_fit([wide], max_lanes=2)) == "threads"
+    assert wide.fit().executor == "threads"
+
+
+def test_streams_checker_passes_a_correct_plan():
+    X = gn.source(np.arange(5.0), name="X")
+    branches = [(X + i) * 2 for i in range(4)]
+    out = gn.mean(*branches) + branches[0]
+    ex = gn.StreamsExecutor(workers=3, delays=(0.0, 0.003), seed=1, check=True)
+    for _ in range(3):
+        np.testing.assert_array_equal(out(executor=ex), serial_reference(lambda: out))
+    checker = ex.last_checker
+    assert not checker.violations
+    waits = [e for e in checker.log if e[0] == "wait"]
+    assert waits, "cross-lane edges must have been waited on"
+
+
+def test_streams_checker_catches_a_missing_wait():
+    X = gn.source(np.arange(5.0), name="X")
+
+    def slow(x):
+        time.sleep(0.05)
+        return x + 1
+
+    a = gn.node(slow, X)
+    b = gn.node(slow, X)        # another lane
+    out = a + b                 # join: waits on b's lane
+    plan = compile_call([out], {}, max_lanes=2)
+    assert plan.n_lanes == 2
+    drop = lambda consumer, producer: consumer.label.startswith("add")  # noqa: E731 - plant a missing wait
+    ex = gn.StreamsExecutor(workers=2, check=True, skip_wait=drop)
+    with pytest.raises(gn.StreamOrderError, match="cross-lane edge without a wait"):
+        out(executor=ex)
+    assert any("without waiting" in v for v in ex.last_checker.violations)
+    # the same plan with its wait in place is fine
+    np.testing.assert_array_equal(out(executor=gn.StreamsExecutor(workers=2, check=True)), np.arange(5.0) * 2 + 2)
+
+
+class Const(BaseEstimator, RegressorMixin):
+    """Deterministic model: predicts X @ w + c with w from params (exact across executors)."""
+
+    def __init__(self, c=0.0):
+        self.c = c
+
+    def fit(self, X, y):
+        self.w_ = np.linspace(0.5, 1.5, np.asarray(X).shape[1]) * (1 + self.c)
+        self.b_ = float(np.mean(y)) + self.c
+        return self
+
+    def predict(self, X):
+        return np.asarray(X) @ self.w_ + self.b_
+
+
+@st.composite
+def networks(draw):
+    """Random networks: fan-out, fan-in, chains and shared sub-nodes of deterministic models."""
+    n_ops = draw(st.integers(2, 12))
+    ops = []
+    for i in range(n_ops):
+        kind = draw(st.sampled_from(["machine", "add", "scale", "mean", "chain"]))
+        a = draw(st.integers(0, i)) if i else 0
+        b = draw(st.integers(0, i)) if i else 0
+        ops.append((kind, a, b, draw(st.floats(-2, 2, allow_nan=False))))
+    return ops
+
+
+def build_random(ops, X, y):
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    nodes = [Xs]
+    for kind, a, b, c in ops:
+        na, nb = nodes[a % len(nodes)], nodes[b % len(nodes)]
+        if kind == "machine":
+            src = na if na is Xs else gn.hstack(Xs, na)
+            nodes.append(gn.machine(Const(c=round(c, 3)), src, ys).predict(src))
+        elif kind == "add":
+            nodes.append(na + nb if na is not Xs and nb is not Xs else na * 1.0)
+        elif kind == "scale":
+            nodes.append(na * round(c, 3))
+        elif kind == "mean":
+            nodes.append(gn.mean(na, nb) if (na is Xs) == (nb is Xs) else na - 0.5)
+        else:
+            nodes.append((na + 1.0) * 0.5 + 2.0)
+    leaves = nodes[1:]
+    return gn.node(lambda *vs: np.concatenate([np.ravel(v) for v in vs]), *leaves)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=networks())
+def test_random_networks_bit_for_bit_on_every_executor(ops):
+    rng = np.random.default_rng(5)
+    X, y = rng.normal(size=(12, 3)), rng.normal(size=12)
+    expected = None
+    for ex in [gn.SerialExecutor(), gn.ThreadsExecutor(workers=2),
+               gn.StreamsExecutor(workers=3, delays=(0, 0.0005), seed=2, check=True)]:
+        out = build_random(ops, X, y)
+        out.fit(executor=ex)
+        value = out(executor=ex)
+        if expected is None:
+            expected = value
+        else:
+            np.testing.assert_array_equal(value, expected)
+        np.testing.assert_array_equal(out(X[:4], executor=ex), build_eval_on_new(ops, X, y, X[:4]))
+
+
+def build_eval_on_new(ops, X, y, Xnew):
+    out = build_random(ops, X, y)
+    out.fit(executor="serial")
+    return out(Xnew, executor="serial")
+
+
+def test_nested_networks_three_levels_do_not_deadlock(executor, data):
+    X, y = data
+    innermost = NetModel(executor=executor.name if executor.name != "dask" else "threads", workers=2)
+    middle = NetModel(first=innermost, second=Ridge(), executor="threads", workers=2)
+
+    def build(model):
+        Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+        a = gn.machine(model, Xs, ys)
+        b = gn.machine(LinearRegression(), Xs, ys)
+        return gn.mean(a.predict(Xs), b.predict(Xs))
+
+    expected = serial_reference(lambda: build(NetModel(first=NetModel(executor="serial"), second=Ridge(),
+                                                       executor="serial")))
+    out = build(middle)
+    done = threading.Event()
+    result = {}
+
+    def go():
+        out.fit(workers=2)
+        result["value"] = out(workers=2)
+        done.set()
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    assert done.wait(120), "nested fit deadlocked"
+    np.testing.assert_allclose(result["value"], expected, rtol=1e-12)
+
+
+def test_failing_task_stops_the_run_cleanly(data):
+    X, y = data
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    started = []
+
+    def record(x):
+        started.append(1)
+        time.sleep(0.01)
+        return x
+
+    bad = gn.machine(Counting(tag="stop-bad", fail=True), Xs, ys)
+    later = [gn.node(record, bad.predict(Xs) + i) for i in range(5)]
+    out = gn.mean(*later)
+    for ex in ["serial", gn.ThreadsExecutor(workers=2), gn.StreamsExecutor(workers=2)]:
+        with pytest.raises(gn.FitError, match="Machine Counting failed to fit"):
+            out.fit(executor=ex)
+        assert started == []
+    assert threading.active_count() < 10
+
+
+def test_keyboard_interrupt_leaves_no_threads(data):
+    X = gn.source(np.ones(3), name="X")
+
+    def interrupt(x):
+        raise KeyboardInterrupt
+
+    def slow(x):
+        time.sleep(0.05)
+        return x
+
+    out = gn.mean(gn.node(interrupt, X), gn.node(slow, X), gn.node(slow, X))
+    before = {t.name for t in threading.enumerate()}
+    for ex in [gn.ThreadsExecutor(workers=2), gn.StreamsExecutor(workers=3)]:
+        with pytest.raises(KeyboardInterrupt):
+            out(executor=ex)
+        time.sleep(0.01)
+        left = {t.name for t in threading.enumerate()} - before
+        assert not [n for n in left if n.startswith("gpunets")], left
+
+
+def test_trace_records_and_exports(tmp_path, data):
+    X, y = data
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    out = gn.mean(gn.machine(Ridge(), Xs, ys).predict(Xs), gn.machine(LinearRegression(), Xs, ys).predict(Xs))
+    report = out.fit(executor="streams", workers=2)
+    trace = report.trace
+    kinds = sorted(r.kind for r in trace.records)
+    assert kinds == ["fit", "fit"]
+    for r in trace.records:
+        assert r.end >= r.start >= 0 and r.device == "cpu" and r.lane in (0, 1)
+    path = trace.to_chrome(tmp_path / "fit.json")
+    payload = json.loads(open(path).read())
+    names = [e["name"] for e in payload["traceEvents"] if e["ph"] == "X"]
+    assert sorted(names) == ["fit LinearRegression", "fit Ridge"]
+    ev = gn.evaluate(out, X[:3], trace=True, executor="threads", workers=2)
+    assert ev.value.shape == (3,) and {r.kind for r in ev.trace.records} == {"eval"}
+    assert gn.last_trace() is ev.trace
+    pytest.importorskip("matplotlib")
+    ax = trace.plot(path=tmp_path / "fit.png")
+    assert (tmp_path / "fit.png").stat().st_size > 1000 and len(ax.patches) == 2
+
+
+def test_threads_run_branches_at_the_same_time():
+    X = gn.source(np.ones(3), name="X")
+    barrier = threading.Barrier(2, timeout=5)
+
+    def meet(x):
+        barrier.wait()  # only passes if both branches run at once
+        return x
+
+    out = gn.node(np.add, gn.node(meet, X), gn.node(meet, X + 0))
+    np.testing.assert_array_equal(out(executor=gn.ThreadsExecutor(workers=2)), 2 + 0 * np.ones(3))
+    barrier.reset()
+    np.testing.assert_array_equal(out(executor=gn.StreamsExecutor(workers=2)), 2 * np.ones(3))
+
+
+def test_threads_cap_native_thread_pools():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    seen = []
+
+    def probe(x):
+        info = threadpoolctl.threadpool_info()
+        seen.append([i["num_threads"] for i in info if i["user_api"] == "blas"])
+        return x
+
+    X = gn.source(np.ones(3), name="X")
+    out = gn.node(np.add, gn.node(probe, X), gn.node(probe, X + 0))
+    out(executor=gn.ThreadsExecutor(workers=2))
+    assert seen and all(all(n == 1 for n in s) for s in seen)
+
+
+def test_get_executor_dispatch():
+    assert get_executor("serial").name == "serial"
+    ex = gn.ThreadsExecutor(workers=3)
+    assert get_executor(ex) is ex

@@ -1,0 +1,129 @@
+"""Device placement in networks: fallback policy, moves as plan tasks, CPU fallback path, GPU equivalence."""
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.linear_model import LinearRegression, Ridge
+from sklearn.preprocessing import StandardScaler
+
+import gpunets as gn
+from gpunets.devices import gpu_available
+from gpunets.plan import compile_call, compile_fit
+
+no_gpu = pytest.mark.skipif(gpu_available(), reason="checks the behaviour where no GPU exists")
+
+
+@pytest.fixture
+def data():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(50, 3))
+    return X, X @ np.array([1.0, -2.0, 0.5]) + 0.1 * rng.normal(size=50)
+
+
+@no_gpu
+def test_cuda_node_without_gpu_warns_once_and_runs_on_cpu(data):
+    X, y = data
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    m = gn.machine(Ridge(), Xs, ys, device="cuda")
+    p = m.predict(Xs)
+    with pytest.warns(gn.DeviceFallbackWarning, match=r"machine Ridge is placed on cuda:0.*running it on the CPU"):
+        report = p.fit()
+    assert report.where(m) == "cpu"
+    assert report.rows()[0]["device"] == "cpu"
+    np.testing.assert_allclose(p(), Ridge().fit(X, y).predict(X))
+
+
+@no_gpu
+def test_cuda_placement_without_gpu_raises_with_fallback_raise(data):
+    X, y = data
+    Xs = gn.source(X, name="X")
+    with gn.device("cuda:0"):
+        n = gn.node(np.abs, Xs, name="absolute")
+    assert n.device == gn.Device("cuda:0")
+    with gn.config(fallback="raise"):
+        with pytest.raises(gn.DeviceUnavailableError, match=r"node absolute\(X\) is placed on cuda:0.*Place it on 'cpu'"):
+            n()
+    m = gn.machine(Ridge(), Xs, gn.source(y, name="y"), device="cuda:1")
+    with gn.config(fallback="raise"), pytest.raises(gn.DeviceUnavailableError, match="machine Ridge"):
+        m.fit()
+    assert not m.is_fitted
+
+
+def test_device_block_and_explicit_placement():
+    with gn.device("cuda"):
+        a = gn.source(np.ones(2), name="a") + 1
+        b = gn.node(np.abs, a, device="cpu")
+    assert a.device == gn.Device("cuda:0") and b.device == gn.Device("cpu")
+    c = gn.source(np.ones(2), name="c") + 1
+    assert c.device is None  # decided at fit/call time from the config default
+
+
+def test_cpu_fallback_path_overrides_every_placement(data, recwarn):
+    X, y = data
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    with gn.device("cuda"):
+        m1 = gn.machine(Ridge(), Xs, ys)
+        m2 = gn.machine(LinearRegression(), Xs, ys)
+        out = gn.mean(m1.predict(Xs), m2.predict(Xs))
+    report = out.fit(device="cpu")
+    assert set(report.devices.values()) == {"cpu"}
+    assert not [w for w in recwarn if issubclass(w.category, gn.DeviceFallbackWarning)]
+    plan = compile_fit([out], force=True)
+    assert all(t.kind != "move" for t in plan.tasks) or gpu_available()
+
+
+def test_pandas_in_pandas_out_and_no_moves_on_cpu():
+    df = pd.DataFrame({"a": [1.0, 2.0, 3.0], "b": [0.5, 0.1, 0.2]}, index=[7, 8, 9])
+    Xs = gn.source(df, name="X")
+    scale = gn.machine(StandardScaler().set_output(transform="pandas"), Xs)
+    W = scale.transform(Xs)
+    W.fit(device="cpu")
+    out = W(df.iloc[:2])
+    assert isinstance(out, pd.DataFrame) and list(out.index) == [7, 8]
+    plan = compile_call([W], {})
+    assert [t.kind for t in plan.tasks] == ["source", "eval"]
+
+
+def test_unplaceable_data_is_a_type_error_naming_the_source():
+    with pytest.raises(TypeError, match=r"source 'X'.*Accepted: NumPy arrays"):
+        gn.source([[1, 2], [3, 4]], name="X")
+    X = gn.source(np.ones((2, 2)), name="X")
+    with pytest.raises(TypeError, match=r"the data given for source 'X'"):
+        (X + 1)(X={"a": 1})
+
+
+@pytest.mark.gpu
+def test_moves_are_plan_tasks_and_gpu_results_match_cpu(data):
+    cp = pytest.importorskip("cupy")
+    X, y = data
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    with gn.device("cuda"):
+        doubled = gn.node(lambda a: a * 2, Xs, name="double")
+        tripled = gn.node(lambda a: a * 3, Xs, name="triple")
+    out = gn.node(np.add, doubled, tripled, device="cpu")
+    plan = compile_call([out], {})
+    moves = [t for t in plan.tasks if t.kind == "move"]
+    # X moves to the GPU once (shared by both nodes); each result moves back once
+    assert sorted(t.device for t in moves) == ["cpu", "cpu", "cuda:0"]
+    ev = gn.evaluate(out, trace=True, executor="streams")
+    assert {r.kind for r in ev.trace.records} == {"eval", "move"}
+    np.testing.assert_allclose(ev.value, 5 * X)
+    assert isinstance(ev.value, np.ndarray)
+    gpu_val = out(output="device")
+    assert isinstance(gpu_val, np.ndarray)  # `out` is on the CPU
+    assert isinstance(doubled(output="device"), cp.ndarray) and isinstance(doubled(), np.ndarray)
+
+
+@pytest.mark.gpu
+def test_assert_same_results_cpu_and_cuda(data):
+    pytest.importorskip("cupy")
+    X, y = data
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    with gn.device("cuda"):
+        a = gn.node(lambda v: v * 2.0, Xs)
+        b = gn.node(lambda v: v + 1.0, Xs)
+        out = gn.mean(a, b)
+    res = gn.testing.assert_same_results(out, devices=["cpu", "cuda"], executors=["serial", "streams"], rtol=1e-6)
+    assert ("cuda:0", "streams") in res or ("cuda", "streams") in res
