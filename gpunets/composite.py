@@ -51,7 +51,7 @@ Examples
 >>> model.predict(X[:2]).shape
 (2,)
 >>> model.set_params(first__alpha=1.0).fit(X, y).fit_report_.actions.by_label()
-{'Ridge': 'update', 'LinearRegression': 'skip'}
+{'first': 'update', 'LinearRegression': 'skip'}
 >>> hasattr(model, "predict_proba")
 False
 """
@@ -103,6 +103,28 @@ def _has_operation(op: str):
     return check
 
 
+def _relabel(report: Any, names: dict[int, str]) -> None:
+    """Key the report by component name (``report.actions["first"]``) instead of class labels."""
+    from .report import ActionMap
+
+    labels = {m: names.get(id(m), lab) for m, lab in report.labels.items()}
+    if len(set(labels.values())) == len(labels):
+        report.labels = labels
+        report.actions = ActionMap(dict(report.actions), labels)
+
+
+def _same_param(a: Any, b: Any) -> bool:
+    """Equal hyperparameter values; objects without ``==`` (splitters...) compare by their repr."""
+    if same_value(a, b):
+        return True
+    if type(a) is not type(b) or type(a).__repr__ is object.__repr__:
+        return False
+    try:
+        return repr(a) == repr(b)
+    except Exception:
+        return False
+
+
 def _is_pandas(x: Any) -> bool:
     return type(x).__module__.split(".")[0] == "pandas"
 
@@ -139,7 +161,7 @@ class Composite(BaseEstimator):
     ...         return gn.machine(self.model or Ridge(), X, y).predict(X)
     >>> m = Scaled(Ridge(alpha=2.0)).fit(np.eye(3), np.arange(3.0))
     >>> sorted(m.report_), m.executor, m.fit(np.eye(3), np.arange(3.0)).fit_report_.actions.by_label()
-    (['model'], 'auto', {'Ridge': 'skip'})
+    (['model'], 'auto', {'model': 'skip'})
     """
 
     #: fitted estimators of composites are refit incrementally by the core (see ``_gn_updated_copy``)
@@ -323,12 +345,13 @@ class Composite(BaseEstimator):
         names = self._gn_names(machines)
         plain = self._gn_plain_params()
         if same:
-            strict = not all(same_value(plain.get(k), v) for k, v in old.plain_params.items()) or \
-                plain.keys() != old.plain_params.keys()
+            strict = plain.keys() != old.plain_params.keys() or not all(
+                _same_param(plain[k], v) for k, v in old.plain_params.items())
             mapping = match_machines(machines, old.machines, new_names=names, old_names=old.names, strict=strict)
             adopt_states(machines, mapping)
         opts = self._gn_run_options()
         report = gn_fit(*outputs.values(), **opts)
+        _relabel(report, names)
         self._gn_state = NetworkState(sources, data, outputs, machines, names, plain)
         self.fit_report_ = report
         self._gn_after_fit(self._gn_state)
@@ -355,8 +378,8 @@ class Composite(BaseEstimator):
             from .devices import override_placement
 
             with config(device=opts["device"]), override_placement(opts["device"]):
-                return evaluate(node, (), named, executor=opts["executor"], workers=opts["workers"])
-        return evaluate(node, (), named, executor=opts["executor"], workers=opts["workers"])
+                return evaluate(node, executor=opts["executor"], workers=opts["workers"], **named)
+        return evaluate(node, executor=opts["executor"], workers=opts["workers"], **named)
 
     @available_if(_has_operation("predict"))
     def predict(self, X: Any) -> Any:

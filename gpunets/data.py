@@ -38,7 +38,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from .devices import CPU, Device, device_exists, why_unavailable
+from .devices import CPU, Device, device_exists, local_ordinal, why_unavailable
 from .exceptions import DeviceUnavailableError
 
 __all__ = [
@@ -314,7 +314,7 @@ def _to_gpu(value: Any, dev: Device, stream: Any, frames: str) -> Any:
     if is_sparse(value):
         raise TypeError(f"Cannot move a scipy.sparse {type(value).__name__} to {dev}: densify it with "
                         f".toarray() or place it on 'cpu'.")
-    with cp.cuda.Device(dev.index):
+    with cp.cuda.Device(local_ordinal(dev.index)):
         if is_pandas(value) or is_cudf(value):
             if frames == "array":
                 host = value.to_pandas() if is_cudf(value) else value

@@ -405,3 +405,25 @@ def check_available(dev: Union[str, Device], *, what: str, fallback: Union[str, 
                f"Place it on 'cpu' to silence this, or use gn.config(fallback='raise') to make it an error.")
         warnings.warn(msg, DeviceFallbackWarning, stacklevel=2)
     return CPU
+
+
+def local_ordinal(index: int) -> int:
+    """The CUDA ordinal of physical GPU ``index`` in this process.
+
+    Where ``CUDA_VISIBLE_DEVICES`` lists GPUs (a dask-cuda worker sees e.g.
+    ``"1,0"``), ``cuda:1`` is ordinal 0 of that process; elsewhere the index itself.
+
+    >>> import os
+    >>> old = os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    >>> local_ordinal(1)
+    1
+    >>> os.environ["CUDA_VISIBLE_DEVICES"] = "1,0"
+    >>> local_ordinal(1), local_ordinal(0)
+    (0, 1)
+    >>> _ = os.environ.pop("CUDA_VISIBLE_DEVICES") if old is None else os.environ.update(CUDA_VISIBLE_DEVICES=old)
+    """
+    import os
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [x.strip() for x in visible.split(",")] if visible else []
+    return ids.index(str(index)) if str(index) in ids else index

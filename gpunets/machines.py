@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -46,7 +47,8 @@ __all__ = ["Machine", "machine", "OPERATIONS"]
 OPERATIONS = ("predict", "predict_proba", "predict_log_proba", "decision_function", "transform",
               "inverse_transform", "fit_transform", "score")
 
-_uids = itertools.count()
+# Unique across processes (a random base), so that identities survive pickling and never collide.
+_uids = itertools.count(random.getrandbits(40) << 22)
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ class PendingFit:
     estimator: Any
     params: dict[str, Any]
     rows_key: Any
-    upstream: dict[int, int]
+    upstream: dict[Any, int]
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ class FittedState:
     estimator: Any
     params: dict[str, Any]
     rows: Any
-    upstream: dict[int, int]         # uid of machine or source -> its version at fit time
+    upstream: dict[Any, int]         # ("machine" | "source", uid) -> its version at fit time
     version: int
     action: str
     seconds: float
@@ -134,8 +136,16 @@ class Machine:
         args = ", ".join(a._short(1) for a in self.args)
         return f"<Machine {self.label}({args})>"
 
-    def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__.copy()
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        from .display import repr_html
+
+        st = self._state
+        state = "not trained" if st is None else f"trained ({st.action}, {st.device}, {st.n_rows} rows)"
+        frozen = ", frozen" if self.frozen else ""
+        return (f"<p><b>Machine {escape(self.label)}</b>: {escape(repr(self.model))}; {state}{frozen}</p>"
+                + repr_html(list(self.args)))
 
     # --- operations return nodes ---------------------------------------------------------
     def _operation(self, op: str, *args: Any, name: str | None = None) -> Node:
@@ -209,8 +219,8 @@ class Machine:
     def _upstream_versions(self) -> dict[int, int]:
         from .graph import machine_parents, machine_sources
 
-        out = {m._uid: m._version for m in machine_parents(self)}
-        out.update({s._uid: s._version for s in machine_sources(self)})
+        out: dict[Any, int] = {("machine", m._uid): m._version for m in machine_parents(self)}
+        out.update({("source", s._uid): s._version for s in machine_sources(self)})
         return out
 
     def _decide(self, rows_key: Any, force: bool, upstream_changing: bool) -> str:

@@ -42,7 +42,7 @@ from sklearn.base import clone
 
 from .config import get_config
 from .data import device_of, installed, is_cudf, to_device
-from .devices import CPU, Device, device_exists, why_unavailable
+from .devices import CPU, Device, device_exists, local_ordinal, why_unavailable
 from .exceptions import DeviceUnavailableError
 
 __all__ = [
@@ -439,7 +439,7 @@ def fit_context(resolved: Resolved) -> Iterator[None]:
 
             stack.enter_context(sklearn.config_context(array_api_dispatch=True))
         if resolved.path in ("array_api", "cuml") and resolved.device.is_cuda and "cupy" in sys.modules:
-            stack.enter_context(sys.modules["cupy"].cuda.Device(resolved.device.index))
+            stack.enter_context(sys.modules["cupy"].cuda.Device(local_ordinal(resolved.device.index)))
         yield
 
 

@@ -101,7 +101,7 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
             bar.close()
     _LAST_TRACE.set(run.trace)
     run.raise_error()
-    return FitReport(plan, run.trace, getattr(ex, "name", str(ex)))
+    return FitReport(plan, run.trace, run.trace.executor)
 
 
 def _override_placement(device: Any) -> Any:
@@ -182,9 +182,8 @@ def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any]) 
     return bindings
 
 
-def evaluate(target: AbstractNode, data: Sequence[Any] = (), named: dict[str, Any] | None = None, *,
-             rows: Any = None, executor: Any = None, workers: int | None = None, output: str = "auto",
-             trace: bool = False) -> Any:
+def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any = None,
+             workers: int | None = None, output: str = "auto", trace: bool = False, **named: Any) -> Any:
     """Evaluate ``target``: ``target()``, ``target(Xnew)``, ``target(X=...)``, ``target(rows=r)``.
 
     With ``trace=True`` return an :class:`Evaluation` holding the value and the trace.
@@ -203,7 +202,7 @@ def evaluate(target: AbstractNode, data: Sequence[Any] = (), named: dict[str, An
     if output not in ("auto", "device"):
         msg = f"output={output!r}: use 'auto' (the type family given) or 'device' (where it was computed)."
         raise ValueError(msg)
-    bindings = _bindings(target, tuple(data), dict(named or {}))
+    bindings = _bindings(target, data, named)
     plan = compile_call([target], bindings, rows=rows, max_lanes=_max_lanes(executor, workers))
     ex = get_executor(executor, workers, plan)
     run = ex.run(plan)

@@ -34,6 +34,7 @@ array([3., 3.])
 from __future__ import annotations
 
 import itertools
+import random
 import operator
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -45,7 +46,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["AbstractNode", "Source", "Node", "source", "node", "is_node"]
 
-_uids = itertools.count()
+# Unique across processes (a random base), so that identities survive pickling and never collide.
+_uids = itertools.count(random.getrandbits(40) << 22)
 
 
 def is_node(x: object) -> bool:
@@ -106,7 +108,7 @@ class AbstractNode:
         """
         from .network import evaluate
 
-        return evaluate(self, data, named, rows=rows, executor=executor, workers=workers, output=output)
+        return evaluate(self, *data, rows=rows, executor=executor, workers=workers, output=output, **named)
 
     def fit(self, rows: Any = None, force: bool = False, *, executor: Any = None, workers: int | None = None,
             device: Any = None, progress: bool | None = None) -> "FitReport":

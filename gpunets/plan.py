@@ -90,6 +90,15 @@ class Plan:
     def width(self) -> int:
         return self.n_lanes
 
+    def machine_label(self, m: Any) -> str:
+        """The machine's label in this network (``Ridge#2`` when two share a class)."""
+        from .graph import upstream_machines
+        from .report import labels
+
+        machines = list(self.actions) if self.actions else list(
+            upstream_machines([t.node for t in (self.tasks[k] for k in self.outputs) if t.node is not None]))
+        return labels(machines).get(m, m.label)
+
     def path_to_output(self, key: int) -> list[Task]:
         """The chain of tasks from ``key`` to an output (for error messages)."""
         path = [self.tasks[key]]
@@ -326,8 +335,8 @@ def compile_fit(targets: Sequence[Any], *, rows: Any = None, force: bool = False
         if actions[m] == "skip":
             continue
         pending_deps = [b.node(a) for a in m.args]
-        upstream = {p._uid: expected.get(p._uid, p._version) for p in machine_parents(m)}
-        upstream.update({s._uid: s._version for s in machine_sources(m)})
+        upstream: dict[Any, int] = {("machine", p._uid): expected.get(p._uid, p._version) for p in machine_parents(m)}
+        upstream.update({("source", s._uid): s._version for s in machine_sources(m)})
         pending = m._prepare_fit(actions[m], rows_key, upstream)
         resolved, dev, path = _resolve_fit(b, m, pending)
         est = resolved.estimator if resolved is not None else pending.estimator

@@ -198,14 +198,14 @@ class Run:
             return exc  # already names its task (a nested network's error)
         detail = f"{type(exc).__name__}: {exc}"
         if task.kind == "fit":
-            label = task.machine.label if task.machine is not None else task.label
+            label = self.plan.machine_label(task.machine) if task.machine is not None else task.label
             msg = (f"Machine {label} failed to fit ({detail}). Machines trained before it keep their new "
                    f"state and {label} keeps its previous one; fix the cause and call fit() again: only "
                    f"{label} and what depends on it will retrain.")
             err = wrap_exception(FitError, msg, exc)
         else:
             path = " <- ".join(t.label for t in self.plan.path_to_output(key)[1:4])
-            mach = f" (machine {task.machine.label})" if task.machine is not None else ""
+            mach = f" (machine {self.plan.machine_label(task.machine)})" if task.machine is not None else ""
             where = f"; needed by {path}" if path else ""
             msg = f"Evaluating node {task.label}{mach} failed ({detail}){where}."
             err = wrap_exception(EvaluationError, msg, exc)

@@ -102,8 +102,9 @@ def test_failure_mid_network_keeps_what_was_trained(executor, data):
     ok = gn.machine(Counting(tag="mid-ok"), W, ys)
     bad_model = Counting(tag="mid-bad")
     bad = gn.machine(bad_model, gn.hstack(W, ok.predict(W)), ys)
-    last = gn.machine(LinearRegression(), bad.predict(gn.hstack(W, ok.predict(W))).__neg__(), ys)
-    out = last.predict(bad.predict(gn.hstack(W, ok.predict(W))).__neg__())
+    feature = gn.hstack(-bad.predict(gn.hstack(W, ok.predict(W))))
+    last = gn.machine(LinearRegression(), feature, ys)
+    out = last.predict(feature)
     out.fit()
     previous_bad = bad.estimator_
     previous_last = last.estimator_

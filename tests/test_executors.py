@@ -166,23 +166,33 @@ def networks(draw):
     return ops
 
 
+def _row_sum(x):
+    return x.sum(axis=1)
+
+
 def build_random(ops, X, y):
     Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
     nodes = [Xs]
+    vec_of_x = gn.node(_row_sum, Xs)   # a shared sub-node
+
+    def vec(n):
+        return vec_of_x if n is Xs else n
+
     for kind, a, b, c in ops:
         na, nb = nodes[a % len(nodes)], nodes[b % len(nodes)]
+        c = round(c, 3)
         if kind == "machine":
-            src = na if na is Xs else gn.hstack(Xs, na)
-            nodes.append(gn.machine(Const(c=round(c, 3)), src, ys).predict(src))
+            src = Xs if na is Xs else gn.hstack(Xs, na)
+            nodes.append(gn.machine(Const(c=c), src, ys).predict(src))
         elif kind == "add":
-            nodes.append(na + nb if na is not Xs and nb is not Xs else na * 1.0)
+            nodes.append(vec(na) + vec(nb))
         elif kind == "scale":
-            nodes.append(na * round(c, 3))
+            nodes.append(vec(na) * c)
         elif kind == "mean":
-            nodes.append(gn.mean(na, nb) if (na is Xs) == (nb is Xs) else na - 0.5)
+            nodes.append(gn.mean(vec(na), vec(nb)))
         else:
-            nodes.append((na + 1.0) * 0.5 + 2.0)
-    leaves = nodes[1:]
+            nodes.append((vec(na) + 1.0) * 0.5 + 2.0)
+    leaves = [vec(n) for n in nodes[1:]]
     return gn.node(lambda *vs: np.concatenate([np.ravel(v) for v in vs]), *leaves)
 
 

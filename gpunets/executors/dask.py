@@ -85,6 +85,12 @@ def _run_remote(run_id: str, key: int, payload: Any, *args: Any) -> Any:
         value = task_context().run(fn, *args)  # a nested network sees it runs inside a task
         failed = False
         return value
+    except Exception as e:
+        try:
+            e._gn_dask_task = key  # type: ignore[attr-defined]  # the client names this task, not a dependent
+        except Exception:  # noqa: BLE001, S110 - an exception that takes no attributes
+            pass
+        raise
     finally:
         end = time.time()
         with _TIMINGS_LOCK:
@@ -420,8 +426,11 @@ class DaskExecutor(Executor):
                     break
                 if fut.status == "error":
                     exc = fut.exception()
-                    if run.claim(k):
-                        run.fail(k, exc)
+                    failed = getattr(exc, "_gn_dask_task", k)   # the task that raised (maybe upstream of k)
+                    if not isinstance(failed, int) or not 0 <= failed < len(tasks):
+                        failed = k
+                    if run.claim(failed):
+                        run.fail(failed, exc)
                     break
                 value = fut.result()
                 finished.add(k)

@@ -115,6 +115,9 @@ class EmulatedBackend:
             self.checker.wait(consumer, producer)
         event.flag.wait()
 
+    def task_context(self, task: Any) -> Any:
+        return _Null()
+
     def before_task(self) -> Callable[[], None] | None:
         if not self.delays:
             return None
@@ -164,6 +167,15 @@ class CudaBackend:
 
     def before_task(self) -> None:
         return None
+
+    def task_context(self, task: Any) -> Any:
+        """Make the task's GPU current while it is issued (CuPy and cuML run on the current device)."""
+        dev = str(task.device)
+        if not dev.startswith("cuda"):
+            return _Null()
+        from ..devices import Device, local_ordinal
+
+        return self.cupy.cuda.Device(local_ordinal(Device.parse(dev).index))
 
 
 class _StreamsRun(Run):
@@ -321,9 +333,10 @@ class StreamsExecutor(Executor):
                     inputs = tuple(run.values[d] for d in task.deps)
                     if not run.claim(k):
                         break
-                    ok = run.run_task(k, lane=lane, inputs=inputs, before=backend.before_task())
-                    if ok:
-                        backend.record(run.events[k], k)
+                    with backend.task_context(task):
+                        ok = run.run_task(k, lane=lane, inputs=inputs, before=backend.before_task())
+                        if ok:
+                            backend.record(run.events[k], k)
                     host_ready[k].set()
                     if not ok:
                         break

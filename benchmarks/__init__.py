@@ -1,0 +1,1 @@
+"""gpunets benchmarks: run them all with ``python -m benchmarks [--quick]``."""

@@ -1,0 +1,296 @@
+"""CUDA kernels: ``numba.cuda.jit`` grid-stride loops over a tuple of K device arrays.
+
+Imported lazily, on the first ``target="cuda"`` call.  On a real GPU the inputs are
+CuPy arrays (or any object with ``__cuda_array_interface__``), the output is a CuPy
+array and the kernel runs on the caller's stream.  Under numba's CUDA simulator
+(``NUMBA_ENABLE_CUDASIM=1``) the kernels take and return NumPy arrays, run on a
+grid of at most 2 blocks of 64 threads, and ``stream`` is ignored.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Any
+
+import numba
+import numpy as np
+from numba import cuda
+
+from . import _validate as V
+
+SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
+
+if SIMULATOR:
+    accepted = "numpy.ndarray (under the CUDA simulator)"
+    hint = "np.asarray(...)"
+else:
+    accepted = "CuPy arrays and objects with __cuda_array_interface__"
+    hint = "cupy.asarray(...)"
+
+
+def accept(a: Any) -> bool:
+    if SIMULATOR:
+        return isinstance(a, np.ndarray)
+    return hasattr(a, "__cuda_array_interface__")
+
+
+def check_available() -> None:
+    if not cuda.is_available():
+        from ..exceptions import DeviceUnavailableError
+
+        msg = ('target="cuda" needs a CUDA GPU, and none is available here; use target="cpu", '
+               "or set NUMBA_ENABLE_CUDASIM=1 before numba is imported to run the CUDA kernels on the simulator")
+        raise DeviceUnavailableError(msg)
+
+
+# ---- kernels ------------------------------------------------------------------------------------------------
+
+@cuda.jit
+def _k_mean(arrays, div, out):
+    K = len(arrays)
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        acc = 0.0
+        for k in range(K):
+            acc += float(arrays[k][i])
+        out[i] = acc / div
+
+
+@cuda.jit
+def _k_wmean(arrays, w, div, out):
+    K = len(arrays)
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        acc = 0.0
+        for k in range(K):
+            acc += w[k] * float(arrays[k][i])
+        out[i] = acc / div
+
+
+@cuda.jit
+def _k_sum(arrays, zero, out):
+    K = len(arrays)
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        acc = zero
+        for k in range(K):
+            acc += arrays[k][i]
+        out[i] = acc
+
+
+@cuda.jit
+def _k_min(arrays, out):
+    K = len(arrays)
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        m = arrays[0][i]
+        for k in range(1, K):
+            v = arrays[k][i]
+            if v < m or v != v:
+                m = v
+        out[i] = m
+
+
+@cuda.jit
+def _k_max(arrays, out):
+    K = len(arrays)
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        m = arrays[0][i]
+        for k in range(1, K):
+            v = arrays[k][i]
+            if v > m or v != v:
+                m = v
+        out[i] = m
+
+
+@cuda.jit
+def _k_var(arrays, ddof, out):
+    K = len(arrays)
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        s = 0.0
+        for k in range(K):
+            s += float(arrays[k][i])
+        m = s / K
+        ss = 0.0
+        for k in range(K):
+            d = float(arrays[k][i]) - m
+            ss += d * d
+        out[i] = ss / (K - ddof)
+
+
+@cuda.jit
+def _k_vote(arrays, out):
+    K = len(arrays)
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        best = arrays[0][i]
+        best_count = 0
+        for k in range(K):
+            v = arrays[k][i]
+            c = 0
+            for j in range(K):
+                if arrays[j][i] == v:
+                    c += 1
+            if c > best_count or (c == best_count and v < best):
+                best = v
+                best_count = c
+        out[i] = best
+
+
+@cuda.jit
+def _k_hstack(arrays, offsets, out):
+    K = len(arrays)
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        for k in range(K):
+            a = arrays[k]
+            off = offsets[k]
+            for j in range(a.shape[1]):
+                out[i, off + j] = a[i, j]
+
+
+_KERNELS = {"mean": _k_mean, "wmean": _k_wmean, "sum": _k_sum, "min": _k_min, "max": _k_max,
+            "var": _k_var, "vote": _k_vote, "hstack": _k_hstack}
+
+
+# ---- launch configuration and streams -----------------------------------------------------------------------
+
+_SMS: list[int] = []
+
+
+def launch_config(n: int) -> tuple[int, int]:
+    """(blocks, threads): at most 2 x 64 on the simulator; on a GPU 256 threads x up to 4 blocks per SM."""
+    if SIMULATOR:
+        threads = 64
+        return builtins.min(2, builtins.max(1, math.ceil(n / threads))), threads
+    if not _SMS:
+        _SMS.append(cuda.get_current_device().MULTIPROCESSOR_COUNT)
+    threads = 256
+    return builtins.min(4 * _SMS[0], builtins.max(1, math.ceil(n / threads))), threads
+
+
+
+def numba_stream(stream: Any) -> Any:
+    """A numba stream for ``stream``: None (default stream), a CuPy stream, or a numba stream."""
+    if stream is None:
+        return cuda.default_stream()
+    if type(stream).__module__.startswith("cupy"):
+        ptr = int(stream.ptr)
+        if ptr == 0:  # cupy.cuda.Stream.null: the legacy default stream
+            return cuda.legacy_default_stream()
+        if ptr == 2:  # cupy.cuda.Stream.ptds: cudaStreamPerThread
+            return cuda.per_thread_default_stream()
+        return cuda.external_stream(ptr)
+    if hasattr(stream, "handle") and hasattr(stream, "synchronize"):  # a numba stream
+        return stream
+    msg = (f"stream must be None, a cupy.cuda.Stream or a numba.cuda stream, got {type(stream).__name__}")
+    raise TypeError(msg)
+
+
+# ---- array handling ------------------------------------------------------------------------------------------
+
+def _cupy():
+    import cupy
+
+    return cupy
+
+
+class _Launch:
+    """Prepares device views, allocates the output and launches, on the simulator or a GPU."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = None if SIMULATOR else numba_stream(stream)
+        self.cupy_stream = stream if (stream is not None and type(stream).__module__.startswith("cupy")) else None
+
+    def flat(self, arrays: tuple) -> tuple:
+        if SIMULATOR:
+            return tuple(np.ascontiguousarray(a).reshape(-1) for a in arrays)
+        cp = _cupy()
+        return tuple(cp.ascontiguousarray(cp.asarray(a)).reshape(-1) for a in arrays)
+
+    def contiguous(self, arrays: tuple) -> tuple:
+        if SIMULATOR:
+            return tuple(np.ascontiguousarray(a) for a in arrays)
+        cp = _cupy()
+        return tuple(cp.ascontiguousarray(cp.asarray(a)) for a in arrays)
+
+    def empty(self, shape: tuple, dtype: Any) -> Any:
+        if SIMULATOR:
+            return np.empty(shape, dtype=dtype)
+        cp = _cupy()
+        if self.cupy_stream is not None:
+            with self.cupy_stream:
+                return cp.empty(shape, dtype=dtype)
+        return cp.empty(shape, dtype=dtype)
+
+    def run(self, name: str, n: int, arrays: tuple, *args) -> None:
+        if n == 0:
+            return
+        blocks, threads = launch_config(n)
+        kernel = _KERNELS[name]
+        if SIMULATOR:
+            kernel[blocks, threads](arrays, *args)
+            return
+        dev = tuple(cuda.as_cuda_array(a, sync=False) for a in arrays)
+        rest = tuple(cuda.as_cuda_array(x, sync=False) if hasattr(x, "__cuda_array_interface__") else x
+                     for x in args)
+        kernel[blocks, threads, self.stream](dev, *rest)
+
+
+def _elementwise(name: str, arrays: tuple, out_dtype: Any, stream: Any, *args) -> Any:
+    shape = tuple(arrays[0].shape)
+    launch = _Launch(stream)
+    flats = launch.flat(arrays)
+    n = int(flats[0].shape[0])
+    out = launch.empty((n,), out_dtype)
+    launch.run(name, n, flats, *args, out)
+    return out.reshape(shape)
+
+
+def mean(arrays: tuple, weights: tuple | None, stream: Any = None) -> Any:
+    out_dtype = V.mean_dtype(arrays[0].dtype)
+    if weights is None:
+        return _elementwise("mean", arrays, out_dtype, stream, float(len(arrays)))
+    return _elementwise("wmean", arrays, out_dtype, stream, weights, float(np.sum(weights)))
+
+
+def weighted_sum(arrays: tuple, weights: tuple, stream: Any = None) -> Any:
+    return _elementwise("wmean", arrays, V.mean_dtype(arrays[0].dtype), stream, weights, 1.0)
+
+
+def sum(arrays: tuple, stream: Any = None) -> Any:  # noqa: A001
+    dtype = np.dtype(arrays[0].dtype)
+    return _elementwise("sum", arrays, V.sum_dtype(dtype), stream, V.sum_zero(dtype))
+
+
+def min(arrays: tuple, stream: Any = None) -> Any:  # noqa: A001
+    return _elementwise("min", arrays, np.dtype(arrays[0].dtype), stream)
+
+
+def max(arrays: tuple, stream: Any = None) -> Any:  # noqa: A001
+    return _elementwise("max", arrays, np.dtype(arrays[0].dtype), stream)
+
+
+def var(arrays: tuple, ddof: int, stream: Any = None) -> Any:
+    return _elementwise("var", arrays, V.mean_dtype(arrays[0].dtype), stream, float(ddof))
+
+
+def vote_int(arrays: tuple, stream: Any = None) -> Any:
+    return _elementwise("vote", arrays, np.dtype(arrays[0].dtype), stream)
+
+
+def xp() -> Any:
+    """The array module of this target's arrays (NumPy on the simulator, CuPy on a GPU)."""
+    return np if SIMULATOR else _cupy()
+
+
+def hstack(arrays: tuple, stream: Any = None) -> Any:
+    mod = xp()
+    cols = tuple(mod.reshape(a, (a.shape[0], 1)) if len(a.shape) == 1 else a for a in arrays)
+    dtype = np.dtype(arrays[0].dtype)
+    if dtype.kind not in "biuf" or dtype == np.float16:
+        return mod.concatenate(cols, axis=1)
+    launch = _Launch(stream)
+    mats = launch.contiguous(cols)
+    widths = [int(m.shape[1]) for m in mats]
+    offsets = tuple(int(x) for x in np.concatenate([[0], np.cumsum(widths)[:-1]]).astype(np.int64))
+    n = int(mats[0].shape[0])
+    out = launch.empty((n, int(np.sum(widths))), dtype)
+    if n and out.size:
+        launch.run("hstack", n, mats, offsets, out)
+    return out
