@@ -9,7 +9,8 @@ A plan is a list of :class:`Task` in a topological order.  Each task has
 * ``lane``: the independent branch it belongs to, assigned with GrCUDA's
   policy (a chain stays on its lane, a parent's first child inherits the
   parent's lane, other children take a free lane or open a new one, up to
-  ``max_lanes``).
+  ``max_lanes``).  Lanes are assigned when first needed (``plan.n_lanes``,
+  the streams executor), not at compile time: serial and threads runs never pay for them.
 
 Machines that skip cost no task.  Every executor runs the same plan.
 
@@ -18,8 +19,8 @@ Machines that skip cost no task.  Every executor runs the same plan.
 >>> p = compile_call([X + 1, X * 2], {}, rows=None)
 >>> [(t.kind, t.label) for t in p.tasks]
 [('source', 'X'), ('eval', 'add(X, 1)'), ('eval', 'mul(X, 2)')]
->>> [t.lane for t in p.tasks[1:]]
-[0, 1]
+>>> p.n_lanes, [t.lane for t in p.tasks[1:]]
+(2, [0, 1])
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from .data import check_placeable, device_of, installed
+from .devices import CPU, Device, check_available, resolve
 from .exceptions import NetworkError, NotFittedError
 from .graph import machine_parents, machine_sources, op_nodes, upstream_machines
 from .nodes import AbstractNode, Node, Source, is_node
@@ -72,8 +75,20 @@ class Plan:
     tasks: list[Task]
     outputs: tuple[int, ...]
     actions: dict[Any, str] = field(default_factory=dict)
-    n_lanes: int = 0
+    max_lanes: int | None = None        # the cap :meth:`assign_lanes` uses
     consumers: list[list[int]] = field(default_factory=list)
+    _n_lanes: int = -1                  # -1: lanes not assigned yet
+
+    @property
+    def n_lanes(self) -> int:
+        """The number of lanes (independent branches, capped at ``max_lanes``).
+
+        Lanes matter to the streams executor and to ``executor="auto"`` only, so they are
+        assigned on first use rather than at compile time.
+        """
+        if self._n_lanes < 0:
+            assign_lanes(self, self.max_lanes)
+        return self._n_lanes
 
     def __post_init__(self) -> None:
         cons: list[list[int]] = [[] for _ in self.tasks]
@@ -126,26 +141,28 @@ class _Builder:
         self.mach_dev: dict[int, tuple[Any, str]] = {}  # machine uid -> (Device, path) of this plan's fit
         self.moves: dict[tuple[int, Any, str], int] = {}
         self._placed: dict[Any, Any] = {}
+        self._names: dict[Any, str] = {}             # Device -> its string, computed once
 
-    def placed(self, spec: Any, what: str) -> Any:
-        """The device ``spec`` resolves to here (explicit, block, config), after the availability check."""
-        from .devices import check_available, resolve
+    def placed(self, spec: Any, what: "str | Callable[[], str]") -> Any:
+        """The device ``spec`` resolves to here (explicit, block, config), after the availability check.
 
-        key = spec if spec is None or isinstance(spec, str) else str(spec)
+        ``what`` names the culprit in messages; it may be a function, called only when a message is
+        needed (labels of deep nodes are not free, and most placements need none).
+        """
+        key = spec if spec is None or spec.__class__ is str else str(spec)
         dev = self._placed.get(key)
         if dev is None:
             dev = resolve(spec)
             if dev.is_cuda:
-                dev = check_available(dev, what=what)
+                dev = check_available(dev, what=what() if callable(what) else what)
             self._placed[key] = dev
         return dev
 
     def moved(self, key: int, dev: Any, frames: str = "auto") -> int:
         """The key of task ``key``'s value on ``dev``: a move task, made once per (value, device)."""
-        if self.dev[key] == dev:
+        have = self.dev[key]
+        if have is dev or have == dev:
             return key
-        from .data import check_placeable, installed
-
         if frames == "auto":
             frames = "cudf" if installed("cudf") else "array"
         mk = self.moves.get((key, dev, frames))
@@ -159,11 +176,12 @@ class _Builder:
         return mk
 
     def add(self, *, device: Any = None, **kw: Any) -> int:
-        from .devices import CPU
-
         key = len(self.tasks)
         dev = CPU if device is None else device
-        self.tasks.append(Task(key=key, device=str(dev), **kw))
+        name = self._names.get(dev)
+        if name is None:
+            name = self._names[dev] = str(dev)
+        self.tasks.append(Task(key=key, device=name, **kw))
         self.dev.append(dev)
         return key
 
@@ -179,8 +197,6 @@ class _Builder:
 
     def _make(self, x: AbstractNode) -> int:
         if isinstance(x, Source):
-            from .data import device_of
-
             value = self._source_value(x)
             return self.add(kind="source", label=x.label, fn=None, node=x, value=value, device=device_of(value))
         assert isinstance(x, Node)
@@ -194,33 +210,32 @@ class _Builder:
             if fk is not None:
                 dev, path = self.mach_dev[m._uid]
             else:
-                from .devices import Device
-
                 dev, path = Device.parse(m._state.device), m._state.path
             if path == "array_api":
                 frames = "array"
         else:
-            dev = self.placed(x.device, f"node {x._short()}")
+            dev = self.placed(x.device, lambda: f"node {x._short()}")
         deps: list[int] = []
         spec: list[tuple[bool, Any]] = []
-        for a in x.args:
-            if is_node(a):
+        plain = True                  # every argument a node, in order: call the operation as it is
+        memo, moved = self.memo, self.moved
+        for a in x._args:
+            if isinstance(a, AbstractNode):
                 spec.append((True, len(deps)))
-                deps.append(self.moved(self.memo[a._uid], dev, frames))
+                deps.append(moved(memo[a._uid], dev, frames))
             else:
+                plain = False
                 spec.append((False, a))
-        cost = 1.0
-        if m is not None:
-            if fk is not None:
-                deps.append(fk)  # the fitted estimator arrives as the last input
-                fn = partial(_apply_fitted, x.operation, tuple(spec))
-            else:
-                st = m._state
-                fn = partial(_apply_state, x.operation, tuple(spec), st.estimator, st.path)
-            cost = 2.0
+        if m is None:
+            fn = x.operation if plain else partial(_call_with_constants, x.operation, tuple(spec))
+            return self.add(kind="eval", fn=fn, deps=tuple(deps), node=x, cost=1.0, device=dev)
+        if fk is not None:
+            deps.append(fk)  # the fitted estimator arrives as the last input
+            fn = partial(_apply_fitted, x.operation, tuple(spec))
         else:
-            fn = _call_op(x.operation, spec)
-        return self.add(kind="eval", fn=fn, deps=tuple(deps), node=x, machine=m, cost=cost, device=dev)
+            st = m._state
+            fn = partial(_apply_state, x.operation, tuple(spec), st.estimator, st.path)
+        return self.add(kind="eval", fn=fn, deps=tuple(deps), node=x, machine=m, cost=2.0, device=dev)
 
     def _source_value(self, s: Source) -> Any:
         from .data import n_rows, take_rows
@@ -243,12 +258,6 @@ class _Builder:
         except IndexError as e:
             msg = f"rows out of range for {what} source {s.label!r} ({n_rows(value)} rows): {e}"
             raise IndexError(msg) from None
-
-
-def _call_op(fn: Callable[..., Any], spec: list[tuple[bool, Any]]) -> Callable[..., Any]:
-    if all(is_dep for is_dep, _ in spec) and [i for _, i in spec] == list(range(len(spec))):
-        return fn
-    return partial(_call_with_constants, fn, tuple(spec))
 
 
 def _call_with_constants(fn: Callable[..., Any], spec: tuple[tuple[bool, Any], ...], *values: Any) -> Any:
@@ -346,9 +355,7 @@ def compile_fit(targets: Sequence[Any], *, rows: Any = None, force: bool = False
         key = b.add(kind="fit", label=f"fit {m.label}", fn=partial(_fit_task, est, len(deps), resolved),
                     deps=tuple(deps), machine=m, cost=10.0, commit=partial(m._commit, pending), device=dev)
         b.fit_key[m._uid] = key
-    plan = Plan("fit", b.tasks, tuple(b.fit_key.values()), actions)
-    assign_lanes(plan, max_lanes)
-    return plan
+    return Plan("fit", b.tasks, tuple(b.fit_key.values()), actions, max_lanes)
 
 
 def compile_call(targets: Sequence[AbstractNode], bindings: dict[int, Any], *, rows: Any = None,
@@ -356,9 +363,7 @@ def compile_call(targets: Sequence[AbstractNode], bindings: dict[int, Any], *, r
     """The plan that evaluates ``targets`` with origins replaced by ``bindings`` (source uid -> data)."""
     b = _Builder(rows=rows, bindings=bindings, mode="call")
     outputs = tuple(b.node(t) for t in targets)
-    plan = Plan("call", b.tasks, outputs)
-    assign_lanes(plan, max_lanes)
-    return plan
+    return Plan("call", b.tasks, outputs, max_lanes=max_lanes)
 
 
 def assign_lanes(plan: Plan, max_lanes: int | None = None) -> int:
@@ -398,5 +403,5 @@ def assign_lanes(plan: Plan, max_lanes: int | None = None) -> int:
         t.lane = lane
         lane_last[lane] = t.key
         lane_load[lane] += t.cost
-    plan.n_lanes = len(lane_last)
-    return plan.n_lanes
+    plan._n_lanes = len(lane_last)
+    return plan._n_lanes

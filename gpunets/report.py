@@ -22,6 +22,8 @@ __all__ = ["FitReport", "ActionMap", "labels", "report", "fitted_params"]
 def labels(machines: Iterable["Machine"]) -> dict["Machine", str]:
     """Readable, unique labels for ``machines`` (in the order given).
 
+    Examples
+    --------
     >>> import gpunets as gn
     >>> from sklearn.linear_model import Ridge
     >>> ms = [gn.machine(Ridge(), gn.source(name="X")) for _ in range(2)]
@@ -153,6 +155,19 @@ def _machines_of(target: Any) -> tuple["Machine", ...]:
 def report(target: Any) -> dict[str, dict[str, Any]]:
     """``{label: machine.report()}`` for every machine upstream of ``target``.
 
+    Parameters
+    ----------
+    target : Node or Machine
+        The network's output (or a machine); every machine upstream of it is reported.
+
+    Returns
+    -------
+    dict
+        One entry per machine, keyed by its readable label (``Ridge``, ``Ridge#2``): what it did at
+        its last fit (``action``, ``seconds``, ``n_rows``, ``device``, ``path``, ``history``, ...).
+
+    Examples
+    --------
     >>> import numpy as np, gpunets as gn
     >>> from sklearn.linear_model import Ridge
     >>> X, y = gn.source(np.eye(3), name="X"), gn.source(np.ones(3), name="y")
@@ -168,6 +183,19 @@ def report(target: Any) -> dict[str, dict[str, Any]]:
 def fitted_params(target: Any) -> dict[str, dict[str, Any]]:
     """``{label: machine.fitted_params()}`` for every machine upstream of ``target``.
 
+    Parameters
+    ----------
+    target : Node or Machine
+        The network's output (or a machine).
+
+    Returns
+    -------
+    dict
+        One entry per machine, keyed by its readable label: the fitted estimator's learned
+        attributes (those ending in ``_``).
+
+    Examples
+    --------
     >>> import numpy as np, gpunets as gn
     >>> from sklearn.linear_model import LinearRegression
     >>> X, y = gn.source(np.arange(3.0).reshape(3, 1), name="X"), gn.source(np.arange(3.0), name="y")

@@ -37,6 +37,7 @@ def test_lanes_follow_grcuda_policy():
     c = a * 3          # a's second child: a new lane
     d = b + c          # join: inherits b's lane
     plan = compile_call([d], {})
+    assert plan.n_lanes == 2     # lanes are assigned on first use
     lanes = {t.label: t.lane for t in plan.tasks if t.kind != "source"}
     assert lanes["add(X, 1)"] == lanes["mul(add(X, 1), 2)"] == lanes["add(mul(add(X, 1), 2), mul(add(X, 1), 3))"]
     assert lanes["mul(add(X, 1), 3)"] != lanes["add(X, 1)"]

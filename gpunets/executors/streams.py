@@ -254,6 +254,7 @@ class StreamsExecutor(Executor):
         return CudaBackend(self.stream)
 
     def run(self, plan: Any, on_task_done: Any = None) -> Run:
+        plan.n_lanes  # noqa: B018 - assigns the lanes (done on first use)
         backend = self._backend(plan)
         self.last_checker = backend.checker
         name = self.name if backend.name == "cuda" else f"{self.name} (emulated)"
