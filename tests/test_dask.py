@@ -399,7 +399,10 @@ def test_executor_dask_without_client_starts_and_closes_a_local_cluster(monkeypa
         started.append(out)
         return out
 
-    monkeypatch.setattr(gdask, "_default_client", lambda: None)   # as if no client existed
+    # as if no client existed, for distributed itself too (as_completed/wait look one up)
+    monkeypatch.setattr(distributed.client, "_get_global_client", lambda: None)
+    with pytest.raises(ValueError):
+        distributed.default_client()
     monkeypatch.setattr(DaskExecutor, "_start_cluster", recording)
     yhat, ms = network()
     ref, _ = network()
@@ -410,6 +413,27 @@ def test_executor_dask_without_client_starts_and_closes_a_local_cluster(monkeypa
     assert client.status == "closed"
     assert cluster.status.name == "closed"
     np.testing.assert_allclose(yhat(executor="serial"), ref(executor="serial"))
+
+
+def _stack_network(executor):
+    rng = np.random.default_rng(3)
+    Xd = rng.normal(size=(90, 3))
+    yd = Xd @ np.array([1.0, -1.0, 2.0]) + rng.normal(scale=0.1, size=90)
+    X, y = gn.source(Xd, name="X"), gn.source(yd, name="y")
+    stack = gn.StackingRegressor(estimators=[("ridge", Ridge(alpha=0.5)), ("ols", LinearRegression())],
+                                 final_estimator=LinearRegression(), cv=3, executor=executor)
+    return gn.machine(stack, X, y).predict(X)
+
+
+def test_nested_dask_run_inside_a_dask_task_uses_the_workers_client(client):
+    # the stacking model's own network runs with executor="dask" while the outer fit is itself a
+    # task on a (one-thread) worker: it must use the worker's client and secede, not start a
+    # cluster from a daemon process, and must not hang
+    ref = _stack_network("serial")
+    ref.fit(executor="serial")
+    yhat = _stack_network("dask")
+    yhat.fit(executor=DaskExecutor(client, timeout=120))
+    np.testing.assert_allclose(yhat(executor="serial"), ref(executor="serial"), rtol=1e-10, atol=1e-10)
 
 
 def test_repr_and_validation():

@@ -189,9 +189,12 @@ class DaskExecutor(Executor):
     Parameters
     ----------
     client : distributed.Client, optional
-        The cluster to use; never closed by this executor.  Without one, each
-        run uses the current default client (``distributed.default_client()``)
-        if there is one, else a ``LocalCluster`` this executor starts.
+        The cluster to use; never closed by this executor.  Without one, a
+        run inside a task on a Dask worker (a composite or stacking model with
+        ``executor="dask"`` fitted by an outer Dask run) uses that worker's
+        client and secedes from its thread pool while it waits; any other run
+        uses the current default client (``distributed.default_client()``) if
+        there is one, else a ``LocalCluster`` this executor starts.
     workers : int, optional
         Worker processes of a ``LocalCluster`` this executor starts (default 2,
         one thread each).  Ignored with a client.
@@ -267,6 +270,14 @@ class DaskExecutor(Executor):
         with self._own_lock:
             if self._own is not None:
                 return self._own[0], None
+        nested = _worker_client()
+        if nested is not None:
+            # a run inside a task on a Dask worker (a composite or stacking model fitted with
+            # executor="dask" by an outer Dask run): use the worker's client and secede from its
+            # thread pool while waiting, so the inner tasks can run even with one thread per worker
+            # (never start a cluster from a worker: its daemon processes cannot have children)
+            client = nested.__enter__()
+            return client, lambda: nested.__exit__(None, None, None)
         current = _default_client()
         if current is not None:
             return current, None
@@ -419,7 +430,7 @@ class DaskExecutor(Executor):
         # 3. what comes back: fits (committed on arrival) and outputs
         lost = False
         try:
-            for fut in _completed(distributed, futures, deadline):
+            for fut in _completed(distributed, client, futures, deadline):
                 k = by_key[fut.key]
                 if fut.status == "cancelled":
                     lost = True   # its inputs were lost with a worker: resubmit what is left
@@ -495,21 +506,18 @@ class _TimeoutSignal(Exception):
     pass
 
 
-def _completed(distributed: Any, futures: list[Any], deadline: float | None) -> Any:
-    """Yield futures as they finish; raise _TimeoutSignal at ``deadline`` (``time.monotonic()``)."""
-    if deadline is None:
-        yield from distributed.as_completed(futures)
-        return
-    pending = set(futures)
-    while pending:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise _TimeoutSignal
-        try:
-            done, pending = distributed.wait(pending, timeout=left, return_when="FIRST_COMPLETED")
-        except TimeoutError:
-            raise _TimeoutSignal from None
-        yield from done
+def _completed(distributed: Any, client: Any, futures: list[Any], deadline: float | None) -> Any:
+    """Yield futures as they finish; raise _TimeoutSignal at ``deadline`` (``time.monotonic()``).
+
+    ``client.loop`` is passed explicitly: without it ``as_completed`` (like
+    ``distributed.wait``) needs a *default* client, and a cluster this executor
+    starts is deliberately not made the default.
+    """
+    left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
+    try:
+        yield from distributed.as_completed(futures, loop=client.loop, timeout=left)
+    except TimeoutError:
+        raise _TimeoutSignal from None
 
 
 def _cancelled_errors(distributed: Any) -> tuple[type[BaseException], ...]:
@@ -547,6 +555,17 @@ def _set_error(run: Run, key: int, message: str, exc: BaseException) -> None:
         if run.error is None:
             run.error = err
         run.changed.notify_all()
+
+
+def _worker_client() -> Any:
+    """``distributed.worker_client()`` (not yet entered) inside a task on a worker, else None."""
+    from distributed import get_worker, worker_client
+
+    try:
+        get_worker()
+    except ValueError:
+        return None
+    return worker_client()
 
 
 def _default_client() -> Any:
