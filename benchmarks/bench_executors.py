@@ -81,7 +81,7 @@ def _total(*xs: Any) -> Any:
 def scheduling_overhead(quick: bool) -> dict[str, Any]:
     from dask import delayed
 
-    width, length = (50, 10) if quick else (200, 10)
+    width, length = (50, 10) if quick else (200, 11)
     x0 = np.zeros(1)
     X = gn.source(x0, name="X")
     ends = []

@@ -7,7 +7,10 @@ HistGradientBoostingRegressor, KNeighborsRegressor) on ~200k rows (``--quick``:
 * ``ratio_vs_sklearn``: gpunets time / scikit-learn time (fit + predict), target <= 0.85;
 * ``composite_overhead``: the composite over the same network built by hand with
   ``gn.machine`` / ``gn.fit``, target < 5%;
-* that the predictions are identical (max abs difference).
+* that the predictions are identical (max abs difference);
+* ``voting``: the same 4 base models averaged (``gn.mean`` of their predictions,
+  ``threads``) against ``sklearn.ensemble.VotingRegressor(n_jobs=2)``: both
+  times, their ratio and the max abs difference (a peer figure, no target).
 
 Run: ``python benchmarks/bench_stacking.py [--quick] [--out benchmarks/results/stacking.json]``.
 """
@@ -120,7 +123,36 @@ def run(quick: bool = False, repeats: int = 1) -> dict[str, Any]:
         "max_abs_diff_vs_sklearn": diff, "max_abs_diff_vs_bare": diff_bare,
         "identical_predictions": diff <= 1e-8,
     }
+    out["voting"] = voting(X, y, Xt, ests, repeats)
     return out
+
+
+def voting(X: np.ndarray, y: np.ndarray, Xt: np.ndarray, ests: list[tuple[str, Any]],
+           repeats: int = 1) -> dict[str, Any]:
+    """The base models averaged: a gpunets network against scikit-learn's VotingRegressor(n_jobs=2)."""
+    import gpunets as gn
+    from sklearn.base import clone
+    from sklearn.ensemble import VotingRegressor
+
+    def sk():
+        return VotingRegressor(ests, n_jobs=2).fit(X, y).predict(Xt)
+
+    def ours():
+        Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+        avg = gn.mean(*[gn.machine(clone(est), Xs, ys, name=name).predict(Xs) for name, est in ests])
+        avg.fit(executor=gn.ThreadsExecutor(workers=2))
+        return avg(Xt, executor="serial")
+
+    times: dict[str, list[float]] = {"sklearn": [], "gpunets": []}
+    preds: dict[str, Any] = {}
+    for _ in range(repeats):
+        for key, fn in (("sklearn", sk), ("gpunets", ours)):
+            t, p = _time(fn)
+            times[key].append(t)
+            preds[key] = p
+    best = {k: min(v) for k, v in times.items()}
+    return {"seconds": best, "ratio_vs_sklearn": best["gpunets"] / best["sklearn"],
+            "max_abs_diff_vs_sklearn": float(np.max(np.abs(preds["gpunets"] - preds["sklearn"])))}
 
 
 def main() -> None:

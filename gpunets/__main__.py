@@ -82,7 +82,7 @@ def modes(device: str | None, executor: str | None) -> list[tuple[str, str, str]
     return out
 
 
-def demo(rows: int = 20_000, device: str | None = None, executor: str | None = None,
+def demo(rows: int = 12_000, device: str | None = None, executor: str | None = None,
          out_dir: str = "demo-output", progress: bool = True, stream: Any = None) -> list[dict[str, Any]]:
     """Run the demo; return one row of figures per mode."""
     import numpy as np
@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpunets", description="gpunets command line")
     sub = parser.add_subparsers(dest="command")
     d = sub.add_parser("demo", help="fit a real network in every CPU/GPU mode present and compare")
-    d.add_argument("--rows", type=int, default=20_000, help="training rows (default 20000)")
+    d.add_argument("--rows", type=int, default=12_000, help="training rows (default 12000)")
     d.add_argument("--device", default=None, help="only this device: cpu, cuda, cuda:N (default: every one present)")
     d.add_argument("--executor", default=None, help="only this executor: serial, threads, streams, dask")
     d.add_argument("--out", default="demo-output", help="folder for the timeline PNG and trace (default demo-output)")

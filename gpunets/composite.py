@@ -433,6 +433,65 @@ class Composite(BaseEstimator):
         st = self._gn_state
         return {st.names[id(m)]: m for m in st.machines}
 
+    # --- display (Jupyter) ------------------------------------------------------------------------
+    def _gn_display_outputs(self) -> dict[str, AbstractNode] | None:
+        """The fitted network's outputs, else the network built on data-less sources, else None."""
+        st = self.__dict__.get("_gn_state")
+        if st is not None:
+            return dict(st.outputs)
+        try:
+            return self._gn_build({"X": Source(name="X"), "y": Source(name="y")})
+        except Exception:  # noqa: BLE001 - a network that needs data to be built: no picture before fit
+            return None
+
+    def to_dot(self) -> str:
+        """Graphviz source of the composite's network (the fitted one, else as it would be built).
+
+        Raises
+        ------
+        ValueError
+            If the network can only be built from data and the composite is not fitted yet.
+        """
+        from .display import to_dot
+
+        outs = self._gn_display_outputs()
+        if outs is None:
+            msg = (f"{type(self).__name__}.network cannot be built without data; fit the composite first, "
+                   "then call to_dot() again.")
+            raise ValueError(msg)
+        return to_dot(list(outs.values()))
+
+    def _repr_svg_(self) -> str | None:
+        """SVG of the network through Graphviz (None without the ``dot`` program)."""
+        from .display import repr_svg
+
+        outs = self._gn_display_outputs()
+        return None if outs is None else repr_svg(list(outs.values()))
+
+    def _repr_html_(self) -> str:
+        """scikit-learn's estimator diagram, then the network (SVG with Graphviz, else a text tree)."""
+        import html
+
+        from .display import repr_html, repr_svg
+
+        try:
+            from sklearn.utils import estimator_html_repr
+
+            head = estimator_html_repr(self)
+        except Exception:  # noqa: BLE001 - the display must not fail
+            head = f"<pre>{html.escape(repr(self))}</pre>"
+        outs = self._gn_display_outputs()
+        if outs is None:
+            return head + "<p>network: built at fit (it needs the data)</p>"
+        targets = list(outs.values())
+        ops = ", ".join(outs)
+        fitted = "fitted" if "_gn_state" in self.__dict__ else "not fitted"
+        picture = repr_svg(targets) or repr_html(targets)
+        return head + f"<p>network ({fitted}; operations: {html.escape(ops)}):</p>" + picture
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, str]:
+        return {"text/plain": repr(self), "text/html": self._repr_html_()}
+
     # --- incremental refit by an outer network -------------------------------------------------------
     def _gn_updated_copy(self, spec: Any) -> Any:
         """A copy of this fitted composite with ``spec``'s hyperparameters, sharing the trained network.

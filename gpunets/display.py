@@ -74,8 +74,7 @@ def to_text(targets: Sequence[AbstractNode]) -> str:
             lines.append(f"{pad}{n.label} (source)")
             return
         if not isinstance(n, Node):
-            lines.append(f"{pad}{n!r}")
-            return
+            return   # a constant argument (a parameter of the operation), not part of the graph
         head = f"{n.op_name}[{n.machine.label}]" if n.machine is not None else (n.name or n.op_name)
         lines.append(f"{pad}{head}")
         if depth > 8:

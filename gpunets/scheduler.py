@@ -135,10 +135,16 @@ class Run:
                 failed: bool = False) -> None:
         self.trace.add(task, lane, start - self.t0, end - self.t0, threading.current_thread().name, device, failed)
 
-    def complete(self, key: int, value: Any) -> None:
+    def complete(self, key: int, value: Any, take: bool = False) -> int | None:
+        """Record task ``key``'s value and wake its dependents.
+
+        With ``take=True`` the caller goes on running tasks in this thread: the
+        next ready task, if any, is taken under the same lock and returned.
+        """
         task = self.plan.tasks[key]
         if task.commit is not None:
             task.commit(*value)  # a fit: the machine's new state, installed before dependents run
+        nxt = None
         with self.lock:
             self.values[key] = value
             self.done[key] = True
@@ -150,10 +156,10 @@ class Run:
                 if missing[c] == 0:
                     ready.append(c)
                     newly += 1
-            holders = self.holders
+            holders, outputs = self.holders, self.outputs
             for d in task.deps:
                 holders[d] -= 1
-                if holders[d] == 0 and d not in self.outputs:
+                if holders[d] == 0 and d not in outputs:
                     self.release(d)
             # Wake only as many waiting workers as there is new work (the caller takes one itself);
             # everyone when the run is over.
@@ -161,8 +167,40 @@ class Run:
                 self.changed.notify_all()
             elif newly > 1:
                 self.changed.notify(newly - 1)
+            if take and ready and self.error is None:
+                self.n_running += 1
+                nxt = ready.popleft()
         if self.on_task_done is not None:
             self.on_task_done(task)
+        return nxt
+
+    def work(self, lane: Any, block: bool = False) -> None:
+        """Run ready tasks in this thread until none is left (``block=False``) or the run is over.
+
+        The loop of the serial executor and of each thread of the threads
+        executor: :meth:`next_ready` then :meth:`run_task`, with the next task
+        taken under the lock that completes the last one, and the trace
+        recorded inline (this is the per-task overhead of a run).
+        """
+        tasks, vals, t0 = self.plan.tasks, self.values, self.t0
+        record = self.trace.add
+        thread = threading.current_thread().name
+        perf = time.perf_counter
+        k = self.next_ready(block)
+        while k is not None:
+            task = tasks[k]
+            inputs = [vals[d] for d in task.deps]
+            start = perf()
+            try:
+                value = task.fn(*inputs)
+            except BaseException as e:  # noqa: BLE001 - re-raised by raise_error
+                record(task, lane, start - t0, perf() - t0, thread, None, True)
+                self.fail(k, e)
+                return
+            record(task, lane, start - t0, perf() - t0, thread, None, False)
+            k = self.complete(k, value, take=True)
+            if k is None and block:
+                k = self.next_ready(True)
 
     def release(self, key: int) -> None:
         """Drop an intermediate value nobody needs any more (lane executors defer this)."""

@@ -150,3 +150,47 @@ def test_machine_repr_html(net):
     html = parts["r1"]._repr_html_()
     assert "trained (train, cpu, 30 rows)" in html
     assert "X (source)" in html
+
+
+class _Averaged(gn.CompositeRegressor):
+    def __init__(self, first=None, second=None, executor="serial"):
+        self.first, self.second, self.executor = first, second, executor
+
+    def network(self, X, y):
+        a = gn.machine(self.first or Ridge(), X, y)
+        b = gn.machine(self.second or LinearRegression(), X, y)
+        return {"predict": gn.mean(a.predict(X), b.predict(X))}
+
+
+def test_composite_shows_its_network_before_and_after_fit():
+    model = _Averaged(first=Ridge(alpha=2.0))
+    html = model._repr_html_()
+    assert "network (not fitted; operations: predict)" in html
+    assert "predict[Ridge]" in html or "<svg" in html
+    assert "Ridge" in model.to_dot() and "LinearRegression" in model.to_dot()
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(40, 3))
+    model.fit(X, X.sum(1))
+    bundle = model._repr_mimebundle_()
+    assert bundle["text/plain"] == repr(model)
+    assert "network (fitted; operations: predict)" in bundle["text/html"]
+    svg = model._repr_svg_()
+    assert (svg is None) == (shutil.which("dot") is None)
+
+
+def test_stacking_network_needs_data_to_be_drawn():
+    stack = gn.StackingRegressor(estimators=[("r", Ridge()), ("l", LinearRegression())], cv=3)
+    try:
+        dot = stack.to_dot()   # a network that can be built without data draws before fit
+    except ValueError as e:
+        assert "fit the composite first" in str(e)
+        assert "built at fit" in stack._repr_html_()
+    else:
+        assert dot.startswith("digraph")
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(40, 3))
+    stack.fit(X, X.sum(1))
+    assert stack.to_dot().startswith("digraph")
+    html = stack._repr_html_()
+    assert "network (fitted" in html
+    assert "False" not in html.split("network (fitted")[1]   # constants are not drawn as graph nodes

@@ -32,5 +32,4 @@ class SerialExecutor(Executor):
 
     @staticmethod
     def _loop(run: Run) -> None:
-        while (k := run.next_ready()) is not None:
-            run.run_task(k, lane=0)
+        run.work(0)

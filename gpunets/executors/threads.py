@@ -86,5 +86,4 @@ class ThreadsExecutor(Executor):
     def _work(self, run: Run, lane: int, per_task: int) -> None:
         limit = limit_native_threads(per_task, "openmp") if self.limit_native else _NoLimit()
         with limit:
-            while (k := run.next_ready(block=True)) is not None:
-                run.run_task(k, lane=lane)
+            run.work(lane, block=True)
