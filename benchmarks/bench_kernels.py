@@ -131,6 +131,7 @@ def gpu_section(quick: bool) -> dict:
     arrays = [cp.random.random(n, dtype=cp.float32) for _ in range(k)]
     src = cp.random.random((k + 1) * n // 2, dtype=cp.float32)
     dst = cp.empty_like(src)
+    cp.cuda.runtime.deviceSynchronize()  # the inputs are made on the current stream, which `stream` does not follow
     stream = cp.cuda.Stream(non_blocking=True)
 
     def timed(f) -> float:
@@ -152,7 +153,9 @@ def gpu_section(quick: bool) -> dict:
 
     t_mean = timed(lambda: kernels.mean(arrays, target="cuda", stream=stream))
     t_copy = timed(copy)
-    got = cp.asnumpy(kernels.mean(arrays, target="cuda", stream=stream)[:1000])
+    res = kernels.mean(arrays, target="cuda", stream=stream)
+    stream.synchronize()  # asnumpy copies on the current stream, which does not wait for the non-blocking `stream`
+    got = cp.asnumpy(res[:1000])
     want = np.mean(np.stack([cp.asnumpy(a[:1000]) for a in arrays]), axis=0)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     nbytes = (k + 1) * n * 4

@@ -56,6 +56,17 @@ def _validate(changes: dict[str, Any]) -> dict[str, Any]:
     if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
         msg = f"workers={workers!r} must be a positive integer or None (the number of cores)."
         raise ValueError(msg)
+    if "executor" in changes:
+        ex = changes["executor"]
+        from .executors import EXECUTOR_NAMES
+
+        if not ((isinstance(ex, str) and ex in EXECUTOR_NAMES) or (hasattr(ex, "run") and hasattr(ex, "name"))):
+            msg = (f"executor={ex!r} is not an executor. Use one of {list(EXECUTOR_NAMES)} or an executor "
+                   "object such as gn.ThreadsExecutor(workers=2).")
+            raise ValueError(msg)
+    if "progress" in changes and not isinstance(changes["progress"], bool):
+        msg = f"progress={changes['progress']!r} must be True or False."
+        raise TypeError(msg)
     if "device" in changes and changes["device"] not in (None, "auto"):
         from .devices import Device
 

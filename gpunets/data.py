@@ -16,7 +16,12 @@ Moves keep what the user gave:
   ``cupy.cuda.Device(N)``; ``cupy.asnumpy``).  CuPy between GPUs copies with
   ``ndarray.copy()`` under the target device.
 * pandas <-> cuDF keeps column names, dtypes and index (``cudf.from_pandas(...,
-  nan_as_null=False)`` so NaN stays NaN; ``.to_pandas()``).
+  nan_as_null=False)`` so NaN stays NaN; ``.to_pandas()``).  cuDF stores
+  pandas' nullable extension dtypes (``Int64``, ``boolean``, ``string``) as
+  plain columns with nulls, and ``to_pandas()`` returns NumPy dtypes: an
+  ``Int64`` column comes back ``int64`` (``float64`` where it holds nulls).
+* a cuDF frame to a CuPy array (``frames="array"``) uses ``.to_cupy()`` on the
+  GPU, without a round trip through the host.
 * pandas to a GPU where cuDF is not installed raises :class:`ImportError`,
   unless ``frames="array"``: then the *values* move as a CuPy array (numeric
   and boolean columns only, else :class:`TypeError`).  Never silently on the
@@ -38,7 +43,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from .devices import CPU, Device, device_exists, local_ordinal, why_unavailable
+from .devices import CPU, Device, device_exists, local_ordinal, physical_index, why_unavailable
 from .exceptions import DeviceUnavailableError
 
 __all__ = [
@@ -160,19 +165,21 @@ def _cudf_device(x: Any) -> Device:
         col = x if not hasattr(x, "columns") else (x[x.columns[0]] if len(x.columns) else None)
         ptr = col.__cuda_array_interface__["data"][0] if col is not None else 0
         if ptr:
-            return Device("cuda", int(cp.cuda.runtime.pointerGetAttributes(ptr).device))
+            return Device("cuda", physical_index(int(cp.cuda.runtime.pointerGetAttributes(ptr).device)))
     except Exception:  # strings, nulls, empty frames: fall back to the current device
         pass
-    return Device("cuda", int(cp.cuda.Device().id))
+    return Device("cuda", physical_index(int(cp.cuda.Device().id)))
 
 
 def device_of(value: Any) -> Device:
     """The device ``value`` lives on.
 
     NumPy, pandas, scipy.sparse, scalars and None are on the CPU; a CuPy array
-    on ``cuda:<x.device.id>``; a cuDF object on the GPU holding its first
-    column (else CuPy's current device).  For tuples, lists and dicts, the
-    device of their array elements, which must agree.
+    on ``cuda:<x.device.id>`` (as a physical index: mapped back through
+    ``CUDA_VISIBLE_DEVICES``, see :func:`~gpunets.devices.physical_index`);
+    a cuDF object on the GPU holding its first column (else CuPy's current
+    device).  For tuples, lists and dicts, the device of their array
+    elements, which must agree.
 
     Raises
     ------
@@ -186,7 +193,7 @@ def device_of(value: Any) -> Device:
     Device('cpu')
     """
     if is_cupy_array(value):
-        return Device("cuda", int(value.device.id))
+        return Device("cuda", physical_index(int(value.device.id)))
     if is_cudf(value):
         return _cudf_device(value)
     if isinstance(value, (tuple, list)):
@@ -225,20 +232,30 @@ def _host_numpy(x: Any) -> np.ndarray:
         return np.asarray(x)
 
 
-def _numeric_frame_values(value: Any, dev: Device) -> np.ndarray:
+def _frame_dtypes(value: Any) -> list[tuple[Any, Any]]:
+    if hasattr(value, "columns"):
+        return list(zip(value.columns, value.dtypes))
+    return [(value.name, value.dtype)]
+
+
+def _common_numeric_dtype(value: Any, dev: Device) -> Any:
     pd = sys.modules["pandas"]
-    dtypes = value.dtypes if isinstance(value, pd.DataFrame) else pd.Series([value.dtype], index=[value.name])
-    bad = [str(c) for c, dt in dtypes.items()
+    dtypes = _frame_dtypes(value)
+    bad = [str(c) for c, dt in dtypes
            if not (pd.api.types.is_numeric_dtype(dt) or pd.api.types.is_bool_dtype(dt))]
     if bad:
-        raise TypeError(f"Cannot move a pandas {type(value).__name__} with non-numeric column(s) {bad} "
+        kind = "cuDF" if is_cudf(value) else "pandas"
+        raise TypeError(f"Cannot move a {kind} {type(value).__name__} with non-numeric column(s) {bad} "
                         f"to {dev} as a CuPy array. Install cuDF to keep it a data frame, encode those "
                         f"columns first, or place it on 'cpu'.")
     try:  # one common dtype, so bool + float columns give float, not object
-        common = np.result_type(*[np.dtype(dt) for dt in dtypes])
+        return np.result_type(*[np.dtype(dt) for _, dt in dtypes])
     except TypeError:  # pandas extension dtypes: let pandas choose
-        common = None
-    return value.to_numpy(dtype=common)
+        return None
+
+
+def _numeric_frame_values(value: Any, dev: Device) -> np.ndarray:
+    return value.to_numpy(dtype=_common_numeric_dtype(value, dev))
 
 
 def to_device(value: Any, device: DeviceLike, *, stream: Any = None, frames: str = "cudf") -> Any:
@@ -287,12 +304,20 @@ def to_device(value: Any, device: DeviceLike, *, stream: Any = None, frames: str
     if value is None or _is_scalar(value):
         return value
     here = device_of(value)
-    if here == dev and not (dev.is_cuda and frames == "array" and is_cudf(value)):
+    if _same_device(here, dev) and not (dev.is_cuda and frames == "array" and is_cudf(value)):
         return value
     _require(dev, f"a {_describe(value)}")
     if dev.is_cpu:
         return _to_host(value, stream)
     return _to_gpu(value, dev, stream, frames)
+
+
+def _same_device(a: Device, b: Device) -> bool:
+    """Same device in this process: equal, or two names of one GPU (``cuda:0`` in a process pinned with
+    ``CUDA_VISIBLE_DEVICES=1`` is the GPU that :func:`device_of` reports as ``cuda:1``)."""
+    if a == b:
+        return True
+    return a.is_cuda and b.is_cuda and local_ordinal(a.index) == local_ordinal(b.index)
 
 
 def _to_host(value: Any, stream: Any) -> Any:
@@ -317,8 +342,12 @@ def _to_gpu(value: Any, dev: Device, stream: Any, frames: str) -> Any:
     with cp.cuda.Device(local_ordinal(dev.index)):
         if is_pandas(value) or is_cudf(value):
             if frames == "array":
-                host = value.to_pandas() if is_cudf(value) else value
-                return _with_stream(stream, lambda: cp.asarray(_numeric_frame_values(host, dev)))
+                if is_cudf(value):  # on the GPU already: cuDF's own to_cupy, no round trip via the host
+                    common = _common_numeric_dtype(value, dev)
+                    floating = common is not None and np.issubdtype(common, np.floating)
+                    arr = value.to_cupy(dtype=common, na_value=np.nan if floating else None)
+                    return arr if arr.device.id == local_ordinal(dev.index) else _with_stream(stream, arr.copy)
+                return _with_stream(stream, lambda: cp.asarray(_numeric_frame_values(value, dev)))
             if not installed("cudf"):
                 raise ImportError(
                     f"Cannot move a pandas {type(value).__name__} to {dev}: cuDF is not installed. "
@@ -489,8 +518,8 @@ def take_rows(value: Any, rows: Any) -> Any:
     if isinstance(value, tuple):
         return type(value)(take_rows(v, rows) for v in value)
     idx = _row_index(rows, n_rows(value))
-    if is_frame(value):
-        return value.iloc[idx]
+    if is_frame(value):  # a cuDF Index (a "frame" here) has no .iloc but takes positions
+        return value.iloc[idx] if hasattr(value, "iloc") else value[idx]
     if is_sparse(value):
         if value.format not in ("csr", "csc", "lil"):
             value = value.tocsr()

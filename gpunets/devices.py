@@ -47,6 +47,8 @@ __all__ = [
     "device_exists",
     "why_unavailable",
     "check_available",
+    "local_ordinal",
+    "physical_index",
 ]
 
 _VALID_FORMS = "'cpu', 'cuda', 'cuda:N' (N >= 0), or 'auto'"
@@ -218,7 +220,9 @@ def gpu_count() -> int:
 
 
 def _auto_device() -> Device:
-    return Device("cuda", 0) if gpu_available() else CPU
+    # the process's first visible GPU, by its physical index (device_of reports physical indices, so a
+    # process pinned with CUDA_VISIBLE_DEVICES=1, or a dask-cuda worker, places on the GPU its arrays are on)
+    return Device("cuda", physical_index(0)) if gpu_available() else CPU
 
 
 def device_exists(dev: Any) -> bool:
@@ -228,7 +232,7 @@ def device_exists(dev: Any) -> bool:
     True
     """
     dev = Device.parse(dev)
-    return dev.is_cpu or (gpu_available() and dev.index < gpu_count())
+    return dev.is_cpu or (gpu_available() and local_ordinal(dev.index) < gpu_count())
 
 
 def why_unavailable(dev: Any) -> str:
@@ -422,8 +426,34 @@ def local_ordinal(index: int) -> int:
     (0, 1)
     >>> _ = os.environ.pop("CUDA_VISIBLE_DEVICES") if old is None else os.environ.update(CUDA_VISIBLE_DEVICES=old)
     """
+    ids = _visible_ids()
+    return ids.index(str(index)) if str(index) in ids else index
+
+
+def physical_index(ordinal: int) -> int:
+    """The physical GPU index of CUDA ordinal ``ordinal`` in this process: the inverse of :func:`local_ordinal`.
+
+    CuPy reports an array's device as the process's ordinal (``x.device.id``);
+    :class:`Device` indices are physical, so ``device_of`` maps back through
+    ``CUDA_VISIBLE_DEVICES`` (entries that are not integers, e.g. UUIDs, map to themselves).
+
+    >>> import os
+    >>> old = os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    >>> physical_index(1)
+    1
+    >>> os.environ["CUDA_VISIBLE_DEVICES"] = "1,0"
+    >>> physical_index(0), physical_index(1), local_ordinal(physical_index(0))
+    (1, 0, 0)
+    >>> _ = os.environ.pop("CUDA_VISIBLE_DEVICES") if old is None else os.environ.update(CUDA_VISIBLE_DEVICES=old)
+    """
+    ids = _visible_ids()
+    if 0 <= ordinal < len(ids) and ids[ordinal].isdigit():
+        return int(ids[ordinal])
+    return ordinal
+
+
+def _visible_ids() -> list[str]:
     import os
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [x.strip() for x in visible.split(",")] if visible else []
-    return ids.index(str(index)) if str(index) in ids else index
+    return [x.strip() for x in visible.split(",")] if visible else []

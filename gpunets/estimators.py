@@ -52,9 +52,14 @@ def apply_estimator(est: Any, op: str, values: tuple[Any, ...], path: str = "skl
     if method is None:
         msg = f"The fitted {type(est).__name__} has no method {op!r}."
         raise AttributeError(msg)
-    if path == "array_api":
+    if path in ("array_api", "cuml"):
+        from .data import device_of
         from .models import call_context
 
-        with call_context(path):
+        try:  # the GPU the inputs were moved to is the one the estimator runs on
+            dev = next((d for d in map(device_of, values) if d.is_cuda), None)
+        except ValueError:  # inputs on several devices: let the estimator report it
+            dev = None
+        with call_context(path, dev):
             return method(*values)
     return method(*values)

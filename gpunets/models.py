@@ -200,7 +200,12 @@ def cuml_twin_class(model: Any) -> Union[type, None]:
 
 def sklearn_twin_class(model: Any) -> Union[type, None]:
     """The scikit-learn class twinned with a cuML estimator, or None."""
-    path = getattr(type(model), "_cpu_class_path", None) or CUML_TO_SKLEARN.get(public_path(model))
+    cls = type(model)
+    path = getattr(cls, "_cpu_class_path", None) or CUML_TO_SKLEARN.get(public_path(model))
+    if not isinstance(path, str):  # defined in a private module (e.g. cuml._thirdparty...): match by identity
+        path = next((sk for cu, sk in CUML_TO_SKLEARN.items()
+                     if cu.rpartition(".")[2] == cls.__name__
+                     and getattr(sys.modules.get(cu.rpartition(".")[0]), cls.__name__, None) is cls), None)
     return _import_path(path) if isinstance(path, str) else None
 
 
@@ -237,9 +242,15 @@ def to_cuml(model: Any) -> tuple[Any, tuple[str, ...]]:
     base = clone(model)
     if hasattr(twin, "from_sklearn"):
         try:
-            return twin.from_sklearn(base), ()
+            est = twin.from_sklearn(base)
         except (TypeError, ValueError, NotImplementedError) as exc:  # cuML's UnsupportedOnGPU is a ValueError
             raise LookupError(f"cuML's {twin.__name__} cannot run {model!r} ({exc})") from exc
+        # from_sklearn sets output_type="numpy" (it cannot infer it from training inputs), so every
+        # predict/transform would copy its result to the host; cuML's own default mirrors the input
+        # (CuPy in, CuPy out; cuDF in, cuDF out), which keeps results on the GPU.
+        if getattr(est, "output_type", None) == "numpy" and "output_type" in est.get_params(deep=False):
+            est.set_params(output_type="input")
+        return est, ()
     params, dropped = _common_params(base.get_params(deep=False), twin)
     return twin(**params), dropped
 
@@ -418,8 +429,12 @@ def _resolve_cuml(model: Any, dev: Device, *, what: str, policy: str) -> Resolve
 
 
 @contextlib.contextmanager
-def fit_context(resolved: Resolved) -> Iterator[None]:
+def fit_context(resolved: Union[Resolved, str], device: Union[str, Device, None] = None) -> Iterator[None]:
     """Wrap the estimator's ``fit``/``predict``/``transform`` calls for its route.
+
+    ``resolved`` is a :class:`Resolved`, or just its route (``"array_api"``,
+    ``"cuml"``, ...) with the ``device`` it runs on (as a fitted machine
+    records them); without a device a GPU route leaves CuPy's current device as it is.
 
     ``"array_api"``: ``sklearn.config_context(array_api_dispatch=True)`` (which
     requires ``SCIPY_ARRAY_API=1`` set before scipy was imported), and the
@@ -433,13 +448,18 @@ def fit_context(resolved: Resolved) -> Iterator[None]:
     >>> with fit_context(r):
     ...     _ = r.estimator.fit([[0.0], [1.0]], [0.0, 1.0])
     """
+    if isinstance(resolved, str):
+        path, dev = resolved, (Device.parse(device) if device is not None else None)
+    else:
+        path, dev = resolved.path, (Device.parse(device) if device is not None else resolved.device)
     with contextlib.ExitStack() as stack:
-        if resolved.path == "array_api":
+        if path == "array_api":
             import sklearn  # noqa: PLC0415
 
             stack.enter_context(sklearn.config_context(array_api_dispatch=True))
-        if resolved.path in ("array_api", "cuml") and resolved.device.is_cuda and "cupy" in sys.modules:
-            stack.enter_context(sys.modules["cupy"].cuda.Device(local_ordinal(resolved.device.index)))
+        cp = sys.modules.get("cupy")
+        if path in ("array_api", "cuml") and dev is not None and dev.is_cuda and cp is not None:
+            stack.enter_context(cp.cuda.Device(local_ordinal(dev.index)))
         yield
 
 

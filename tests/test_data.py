@@ -492,3 +492,57 @@ def test_gpu_pandas_cudf_round_trip(df):
     back = to_device(g, "cpu")
     pd.testing.assert_frame_equal(back, df)
     pd.testing.assert_frame_equal(to_device(take_rows(g, [2, 0]), "cpu"), df.iloc[[2, 0]])
+
+
+# ----------------------------------------------------------------- CUDA_VISIBLE_DEVICES and a fake cuDF
+
+
+def test_device_of_reports_the_physical_gpu(fake_cupy, monkeypatch):
+    """Device indices are physical (as dask-cuda workers list them); CuPy reports ordinals."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    g = to_device(np.arange(3.0), "cuda:1")
+    assert g.device.id == 0                        # ordinal 0 of this process is physical GPU 1
+    assert device_of(g) == Device("cuda", 1)
+    assert to_device(g, "cuda:1") is g             # no second copy
+    assert device_of(to_device(g, "cuda:0")) == Device("cuda", 0)
+
+
+class FakeCudfFrame:
+    """Just enough of cudf.DataFrame for the frames='array' move."""
+
+    def __init__(self, frame, dev):
+        self._f, self._dev = frame, dev
+        self.to_pandas_calls = 0
+
+    columns = property(lambda self: self._f.columns)
+    dtypes = property(lambda self: self._f.dtypes)
+
+    def __getitem__(self, key):
+        raise KeyError(key)  # device_of falls back to the current device
+
+    def to_cupy(self, dtype=None, copy=False, na_value=None):
+        return FakeCupyArray(self._f.to_numpy(dtype=dtype, na_value=na_value), self._dev)
+
+    def to_pandas(self):
+        self.to_pandas_calls += 1
+        return self._f
+
+
+@pytest.fixture
+def fake_cudf(fake_cupy, monkeypatch):
+    cudf = types.ModuleType("cudf")
+    cudf.DataFrame = FakeCudfFrame
+    monkeypatch.setitem(sys.modules, "cudf", cudf)
+    return cudf
+
+
+def test_cudf_to_cupy_array_stays_on_the_gpu(fake_cudf):
+    g = FakeCudfFrame(pd.DataFrame({"a": [1.0, np.nan], "b": [True, False]}), 0)
+    arr = to_device(g, "cuda:0", frames="array")
+    assert isinstance(arr, FakeCupyArray) and arr.device.id == 0 and arr.dtype == np.float64
+    assert g.to_pandas_calls == 0                  # no round trip through the host
+    np.testing.assert_array_equal(arr._a, [[1.0, 1.0], [np.nan, 0.0]])
+    other = to_device(g, "cuda:1", frames="array")
+    assert other.device.id == 1 and g.to_pandas_calls == 0
+    with pytest.raises(TypeError, match=r"cuDF FakeCudfFrame with non-numeric column\(s\) \['s'\]"):
+        to_device(FakeCudfFrame(pd.DataFrame({"s": ["x"]}), 0), "cuda:0", frames="array")

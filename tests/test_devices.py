@@ -252,3 +252,45 @@ def test_config_validates_device_through_parse():
     with pytest.raises(ValueError, match="'cuda:N'"):
         with config(device="tpu"):
             pass
+
+
+# ----------------------------------------------------------------- CUDA_VISIBLE_DEVICES
+
+
+@pytest.mark.parametrize("visible, physical, ordinal", [
+    (None, 1, 1), ("1,0", 1, 0), ("1,0", 0, 1), ("2,3", 3, 1), ("3,1,0,2", 2, 3),
+])
+def test_physical_index_inverts_local_ordinal(monkeypatch, visible, physical, ordinal):
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert gd.local_ordinal(physical) == ordinal
+    assert gd.physical_index(ordinal) == physical
+
+
+def test_physical_index_keeps_uuid_entries(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f2c,GPU-11aa")
+    assert gd.physical_index(1) == 1 and gd.local_ordinal(1) == 1
+
+
+def test_device_exists_for_a_listed_physical_gpu(monkeypatch, two_gpus):
+    # a dask-cuda worker of LocalCUDACluster(CUDA_VISIBLE_DEVICES="2,3") sees two GPUs: physical 2 and 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,2")
+    assert gd.device_exists("cuda:2") and gd.device_exists("cuda:3")
+    assert check_available("cuda:3", what="node n", fallback="raise") == Device("cuda", 3)
+
+
+def test_auto_device_is_the_first_visible_gpu_by_physical_index(monkeypatch):
+    import gpunets.devices as devices
+    from gpunets.data import _same_device
+
+    monkeypatch.setattr(devices, "gpu_available", lambda: True)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert devices._auto_device() == devices.Device("cuda", 0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")     # a dask-cuda worker for GPU 2, or a pinned process
+    assert devices._auto_device() == devices.Device("cuda", 2)
+    # cuda:0 there is process ordinal 0, the same GPU that device_of reports as cuda:2: no copy between them
+    assert _same_device(devices.Device("cuda", 0), devices.Device("cuda", 2))
+    assert not _same_device(devices.Device("cuda", 3), devices.Device("cuda", 2))
+    assert not _same_device(devices.CPU, devices.Device("cuda", 2))

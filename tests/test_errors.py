@@ -155,6 +155,16 @@ def test_bad_executor_and_config_values(data):
         gn.config(exeutor="serial")
     with pytest.raises(ValueError, match="workers=0"):
         gn.ThreadsExecutor(workers=0)
+    # a bad executor in a config block is caught when the block is set up, not at the first fit
+    with pytest.raises(ValueError, match=r"executor='nope' is not an executor.*ThreadsExecutor"):
+        gn.config(executor="nope")
+    with pytest.raises(ValueError, match="executor='nope'"):
+        gn.set_config(executor="nope")
+    assert gn.get_config()["executor"] == "auto"
+    with pytest.raises(TypeError, match="progress=1"):
+        gn.config(progress=1)
+    with gn.config(executor=gn.SerialExecutor()):
+        assert n(executor=None).tolist() == (X + 1).tolist()
 
 
 def test_iterating_a_node_is_an_error():

@@ -347,3 +347,222 @@ def test_get_executor_dispatch():
     assert get_executor("serial").name == "serial"
     ex = gn.ThreadsExecutor(workers=3)
     assert get_executor(ex) is ex
+
+
+# ---- the CUDA backend on the CPU: a fake cupy.cuda that checks CUDA's rules -----------------------------------
+
+class _FakeCupy:
+    """Just the part of ``cupy.cuda`` the CUDA backend uses, with CUDA's rules checked.
+
+    Mirrors CuPy's signatures (``Stream(null, non_blocking, ptds)``, ``Stream.ptds``,
+    ``Event(block, disable_timing, interprocess)`` with ``.done``, ``.record(stream)``,
+    ``.synchronize()``; ``Stream.wait_event``, ``Stream.record``; ``Device(n)`` as a context;
+    ``get_current_stream()``, per thread and per device).  Like CUDA, an event never recorded
+    is ``done``; a recorded one completes on ``synchronize()`` or after a few queries.
+    An event is recorded only on a stream of the device it was made on.
+    """
+
+    def __init__(self) -> None:
+        fake = self
+        self.tls = threading.local()
+        self.errors: list[str] = []
+        self.lock = threading.Lock()
+        self._next = [100]
+
+        class Stream:
+            null = ptds = None
+
+            def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
+                if null or ptds:
+                    self.ptr, self.device_id = (0 if null else 2), -1
+                else:
+                    with fake.lock:
+                        self.ptr = fake._next[0] = fake._next[0] + 1
+                    self.device_id = fake.device()
+                self.waited: set[int] = set()   # ids of the events this stream waited on (per thread for ptds)
+
+            def _key(self):
+                return (self.ptr, fake.device(), threading.get_ident() if self.ptr in (0, 2) else 0)
+
+            def __enter__(self):
+                dev = fake.device()
+                if self.device_id not in (-1, dev):
+                    fake.errors.append(f"stream of device {self.device_id} made current on device {dev}")
+                fake.streams().setdefault(dev, []).append(self)
+                fake.pushed().append(dev)
+                return self
+
+            def __exit__(self, *a):
+                fake.streams()[fake.pushed().pop()].pop()
+
+            def wait_event(self, event):
+                if not isinstance(event, Event):
+                    fake.errors.append(f"wait_event on a {type(event).__name__}")
+                    return
+                if not event.recorded:
+                    fake.errors.append("wait_event on an event never recorded: a no-op in CUDA")
+                fake.waits.setdefault(self._key(), set()).add(id(event))
+
+            def record(self, event=None):
+                event = event or Event()
+                event.record(self)
+                return event
+
+        class Event:
+            def __init__(self, block=False, disable_timing=False, interprocess=False):
+                self.device = fake.device()
+                self.recorded = self.completed = False
+                self.queries = 0
+
+            @property
+            def done(self):
+                self.queries += 1
+                if self.recorded and self.queries >= 3:
+                    self.completed = True
+                return (not self.recorded) or self.completed
+
+            def record(self, stream=None):
+                stream = stream or fake.get_current_stream()
+                dev = stream.device_id if stream.device_id != -1 else fake.device()
+                if dev != self.device:
+                    fake.errors.append(f"event of device {self.device} recorded on a stream of device {dev}")
+                self.recorded, self.completed = True, False
+
+            def synchronize(self):
+                self.completed = True
+
+        class Device:
+            def __init__(self, n=None):
+                self.id = fake.device() if n is None else n
+
+            def __enter__(self):
+                fake.devices().append(self.id)
+                return self
+
+            def __exit__(self, *a):
+                fake.devices().pop()
+
+        Stream.null, Stream.ptds = Stream(null=True), Stream(ptds=True)
+        self.waits: dict[tuple, set[int]] = {}
+        self.cuda = type("cuda", (), {"Stream": Stream, "Event": Event, "Device": Device,
+                                      "get_current_stream": staticmethod(self.get_current_stream)})
+
+    def devices(self):
+        if not hasattr(self.tls, "devices"):
+            self.tls.devices, self.tls.streams, self.tls.pushed = [0], {}, []
+        return self.tls.devices
+
+    def device(self):
+        return self.devices()[-1]
+
+    def streams(self):
+        self.devices()
+        return self.tls.streams
+
+    def pushed(self):
+        self.devices()
+        return self.tls.pushed
+
+    def get_current_stream(self):
+        stack = self.streams().get(self.device())
+        return stack[-1] if stack else self.cuda.Stream.null
+
+    def waited_here(self):
+        s = self.get_current_stream()
+        return set(self.waits.get(s._key(), set())), s._key()
+
+
+@pytest.mark.parametrize("kind", ["ptds", "new"])
+def test_cuda_backend_orders_cross_stream_edges_and_keeps_values_alive(monkeypatch, kind):
+    from gpunets.executors import streams
+
+    fake = _FakeCupy()
+    X = gn.source(np.arange(6.0), name="X")
+    branches = [(X + i) * 2 for i in range(5)]
+    out = gn.mean(*branches) + branches[0]
+    plan = compile_call([out], {}, max_lanes=3)
+    assert plan.n_lanes == 3
+    seen: dict[int, tuple] = {}
+    for t in plan.tasks:   # alternate two GPUs; the output task on the CPU
+        if t.kind == "source":
+            continue
+        t.device = "cpu" if t.key in plan.outputs else f"cuda:{t.key % 2}"
+
+        def wrapped(*a, _fn=t.fn, _k=t.key):
+            seen[_k] = fake.waited_here() + (fake.device(),)
+            return _fn(*a)
+
+        t.fn = wrapped
+
+    def backend(self, plan):
+        be = streams.CudaBackend.__new__(streams.CudaBackend)
+        be.cupy, be.kind, be.checker, be.delays, be.start = fake, kind, None, None, []
+        be._local = threading.local()
+        return be
+
+    early: list[str] = []
+    sweep = streams._StreamsRun._sweep
+
+    def checked_sweep(self):
+        sweep(self)
+        for k, v in enumerate(self.values):
+            if v is None and self.plan.tasks[k].kind != "source":
+                for c in self.plan.consumers[k]:
+                    ev = self.events[c]
+                    if ev is None or not getattr(ev, "completed", True):
+                        early.append(f"value {k} dropped before consumer {c} finished")
+
+    monkeypatch.setattr(streams.StreamsExecutor, "_backend", backend)
+    monkeypatch.setattr(streams._StreamsRun, "_sweep", checked_sweep)
+    run = gn.StreamsExecutor(workers=3).run(plan)
+    assert run.error is None
+    np.testing.assert_array_equal(run.values[plan.outputs[0]], serial_reference(lambda: out))
+    assert not fake.errors, fake.errors
+    assert not early, early
+    tasks = plan.tasks
+    for t in tasks:
+        if t.kind == "source":
+            continue
+        waited, stream_key, dev = seen[t.key]
+        if t.device == "cpu":   # read on the host: every GPU producer had completed
+            assert all(run.events[d].completed for d in t.deps if tasks[d].kind != "source")
+            continue
+        assert dev == int(t.device[-1])
+        for d in t.deps:
+            p = tasks[d]
+            if p.kind != "source" and (p.lane != t.lane or p.device != t.device):
+                assert id(run.events[d]) in waited, f"{t.label} did not wait for {p.label}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["ptds", "new"])
+def test_gpu_streams_executor_on_cuda_streams_equals_serial(kind):
+    cp = pytest.importorskip("cupy")
+    if not cp.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    Xg = cp.random.default_rng(0).standard_normal((2000, 500), dtype=cp.float32)
+
+    def work(x, k):   # enough GPU work per branch that a missing wait or an early free would show
+        w = x.T[:, : x.shape[1]]
+        y = x
+        for _ in range(4):
+            y = cp.tanh(y @ w) * 0.5 + 0.01 * k
+        return y
+
+    with gn.device("cuda"):
+        X = gn.source(Xg, name="X")
+        branches = [gn.node(work, X, k, name=f"b{k}") for k in range(6)]
+        out = gn.mean(*branches) + gn.node(work, branches[0], 9, name="tail")
+    want = cp.asnumpy(out(executor="serial", output="device"))
+    ex = gn.StreamsExecutor(workers=4, stream=kind)
+    for _ in range(3):
+        ev = gn.evaluate(out, executor=ex, output="device", trace=True)
+        assert ev.trace.executor == "streams"   # the CUDA backend, not the emulated one
+        got = ev.value
+        assert isinstance(got, cp.ndarray)
+        np.testing.assert_allclose(cp.asnumpy(got), want, rtol=1e-4, atol=1e-5)
+    # a CPU consumer of GPU branches (the values are moved to the host on its lane)
+    with gn.device("cpu"):
+        host = gn.node(lambda a, b: a + b, branches[1], branches[2], name="host_sum")
+    ref = cp.asnumpy(branches[1](executor="serial", output="device") + branches[2](executor="serial", output="device"))
+    np.testing.assert_allclose(np.asarray(host(executor=ex)), ref, rtol=1e-4, atol=1e-5)

@@ -496,3 +496,83 @@ def test_gpu_cuml_ridge_matches_cpu():
 
     ref = Ridge(alpha=1.0).fit(X, y).predict(X)
     np.testing.assert_allclose(np.asarray(to_device(pred, "cpu")), ref, atol=1e-4)
+
+
+# ----------------------------------------------------------------- review fixes
+
+
+def test_from_sklearn_twin_mirrors_its_input_type(gpu, fake_cuml):
+    """cuML's from_sklearn sets output_type='numpy'; the twin must keep GPU results on the GPU."""
+    est, dropped = to_cuml(Ridge(alpha=2.0))
+    assert est.output_type == "input" and dropped == ()
+    r = resolve_estimator(Ridge(alpha=2.0), "cuda:0", what="machine Ridge", fallback="raise")
+    assert r.estimator.output_type == "input"
+    assert sklearn.base.clone(r.estimator).output_type == "input"
+
+
+def test_cuml_class_in_a_private_module_finds_its_twin(fake_cuml, monkeypatch):
+    pre = types.ModuleType("cuml.preprocessing")
+
+    class FakeScaler(BaseEstimator):  # an older cuML: defined in cuml._thirdparty..., no interop
+        def __init__(self, *, copy=True, with_mean=True, with_std=True):
+            self.copy, self.with_mean, self.with_std = copy, with_mean, with_std
+
+    FakeScaler.__name__ = FakeScaler.__qualname__ = "StandardScaler"
+    FakeScaler.__module__ = "cuml._thirdparty.sklearn.preprocessing._data"
+    pre.StandardScaler = FakeScaler
+    monkeypatch.setitem(sys.modules, "cuml.preprocessing", pre)
+    r = resolve_estimator(FakeScaler(with_mean=False), "cpu", what="machine scaler")
+    assert type(r.estimator) is StandardScaler and r.estimator.with_mean is False
+
+
+def test_call_context_takes_a_route_and_a_device(monkeypatch):
+    _fake_cupy(monkeypatch)
+    from test_data import _FAKE_STATE
+
+    with call_context("cuml", Device("cuda", 1)):
+        assert _FAKE_STATE["current"][-1] == 1
+    with call_context("cuml"):  # no device known: CuPy's current device stays
+        assert _FAKE_STATE["current"] == [0]
+    with call_context("sklearn", Device("cuda", 1)):
+        assert _FAKE_STATE["current"] == [0]
+
+
+def test_apply_estimator_on_the_gpu_routes_makes_the_inputs_gpu_current(monkeypatch):
+    FakeCupyArray = _fake_cupy(monkeypatch)
+    from test_data import _FAKE_STATE
+
+    from gpunets.estimators import apply_estimator
+
+    seen = []
+
+    class Est:
+        def predict(self, X):
+            seen.append(_FAKE_STATE["current"][-1])
+            return X
+
+    X = FakeCupyArray(np.ones((2, 1)), 1)
+    assert apply_estimator(Est(), "predict", (X,), "cuml") is X
+    assert seen == [1] and _FAKE_STATE["current"] == [0]
+
+
+def test_apply_estimator_on_the_array_api_route():
+    """A machine fitted on the array-API route predicts through apply_estimator (its path is a string)."""
+    out = _run("""
+        import sys, numpy as np, array_api_strict as xp, sklearn
+        import gpunets.devices as gd, gpunets.models as gm
+        from gpunets.estimators import apply_estimator, fit_estimator
+        from sklearn.linear_model import Ridge
+        sys.modules["cuml"] = None
+        gd.gpu_available = lambda: True
+        gd.gpu_count = lambda: 1
+        rng = np.random.default_rng(0)
+        X = rng.normal(size=(30, 3)); y = X @ np.array([1.0, -2.0, 0.5])
+        r = gm.resolve_estimator(Ridge(solver="svd"), "cuda:0", what="machine m", fallback="raise")
+        est, info = fit_estimator(r.estimator, (xp.asarray(X), xp.asarray(y)), r)
+        assert info["path"] == "array_api", info
+        got = apply_estimator(est, "predict", (xp.asarray(X),), info["path"])
+        assert type(got).__module__.startswith("array_api_strict"), type(got)
+        np.testing.assert_allclose(np.from_dlpack(got), Ridge(solver="svd").fit(X, y).predict(X), atol=1e-10)
+        print("ok")
+    """)
+    assert out.strip() == "ok"

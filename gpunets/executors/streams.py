@@ -99,21 +99,31 @@ class EmulatedBackend:
         self.rng = random.Random(seed)
         self.checker = StreamChecker() if check else None
 
+    def begin(self, tasks: Any) -> None:
+        return None
+
     def lane_context(self, lane: int) -> Any:
         return _Null()
 
-    def event(self) -> _HostEvent:
-        return _HostEvent()
+    def done(self, event: _HostEvent | None) -> bool:
+        return event is not None and event.flag.is_set()
 
-    def record(self, event: _HostEvent, key: int) -> None:
+    def record(self, task: Any) -> _HostEvent:
         if self.checker is not None:
-            self.checker.record(key)
+            self.checker.record(task.key)
+        event = _HostEvent()
         event.flag.set()
+        return event
 
-    def wait(self, event: _HostEvent, consumer: int, producer: int) -> None:
+    def wait(self, event: _HostEvent, consumer: Any, producer: Any, cross_lane: bool) -> None:
+        if not cross_lane:  # a lane runs its tasks in order: nothing to wait for
+            return
         if self.checker is not None:
-            self.checker.wait(consumer, producer)
+            self.checker.wait(consumer.key, producer.key)
         event.flag.wait()
+
+    def wait_source(self, consumer: Any, source: Any) -> None:
+        return None
 
     def task_context(self, task: Any) -> Any:
         return _Null()
@@ -138,8 +148,53 @@ class _Null:
         return None
 
 
+def _ordinal(device: str) -> int | None:
+    """The CUDA ordinal of a task's device name in this process; None for the CPU."""
+    if not device.startswith("cuda"):
+        return None
+    from ..devices import Device, local_ordinal
+
+    return local_ordinal(Device.parse(device).index)
+
+
+class _CudaTask:
+    """One task on a CUDA lane: its GPU current, then the lane's stream for that GPU current."""
+
+    __slots__ = ("backend", "ordinal", "device", "stream")
+
+    def __init__(self, backend: CudaBackend, ordinal: int) -> None:
+        self.backend, self.ordinal = backend, ordinal
+
+    def __enter__(self) -> None:
+        self.device = self.backend.cupy.cuda.Device(self.ordinal)
+        self.device.__enter__()
+        try:
+            self.stream = self.backend._stream(self.ordinal)
+            self.stream.__enter__()   # CuPy's current stream is per thread and per device
+        except BaseException:
+            self.device.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *a: object) -> None:
+        try:
+            self.stream.__exit__(*a)
+        finally:
+            self.device.__exit__(*a)
+
+
 class CudaBackend:
-    """Real CUDA streams and events through CuPy (imported only here, only when used)."""
+    """Real CUDA streams and events through CuPy (imported only here, only when used).
+
+    A lane has one stream per GPU it runs tasks on (``Stream.ptds`` or a
+    non-blocking stream made on that GPU), current while each of its tasks is
+    issued on that GPU.  Every task records an event (made and recorded in its
+    own task context, so on its own GPU: an event must be recorded on a stream
+    of the device it was created on).  A GPU task waits (GPU-side) on the events
+    of its producers on another stream; a CPU task waits on the host for its
+    producers' events, since it reads their values on the host.  The streams
+    also wait for an event recorded on the caller's current stream when the run
+    started, where the sources were made.
+    """
 
     name = "cuda"
 
@@ -150,52 +205,139 @@ class CudaBackend:
         self.kind = stream
         self.checker = None
         self.delays = None
+        self.start: list[Any] = []      # events on the caller's streams at the start of the run
+        self._local = threading.local()
+
+    def begin(self, tasks: Any) -> None:
+        """In the calling thread: record, on its current stream of every GPU the plan uses, the start events."""
+        cp = self.cupy
+        for o in sorted({o for t in tasks if (o := _ordinal(str(t.device))) is not None}):
+            with cp.cuda.Device(o):
+                ev = cp.cuda.Event(disable_timing=True)
+                ev.record(cp.cuda.get_current_stream())   # this thread's current stream on this device
+                self.start.append(ev)
 
     def lane_context(self, lane: int) -> Any:
+        self._local.streams = {}       # ordinal -> this lane's stream on that GPU
+        self._local.start_synced = False
+        return _Null()
+
+    def _stream(self, ordinal: int) -> Any:
+        """This lane's stream on GPU ``ordinal`` (current device), made on first use; it waits for the start."""
+        streams = self._local.streams
+        s = streams.get(ordinal)
+        if s is None:
+            cp = self.cupy
+            s = cp.cuda.Stream.ptds if self.kind == "ptds" else cp.cuda.Stream(non_blocking=True)
+            for ev in self.start:   # an event may be waited on by a stream of another device
+                s.wait_event(ev)
+                if self.kind == "new":
+                    cp.cuda.Stream.ptds.wait_event(ev)
+            streams[ordinal] = s
+        return s
+
+    def done(self, event: Any) -> bool:
+        if event is None:  # not recorded yet (cudaEventQuery would say cudaSuccess for it)
+            return False
+        if isinstance(event, _HostEvent):
+            return event.flag.is_set()
+        return event.done   # CuPy's Event: .done is cudaEventQuery; it has no .query()
+
+    def record(self, task: Any) -> Any:
+        """An event recorded on the current stream, after the task's work (inside its task context).
+
+        A CPU task's value is host data, ready when the task returns: its event is a host flag (an
+        event recorded on the legacy default stream would be a device-wide barrier).
+        """
+        if _ordinal(str(task.device)) is None:
+            host = _HostEvent()
+            host.flag.set()
+            return host
         cp = self.cupy
-        stream = cp.cuda.Stream.ptds if self.kind == "ptds" else cp.cuda.Stream(non_blocking=True)
-        return stream
+        ev = cp.cuda.Event(disable_timing=True)
+        if self.kind == "new":
+            # cuML runs on the per-thread default stream whatever CuPy's current stream is: join it in
+            cp.cuda.get_current_stream().wait_event(cp.cuda.Stream.ptds.record(cp.cuda.Event(disable_timing=True)))
+        ev.record(cp.cuda.get_current_stream())
+        return ev
 
-    def event(self) -> Any:
-        return self.cupy.cuda.Event(disable_timing=True)
+    def wait(self, event: Any, consumer: Any, producer: Any, cross_lane: bool) -> None:
+        """Order ``consumer`` after ``producer``'s event (called inside the consumer's task context)."""
+        if event is None or isinstance(event, _HostEvent):  # a CPU task's value: on the host, and ready
+            return
+        mine = _ordinal(str(consumer.device))
+        if mine is None:    # a CPU task reads its inputs on the host
+            event.synchronize()
+            return
+        cp = self.cupy
+        if cross_lane or _ordinal(str(producer.device)) != mine:   # else: the same stream, in issue order
+            cp.cuda.get_current_stream().wait_event(event)
+        if self.kind == "new":  # cuML's work goes to the per-thread default stream
+            cp.cuda.Stream.ptds.wait_event(event)
 
-    def record(self, event: Any, key: int) -> None:
-        event.record(self.cupy.cuda.get_current_stream())
-
-    def wait(self, event: Any, consumer: int, producer: int) -> None:
-        self.cupy.cuda.get_current_stream().wait_event(event)
+    def wait_source(self, consumer: Any, source: Any) -> None:
+        """A CPU task reading a GPU source waits on the host for the start events (once per lane)."""
+        if _ordinal(str(consumer.device)) is None and _ordinal(str(source.device)) is not None \
+                and not self._local.start_synced:
+            for ev in self.start:
+                ev.synchronize()
+            self._local.start_synced = True
 
     def before_task(self) -> None:
         return None
 
     def task_context(self, task: Any) -> Any:
-        """Make the task's GPU current while it is issued (CuPy and cuML run on the current device)."""
-        dev = str(task.device)
-        if not dev.startswith("cuda"):
-            return _Null()
-        from ..devices import Device, local_ordinal
-
-        return self.cupy.cuda.Device(local_ordinal(Device.parse(dev).index))
+        """Make the task's GPU and this lane's stream on it current while the task is issued."""
+        o = _ordinal(str(task.device))
+        return _Null() if o is None else _CudaTask(self, o)
 
 
 class _StreamsRun(Run):
-    """A run whose released values wait for their consumers' events (cupy issue 8068)."""
+    """A run whose released values wait for their consumers' events (cupy issue 8068).
+
+    A value nobody needs any more goes to the graveyard and is dropped once
+    every consumer's event has been recorded *and* has completed.  An event
+    that was never recorded is not "done" here (CUDA's ``cudaEventQuery`` says
+    ``cudaSuccess`` for it), and the last consumer releases its inputs before
+    it records its own event, so the graveyard is swept again after each record.
+    """
 
     events: list[Any]
-    graveyard: list[tuple[int, list[Any]]]
+    graveyard: list[tuple[int, list[int]]]
+    backend: Any
 
-    def release(self, key: int) -> None:
+    def release(self, key: int) -> None:   # called under self.lock
         if self.plan.tasks[key].kind == "source":
             return
-        pending = [self.events[c] for c in self.plan.consumers[key]]
-        self.graveyard.append((key, pending))
+        self.graveyard.append((key, self.plan.consumers[key]))
+        self._sweep()
+
+    def _sweep(self) -> None:
+        events, done = self.events, self.backend.done
         keep = []
-        for k, evs in self.graveyard:
-            if all(e.query() for e in evs):
+        for k, consumers in self.graveyard:
+            if all(done(events[c]) for c in consumers):
                 self.values[k] = None
             else:
-                keep.append((k, evs))
+                keep.append((k, consumers))
         self.graveyard = keep
+
+    def recorded(self, key: int, event: Any) -> None:
+        """Task ``key``'s event is recorded (before its lane tells the others)."""
+        with self.lock:
+            self.events[key] = event
+            if self.graveyard:
+                self._sweep()
+
+    def drain(self) -> None:
+        """At the end of the run: wait for the consumers of what is left in the graveyard, then drop it."""
+        for k, consumers in self.graveyard:
+            for c in consumers:
+                ev = self.events[c]
+                if ev is not None:
+                    ev.synchronize()
+            self.values[k] = None
+        self.graveyard = []
 
 
 class StreamsExecutor(Executor):
@@ -259,8 +401,10 @@ class StreamsExecutor(Executor):
         self.last_checker = backend.checker
         name = self.name if backend.name == "cuda" else f"{self.name} (emulated)"
         run = _StreamsRun(plan, executor_name=name, on_task_done=on_task_done)
-        run.events = [backend.event() for _ in plan.tasks]
+        run.events = [None] * len(plan.tasks)   # each made and recorded by its task's lane
         run.graveyard = []
+        run.backend = backend
+        backend.begin(plan.tasks)
         host_ready = [threading.Event() for _ in plan.tasks]
         for t in plan.tasks:
             if t.kind == "source":
@@ -286,8 +430,9 @@ class StreamsExecutor(Executor):
             for k in plan.outputs:   # the host blocks only for the outputs
                 while not host_ready[k].wait(0.1):
                     pass
-                if run.error is None and backend.name == "cuda":
-                    run.events[k].synchronize()
+                ev = run.events[k]
+                if run.error is None and backend.name == "cuda" and ev is not None:
+                    ev.synchronize()
         except BaseException as e:
             run.abort(e)
             for ev in host_ready:
@@ -296,6 +441,8 @@ class StreamsExecutor(Executor):
         finally:
             for th in threads:
                 th.join()
+            if run.error is None:
+                run.drain()
             run.graveyard = []
         return run
 
@@ -309,38 +456,45 @@ class StreamsExecutor(Executor):
                     if run.error is not None:
                         break
                     task = tasks[k]
-                    for d in task.deps:
-                        prod = tasks[d]
-                        if prod.kind == "source" or prod.lane == lane:
-                            continue
-                        if self.skip_wait is not None and self.skip_wait(task, prod):
-                            continue
-                        host_ready[d].wait()
+                    ok = False
+                    # The waits are issued inside the task's context: on a GPU, on the stream the task runs on.
+                    with backend.task_context(task):
+                        for d in task.deps:
+                            prod = tasks[d]
+                            if prod.kind == "source":
+                                backend.wait_source(task, prod)
+                                continue
+                            cross = prod.lane != lane
+                            if cross:
+                                if self.skip_wait is not None and self.skip_wait(task, prod):
+                                    continue
+                                host_ready[d].wait()   # its event is recorded (waiting on an unrecorded one is a no-op)
+                                if run.error is not None:
+                                    break
+                            backend.wait(run.events[d], task, prod, cross)
                         if run.error is not None:
                             break
-                        backend.wait(run.events[d], k, d)
-                    if run.error is not None:
-                        break
-                    if checker is not None:
-                        try:
-                            for d in task.deps:
-                                prod = tasks[d]
-                                if prod.kind != "source":
-                                    checker.read(task, prod, prod.lane != lane, run.done[d])
-                        except StreamOrderError as e:
-                            run.claim(k)
-                            run.fail(k, e)
+                        if checker is not None:
+                            try:
+                                for d in task.deps:
+                                    prod = tasks[d]
+                                    if prod.kind != "source":
+                                        checker.read(task, prod, prod.lane != lane, run.done[d])
+                            except StreamOrderError as e:
+                                run.claim(k)
+                                run.fail(k, e)
+                                break
+                        inputs = tuple(run.values[d] for d in task.deps)
+                        if not run.claim(k):
                             break
-                    inputs = tuple(run.values[d] for d in task.deps)
-                    if not run.claim(k):
-                        break
-                    with backend.task_context(task):
                         ok = run.run_task(k, lane=lane, inputs=inputs, before=backend.before_task())
                         if ok:
-                            backend.record(run.events[k], k)
+                            run.recorded(k, backend.record(task))
                     host_ready[k].set()
                     if not ok:
                         break
+        except BaseException as e:  # noqa: BLE001 - e.g. a CUDA error recording an event: the run fails with it
+            run.abort(e)
         finally:
             if run.error is not None:  # wake every lane waiting on this one
                 for ev in host_ready:

@@ -87,7 +87,7 @@ def mean(arrays: Sequence[ArrayLike], weights: Sequence[float] | None = None, *,
     target : {"cpu", "cuda"}
         Where the kernel runs.
     stream : optional
-        ``target="cuda"`` only: None (default stream), a CuPy stream or a numba stream.
+        ``target="cuda"`` only: None (CuPy's current stream), a CuPy stream or a numba stream.
 
     Returns
     -------

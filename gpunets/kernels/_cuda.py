@@ -2,7 +2,8 @@
 
 Imported lazily, on the first ``target="cuda"`` call.  On a real GPU the inputs are
 CuPy arrays (or any object with ``__cuda_array_interface__``), the output is a CuPy
-array and the kernel runs on the caller's stream.  Under numba's CUDA simulator
+array and the kernel runs on the caller's stream (``stream=None``: CuPy's current
+stream, where the inputs were made).  Under numba's CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``) the kernels take and return NumPy arrays, run on a
 grid of at most 2 blocks of 64 threads, and ``stream`` is ignored.
 """
@@ -165,11 +166,15 @@ def launch_config(n: int) -> tuple[int, int]:
 
 
 
+def _is_cupy_stream(stream: Any) -> bool:
+    return type(stream).__module__.startswith("cupy")
+
+
 def numba_stream(stream: Any) -> Any:
-    """A numba stream for ``stream``: None (default stream), a CuPy stream, or a numba stream."""
+    """A numba stream for ``stream``: None (numba's default stream), a CuPy stream, or a numba stream."""
     if stream is None:
         return cuda.default_stream()
-    if type(stream).__module__.startswith("cupy"):
+    if _is_cupy_stream(stream):
         ptr = int(stream.ptr)
         if ptr == 0:  # cupy.cuda.Stream.null: the legacy default stream
             return cuda.legacy_default_stream()
@@ -182,6 +187,28 @@ def numba_stream(stream: Any) -> Any:
     raise TypeError(msg)
 
 
+class _Handle:
+    """A raw stream pointer behind the CUDA stream protocol (for ``cupy.cuda.Stream.from_external``)."""
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.ptr)
+
+
+def _cupy_stream_for(cp: Any, nb: Any) -> Any:
+    """The CuPy stream of numba stream ``nb`` (to allocate and copy on the stream the kernel runs on)."""
+    ptr = int(nb)   # numba's Stream.__int__: its handle (0 for the default stream)
+    if ptr == 0:
+        return cp.cuda.Stream.null
+    if ptr == 2:
+        return cp.cuda.Stream.ptds
+    if hasattr(cp.cuda.Stream, "from_external"):   # CuPy >= 14 (ExternalStream is deprecated there)
+        return cp.cuda.Stream.from_external(_Handle(ptr))
+    return cp.cuda.ExternalStream(ptr)
+
+
 # ---- array handling ------------------------------------------------------------------------------------------
 
 def _cupy():
@@ -191,32 +218,56 @@ def _cupy():
 
 
 class _Launch:
-    """Prepares device views, allocates the output and launches, on the simulator or a GPU."""
+    """Prepares device views, allocates the output and launches, on the simulator or a GPU.
+
+    On a GPU everything runs on one stream: ``stream``, or CuPy's current stream when
+    ``stream`` is None.  The inputs were made on CuPy's current stream (which their
+    ``__cuda_array_interface__`` exports); ``as_cuda_array(..., sync=False)`` skips the
+    host-side synchronisation of that stream, so when the kernel runs on another stream,
+    that stream first waits (on the GPU) for an event recorded on CuPy's current stream.
+    Contiguous copies and the output are made on the kernel's stream, so that CuPy's
+    pool, which is ordered per stream, never hands their memory out while the kernel runs.
+    """
 
     def __init__(self, stream: Any) -> None:
-        self.stream = None if SIMULATOR else numba_stream(stream)
-        self.cupy_stream = stream if (stream is not None and type(stream).__module__.startswith("cupy")) else None
+        self.stream = None
+        self.cupy_stream = None
+        if SIMULATOR:
+            return
+        cp = _cupy()
+        current = cp.cuda.get_current_stream()
+        if stream is None:
+            stream = current
+        self.stream = numba_stream(stream)
+        self.cupy_stream = stream if _is_cupy_stream(stream) else _cupy_stream_for(cp, self.stream)
+        if int(self.cupy_stream.ptr) != int(current.ptr):
+            ev = cp.cuda.Event(disable_timing=True)
+            ev.record(current)
+            self.cupy_stream.wait_event(ev)
+
+    def _on_stream(self, make: Any) -> Any:
+        if self.cupy_stream is None:
+            return make()
+        with self.cupy_stream:
+            return make()
 
     def flat(self, arrays: tuple) -> tuple:
         if SIMULATOR:
             return tuple(np.ascontiguousarray(a).reshape(-1) for a in arrays)
         cp = _cupy()
-        return tuple(cp.ascontiguousarray(cp.asarray(a)).reshape(-1) for a in arrays)
+        return self._on_stream(lambda: tuple(cp.ascontiguousarray(cp.asarray(a)).reshape(-1) for a in arrays))
 
     def contiguous(self, arrays: tuple) -> tuple:
         if SIMULATOR:
             return tuple(np.ascontiguousarray(a) for a in arrays)
         cp = _cupy()
-        return tuple(cp.ascontiguousarray(cp.asarray(a)) for a in arrays)
+        return self._on_stream(lambda: tuple(cp.ascontiguousarray(cp.asarray(a)) for a in arrays))
 
     def empty(self, shape: tuple, dtype: Any) -> Any:
         if SIMULATOR:
             return np.empty(shape, dtype=dtype)
         cp = _cupy()
-        if self.cupy_stream is not None:
-            with self.cupy_stream:
-                return cp.empty(shape, dtype=dtype)
-        return cp.empty(shape, dtype=dtype)
+        return self._on_stream(lambda: cp.empty(shape, dtype=dtype))
 
     def run(self, name: str, n: int, arrays: tuple, *args) -> None:
         if n == 0:
@@ -226,6 +277,7 @@ class _Launch:
         if SIMULATOR:
             kernel[blocks, threads](arrays, *args)
             return
+        # sync=False: no host-side synchronisation of the exported stream (ordered on the GPU instead, above)
         dev = tuple(cuda.as_cuda_array(a, sync=False) for a in arrays)
         rest = tuple(cuda.as_cuda_array(x, sync=False) if hasattr(x, "__cuda_array_interface__") else x
                      for x in args)
@@ -283,9 +335,9 @@ def hstack(arrays: tuple, stream: Any = None) -> Any:
     mod = xp()
     cols = tuple(mod.reshape(a, (a.shape[0], 1)) if len(a.shape) == 1 else a for a in arrays)
     dtype = np.dtype(arrays[0].dtype)
-    if dtype.kind not in "biuf" or dtype == np.float16:
-        return mod.concatenate(cols, axis=1)
     launch = _Launch(stream)
+    if dtype.kind not in "biuf" or dtype == np.float16:
+        return launch._on_stream(lambda: mod.concatenate(cols, axis=1))
     mats = launch.contiguous(cols)
     widths = [int(m.shape[1]) for m in mats]
     offsets = tuple(int(x) for x in np.concatenate([[0], np.cumsum(widths)[:-1]]).astype(np.int64))

@@ -364,3 +364,24 @@ def test_gpu_rejects_numpy_inputs():
     _cupy_or_skip()
     with pytest.raises(TypeError, match="cupy.asarray"):
         K.mean([np.ones(3)], target="cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_kernels_wait_for_inputs_made_on_the_current_stream():
+    cp = _cupy_or_skip()
+    from numba import cuda
+
+    m = cp.random.default_rng(1).standard_normal((2048, 2048), dtype=cp.float32) / 45
+    cp.cuda.runtime.deviceSynchronize()
+    s1 = cp.cuda.Stream(non_blocking=True)
+    for stream in (cp.cuda.Stream(non_blocking=True), None, cuda.stream()):
+        with s1:   # the inputs are still being computed on s1 (CuPy's current stream) when the kernel is issued
+            x = m
+            for _ in range(8):
+                x = cp.tanh(x @ m)
+            arrays = [x[:, k] for k in range(4)]   # columns: not contiguous, copied on the kernel's stream
+            got = K.mean(arrays, target="cuda", stream=stream)
+            cp.cuda.runtime.deviceSynchronize()
+            assert isinstance(got, cp.ndarray) and got.dtype == np.float32
+            want = cp.asnumpy(x[:, :4]).mean(axis=1)
+        np.testing.assert_allclose(cp.asnumpy(got), want, rtol=1e-5, atol=1e-6)
