@@ -47,6 +47,18 @@ def _require_gpu():
     return cupy
 
 
+# A subprocess that believes it has one GPU and no cuML: the array-API route, on array_api_strict.
+_FAKE_GPU_PREAMBLE = """
+        import sys, numpy as np, array_api_strict as xp, sklearn
+        import gpunets.devices as gd, gpunets.models as gm
+        from sklearn.linear_model import Ridge
+        sys.modules["cuml"] = None
+        gd.gpu_available = lambda: True
+        gd.gpu_count = lambda: 1
+        rng = np.random.default_rng(0)
+"""
+
+
 def _run(code: str) -> str:
     env = dict(os.environ, SCIPY_ARRAY_API="1", PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
@@ -374,15 +386,8 @@ def test_fit_context_is_a_no_op_off_the_array_api_route():
 
 def test_array_api_route_on_array_api_strict():
     """Ridge(svd) and StandardScaler dispatched on array_api_strict equal their NumPy fits."""
-    out = _run("""
-        import sys, numpy as np, array_api_strict as xp, sklearn
-        import gpunets.devices as gd, gpunets.models as gm
-        from sklearn.linear_model import Ridge
+    out = _run(_FAKE_GPU_PREAMBLE + """
         from sklearn.preprocessing import StandardScaler
-        sys.modules["cuml"] = None
-        gd.gpu_available = lambda: True
-        gd.gpu_count = lambda: 1
-        rng = np.random.default_rng(0)
         X = rng.normal(size=(60, 4)); y = X @ np.array([1.0, -2.0, 3.0, 0.5]) + 0.3
         for model in (Ridge(solver="svd", alpha=0.5), StandardScaler()):
             r = gm.resolve_estimator(model, "cuda:0", what="machine m", fallback="raise")
@@ -557,15 +562,8 @@ def test_apply_estimator_on_the_gpu_routes_makes_the_inputs_gpu_current(monkeypa
 
 def test_apply_estimator_on_the_array_api_route():
     """A machine fitted on the array-API route predicts through apply_estimator (its path is a string)."""
-    out = _run("""
-        import sys, numpy as np, array_api_strict as xp, sklearn
-        import gpunets.devices as gd, gpunets.models as gm
+    out = _run(_FAKE_GPU_PREAMBLE + """
         from gpunets.estimators import apply_estimator, fit_estimator
-        from sklearn.linear_model import Ridge
-        sys.modules["cuml"] = None
-        gd.gpu_available = lambda: True
-        gd.gpu_count = lambda: 1
-        rng = np.random.default_rng(0)
         X = rng.normal(size=(30, 3)); y = X @ np.array([1.0, -2.0, 0.5])
         r = gm.resolve_estimator(Ridge(solver="svd"), "cuda:0", what="machine m", fallback="raise")
         est, info = fit_estimator(r.estimator, (xp.asarray(X), xp.asarray(y)), r)
