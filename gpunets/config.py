@@ -57,13 +57,9 @@ def _validate(changes: dict[str, Any]) -> dict[str, Any]:
         msg = f"workers={workers!r} must be a positive integer or None (the number of cores)."
         raise ValueError(msg)
     if "executor" in changes:
-        ex = changes["executor"]
-        from .executors import EXECUTOR_NAMES
+        from .executors import check_executor_spec
 
-        if not ((isinstance(ex, str) and ex in EXECUTOR_NAMES) or (hasattr(ex, "run") and hasattr(ex, "name"))):
-            msg = (f"executor={ex!r} is not an executor. Use one of {list(EXECUTOR_NAMES)} or an executor "
-                   "object such as gn.ThreadsExecutor(workers=2).")
-            raise ValueError(msg)
+        check_executor_spec(changes["executor"])
     if "progress" in changes and not isinstance(changes["progress"], bool):
         msg = f"progress={changes['progress']!r} must be True or False."
         raise TypeError(msg)

@@ -14,10 +14,23 @@ from .serial import SerialExecutor
 from .streams import StreamsExecutor
 from .threads import ThreadsExecutor
 
-__all__ = ["Executor", "SerialExecutor", "ThreadsExecutor", "StreamsExecutor", "get_executor", "choose_auto",
+__all__ = ["Executor", "SerialExecutor", "ThreadsExecutor", "StreamsExecutor", "get_executor", "check_executor_spec", "choose_auto",
            "EXECUTOR_NAMES"]
 
 EXECUTOR_NAMES = ("auto", "serial", "threads", "streams", "dask")
+
+
+def _is_executor_object(spec: Any) -> bool:
+    return isinstance(spec, Executor) or (hasattr(spec, "run") and hasattr(spec, "name"))
+
+
+def check_executor_spec(spec: Any) -> Any:
+    """Return ``spec`` if it names an executor or is one; else raise a ``ValueError`` listing the choices."""
+    if _is_executor_object(spec) or (isinstance(spec, str) and spec in EXECUTOR_NAMES):
+        return spec
+    msg = (f"executor={spec!r} is not an executor. Use one of {list(EXECUTOR_NAMES)} "
+           "or an executor object such as gn.ThreadsExecutor(workers=2).")
+    raise ValueError(msg)
 
 
 def get_executor(spec: Any = None, workers: int | None = None, plan: Any = None) -> Executor:
@@ -28,12 +41,8 @@ def get_executor(spec: Any = None, workers: int | None = None, plan: Any = None)
         spec = get_config()["executor"]
     if workers is None:
         workers = get_config()["workers"]
-    if isinstance(spec, Executor) or (hasattr(spec, "run") and hasattr(spec, "name")):
+    if _is_executor_object(check_executor_spec(spec)):
         return spec
-    if not isinstance(spec, str) or spec not in EXECUTOR_NAMES:
-        msg = (f"executor={spec!r} is not an executor. Use one of {list(EXECUTOR_NAMES)} "
-               "or an executor object such as gn.ThreadsExecutor(workers=2).")
-        raise ValueError(msg)
     if spec == "auto":
         spec = choose_auto(plan) if plan is not None else "serial"
     if spec == "serial":
