@@ -43,7 +43,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from .devices import CPU, Device, device_exists, local_ordinal, physical_index, why_unavailable
+from .devices import CPU, Device, device_exists, local_ordinal, physical_index, same_device, why_unavailable
 from .exceptions import DeviceUnavailableError
 
 __all__ = [
@@ -304,20 +304,12 @@ def to_device(value: Any, device: DeviceLike, *, stream: Any = None, frames: str
     if value is None or _is_scalar(value):
         return value
     here = device_of(value)
-    if _same_device(here, dev) and not (dev.is_cuda and frames == "array" and is_cudf(value)):
+    if same_device(here, dev) and not (dev.is_cuda and frames == "array" and is_cudf(value)):
         return value
     _require(dev, f"a {_describe(value)}")
     if dev.is_cpu:
         return _to_host(value, stream)
     return _to_gpu(value, dev, stream, frames)
-
-
-def _same_device(a: Device, b: Device) -> bool:
-    """Same device in this process: equal, or two names of one GPU (``cuda:0`` in a process pinned with
-    ``CUDA_VISIBLE_DEVICES=1`` is the GPU that :func:`device_of` reports as ``cuda:1``)."""
-    if a == b:
-        return True
-    return a.is_cuda and b.is_cuda and local_ordinal(a.index) == local_ordinal(b.index)
 
 
 def _to_host(value: Any, stream: Any) -> Any:

@@ -49,6 +49,7 @@ __all__ = [
     "check_available",
     "local_ordinal",
     "physical_index",
+    "same_device",
 ]
 
 _VALID_FORMS = "'cpu', 'cuda', 'cuda:N' (N >= 0), or 'auto'"
@@ -450,6 +451,20 @@ def physical_index(ordinal: int) -> int:
     if 0 <= ordinal < len(ids) and ids[ordinal].isdigit():
         return int(ids[ordinal])
     return ordinal
+
+
+def same_device(a: Device, b: Device) -> bool:
+    """Whether ``a`` and ``b`` are the same device in this process: equal, or two names of one GPU.
+
+    ``cuda:0`` in a process pinned with ``CUDA_VISIBLE_DEVICES=1`` is process
+    ordinal 0, the GPU that ``device_of`` reports by its physical index, ``cuda:1``.
+
+    >>> same_device(Device("cuda", 0), Device("cuda", 1)), same_device(CPU, Device("cpu"))
+    (False, True)
+    """
+    if a == b:
+        return True
+    return a.is_cuda and b.is_cuda and local_ordinal(a.index) == local_ordinal(b.index)
 
 
 def _visible_ids() -> list[str]:

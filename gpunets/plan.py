@@ -30,7 +30,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .data import check_placeable, device_of, installed
-from .devices import CPU, Device, check_available, resolve
+from .devices import CPU, Device, check_available, resolve, same_device
 from .exceptions import NetworkError, NotFittedError
 from .graph import machine_parents, machine_sources, op_nodes, upstream_machines
 from .nodes import AbstractNode, Node, Source, is_node
@@ -161,7 +161,7 @@ class _Builder:
     def moved(self, key: int, dev: Any, frames: str = "auto") -> int:
         """The key of task ``key``'s value on ``dev``: a move task, made once per (value, device)."""
         have = self.dev[key]
-        if have is dev or have == dev:
+        if have is dev or same_device(have, dev):
             return key
         if frames == "auto":
             frames = "cudf" if installed("cudf") else "array"

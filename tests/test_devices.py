@@ -283,7 +283,6 @@ def test_device_exists_for_a_listed_physical_gpu(monkeypatch, two_gpus):
 
 def test_auto_device_is_the_first_visible_gpu_by_physical_index(monkeypatch):
     import gpunets.devices as devices
-    from gpunets.data import _same_device
 
     monkeypatch.setattr(devices, "gpu_available", lambda: True)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -291,6 +290,6 @@ def test_auto_device_is_the_first_visible_gpu_by_physical_index(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")     # a dask-cuda worker for GPU 2, or a pinned process
     assert devices._auto_device() == devices.Device("cuda", 2)
     # cuda:0 there is process ordinal 0, the same GPU that device_of reports as cuda:2: no copy between them
-    assert _same_device(devices.Device("cuda", 0), devices.Device("cuda", 2))
-    assert not _same_device(devices.Device("cuda", 3), devices.Device("cuda", 2))
-    assert not _same_device(devices.CPU, devices.Device("cuda", 2))
+    assert devices.same_device(devices.Device("cuda", 0), devices.Device("cuda", 2))
+    assert not devices.same_device(devices.Device("cuda", 3), devices.Device("cuda", 2))
+    assert not devices.same_device(devices.CPU, devices.Device("cuda", 2))
