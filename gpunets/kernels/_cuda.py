@@ -149,6 +149,42 @@ _KERNELS = {"mean": _k_mean, "wmean": _k_wmean, "sum": _k_sum, "min": _k_min, "m
             "var": _k_var, "vote": _k_vote, "hstack": _k_hstack}
 
 
+# ---- what the entry points launch (for the PTX check: ``python -m gpunets.kernels --ptx``) -------------------
+
+#: Every dtype the numeric kernels accept (``_validate.check_numeric``) and ``hstack`` runs in its kernel.
+NUMERIC_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                  "float32", "float64")
+#: The dtypes each kernel is launched with: ``vote`` votes integer labels, and integer codes of any other labels.
+KERNEL_DTYPES = {name: NUMERIC_DTYPES for name in _KERNELS}
+KERNEL_DTYPES["vote"] = tuple(d for d in NUMERIC_DTYPES if np.dtype(d).kind in "iu")
+
+
+def launch_types(name: str, dtype: Any, k: int) -> tuple:
+    """The numba types of kernel ``name``'s arguments when the entry points below launch it on K arrays of ``dtype``.
+
+    Built with ``numba.typeof`` from small host arguments made as the entry points make them (a device array
+    has the numba type of the host array of its dtype, shape and layout).
+    """
+    dtype = np.dtype(dtype)
+    ndim = 2 if name == "hstack" else 1
+    arrays = tuple(np.zeros((1,) * ndim, dtype) for _ in range(k))
+    if name == "mean":
+        args = (float(k), np.zeros(1, V.mean_dtype(dtype)))
+    elif name == "wmean":
+        args = (tuple(1.0 for _ in range(k)), float(k), np.zeros(1, V.mean_dtype(dtype)))
+    elif name == "sum":
+        args = (V.sum_zero(dtype), np.zeros(1, V.sum_dtype(dtype)))
+    elif name in ("min", "max", "vote"):
+        args = (np.zeros(1, dtype),)
+    elif name == "var":
+        args = (0.0, np.zeros(1, V.mean_dtype(dtype)))
+    elif name == "hstack":
+        args = (tuple(int(j) for j in range(k)), np.zeros((1, k), dtype))
+    else:
+        raise KeyError(name)
+    return tuple(numba.typeof(x) for x in (arrays, *args))
+
+
 # ---- launch configuration and streams -----------------------------------------------------------------------
 
 _SMS: list[int] = []
