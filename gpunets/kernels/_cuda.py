@@ -53,7 +53,7 @@ def _k_mean(arrays, div, out):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         acc = 0.0
         for k in range(K):
-            acc += float(arrays[k][i])
+            acc += np.float64(arrays[k][i])
         out[i] = acc / div
 
 
@@ -63,7 +63,7 @@ def _k_wmean(arrays, w, div, out):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         acc = 0.0
         for k in range(K):
-            acc += w[k] * float(arrays[k][i])
+            acc += w[k] * np.float64(arrays[k][i])
         out[i] = acc / div
 
 
@@ -107,11 +107,11 @@ def _k_var(arrays, ddof, out):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         s = 0.0
         for k in range(K):
-            s += float(arrays[k][i])
+            s += np.float64(arrays[k][i])
         m = s / K
         ss = 0.0
         for k in range(K):
-            d = float(arrays[k][i]) - m
+            d = np.float64(arrays[k][i]) - m
             ss += d * d
         out[i] = ss / (K - ddof)
 

@@ -12,12 +12,14 @@ import pytest
 from gpunets import kernels as K
 
 RNG = np.random.default_rng(12345)
-DTYPES = [np.float64, np.float32, np.int64]
+DTYPES = [np.float64, np.float32, np.int64, np.bool_]
 SHAPES = [(257,), (40, 3)]
 KS = [1, 2, 5]
 
 
 def make(k, shape, dtype, rng=RNG):
+    if np.dtype(dtype) == np.bool_:
+        return [rng.integers(0, 2, size=shape).astype(bool) for _ in range(k)]
     if np.dtype(dtype).kind == "f":
         return [rng.normal(size=shape).astype(dtype) for _ in range(k)]
     return [rng.integers(-50, 50, size=shape).astype(dtype) for _ in range(k)]
@@ -285,7 +287,7 @@ needs_sim = pytest.mark.skipif(not _cudasim(), reason="needs NUMBA_ENABLE_CUDASI
 
 @needs_sim
 @pytest.mark.parametrize("name", ["mean", "sum", "min", "max", "var"])
-@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int64])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int64, np.uint8, np.bool_])
 @pytest.mark.parametrize("k", [1, 3])
 def test_cuda_sim_matches_cpu_and_numpy(name, dtype, k):
     arrays = make(k, (150,) if k == 1 else (50, 3), dtype)
@@ -295,6 +297,23 @@ def test_cuda_sim_matches_cpu_and_numpy(name, dtype, k):
     assert isinstance(got, np.ndarray) and got.dtype == cpu.dtype and got.shape == cpu.shape
     np.testing.assert_allclose(got, cpu, **tol(dtype))
     np.testing.assert_allclose(got, numpy_ref(name, arrays), **tol(dtype))
+
+
+@needs_sim
+@pytest.mark.parametrize("dtype", [np.bool_, np.int16, np.uint64, np.float32])
+def test_cuda_sim_weighted_mean_sum_and_var_equal_cpu_and_numpy(dtype):
+    # bool failed to compile for a GPU (float() of a bool); the PTX check covers typing, this the values
+    arrays = make(4, (90,), dtype)
+    w = [0.5, 2.0, 0.25, 1.0]
+    s = np.stack(arrays).astype(np.float64)
+    for got, cpu, want in [
+            (K.mean(arrays, w, target="cuda"), K.mean(arrays, w), np.average(s, axis=0, weights=w)),
+            (K.weighted_sum(arrays, w, target="cuda"), K.weighted_sum(arrays, w), np.tensordot(w, s, axes=1)),
+            (K.mean(arrays, target="cuda"), K.mean(arrays), np.mean(s, axis=0)),
+            (K.var(arrays, ddof=1, target="cuda"), K.var(arrays, ddof=1), np.var(s, axis=0, ddof=1))]:
+        assert got.dtype == cpu.dtype == (np.float32 if dtype == np.float32 else np.float64)
+        np.testing.assert_array_equal(got, cpu)
+        np.testing.assert_allclose(got, want, **tol(dtype))
 
 
 @needs_sim
