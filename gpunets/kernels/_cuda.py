@@ -18,6 +18,7 @@ import numba
 import numpy as np
 from numba import cuda
 
+from . import _labels
 from . import _validate as V
 
 SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
@@ -360,6 +361,26 @@ def var(arrays: tuple, ddof: int, stream: Any = None) -> Any:
 
 def vote_int(arrays: tuple, stream: Any = None) -> Any:
     return _elementwise("vote", arrays, np.dtype(arrays[0].dtype), stream)
+
+
+def vote(arrays: tuple, stream: Any = None) -> Any:
+    """Majority labels; labels that are not integers are encoded, voted and decoded, all on the kernel's stream.
+
+    The encoding (``unique``), the kernel and the decoding (a gather) run inside ``with stream:``,
+    after one GPU-side wait on CuPy's current stream (where the inputs were made): nothing of the
+    vote is left on the current stream to race with the kernel.
+    """
+    if _labels.is_int_labels(arrays[0].dtype):
+        return vote_int(arrays, stream)
+    shape = tuple(arrays[0].shape)
+    launch = _Launch(stream)   # the kernel's stream now waits for the current one
+
+    def work() -> Any:
+        mod = xp()
+        codes, uniq = _labels.encode(arrays, mod)
+        return uniq[vote_int(codes, launch.cupy_stream)].reshape(shape)
+
+    return launch._on_stream(work)
 
 
 def xp() -> Any:

@@ -335,6 +335,34 @@ def test_cuda_sim_weights_vote_hstack_and_stream_ignored():
 
 
 @needs_sim
+@pytest.mark.parametrize("dtype", ["bool", "uint16", "int64", "float32"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_ptx_check_signatures_are_what_the_entry_points_launch(monkeypatch, dtype, k):
+    import numba
+
+    from gpunets.kernels import _cuda
+
+    launched = []
+    def run(self, name, n, arrays, *args):
+        launched.append((name, tuple(numba.typeof(x) for x in (arrays, *args))))
+        args[-1][...] = 0   # the output: valid codes for vote's decoding
+
+    monkeypatch.setattr(_cuda._Launch, "run", run)
+    arrays = make(k, (7,), dtype)
+    for call in (lambda: K.mean(arrays, target="cuda"), lambda: K.mean(arrays, [1.0] * k, target="cuda"),
+                 lambda: K.sum(arrays, target="cuda"), lambda: K.min(arrays, target="cuda"),
+                 lambda: K.max(arrays, target="cuda"), lambda: K.var(arrays, target="cuda"),
+                 lambda: K.vote(arrays, target="cuda"), lambda: K.hstack(arrays, target="cuda")):
+        call()
+    names = [name for name, _ in launched]
+    assert names == ["mean", "wmean", "sum", "min", "max", "var", "vote", "hstack"]
+    for name, types in launched:
+        want_dtype = np.dtype(dtype) if name != "vote" or np.dtype(dtype).kind in "iu" else np.dtype(np.int64)
+        assert str(want_dtype) in _cuda.KERNEL_DTYPES[name]
+        assert types == _cuda.launch_types(name, want_dtype, k), name
+
+
+@needs_sim
 def test_cuda_sim_grid_is_small():
     from gpunets.kernels import _cuda
 
