@@ -137,13 +137,18 @@ def _k_vote(arrays, out):
 
 @cuda.jit
 def _k_hstack(arrays, offsets, out):
+    # One thread per output element, in the output's (C) memory order: the threads of a warp store
+    # consecutive addresses (coalesced), and read consecutive elements of each input's rows.
     K = len(arrays)
-    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+    width = out.shape[1]
+    for t in range(cuda.grid(1), out.shape[0] * width, cuda.gridsize(1)):
+        i = t // width
+        c = t - i * width
         for k in range(K):
             a = arrays[k]
-            off = offsets[k]
-            for j in range(a.shape[1]):
-                out[i, off + j] = a[i, j]
+            j = c - offsets[k]
+            if j >= 0 and j < a.shape[1]:
+                out[i, c] = a[i, j]
 
 
 _KERNELS = {"mean": _k_mean, "wmean": _k_wmean, "sum": _k_sum, "min": _k_min, "max": _k_max,
@@ -188,18 +193,32 @@ def launch_types(name: str, dtype: Any, k: int) -> tuple:
 
 # ---- launch configuration and streams -----------------------------------------------------------------------
 
-_SMS: list[int] = []
+#: Threads per block on a GPU.
+THREADS = 256
+#: At most this many blocks per SM: a grid-stride loop then still fills every SM (2048 resident threads
+#: = 8 blocks of 256 on an H100/H200), with blocks to spare for the tail; fewer than 8 capped occupancy.
+BLOCKS_PER_SM = 32
+#: SM count per CUDA device id, read once per device.
+_SMS: dict[int, int] = {}
+
+
+def sm_count() -> int:
+    """The SM count of CuPy's current device (where the arrays and the stream are), cached per device."""
+    rt = _cupy().cuda.runtime
+    dev = int(rt.getDevice())
+    n = _SMS.get(dev)
+    if n is None:
+        n = _SMS[dev] = int(rt.deviceGetAttribute(rt.cudaDevAttrMultiProcessorCount, dev))
+    return n
 
 
 def launch_config(n: int) -> tuple[int, int]:
-    """(blocks, threads): at most 2 x 64 on the simulator; on a GPU 256 threads x up to 4 blocks per SM."""
+    """(blocks, threads) for n work items: at most 2 x 64 on the simulator; on a GPU 256 threads per block,
+    one item per thread up to ``BLOCKS_PER_SM`` blocks per SM of the current device (then grid-stride)."""
     if SIMULATOR:
         threads = 64
         return builtins.min(2, builtins.max(1, math.ceil(n / threads))), threads
-    if not _SMS:
-        _SMS.append(cuda.get_current_device().MULTIPROCESSOR_COUNT)
-    threads = 256
-    return builtins.min(4 * _SMS[0], builtins.max(1, math.ceil(n / threads))), threads
+    return builtins.min(BLOCKS_PER_SM * sm_count(), builtins.max(1, math.ceil(n / THREADS))), THREADS
 
 
 
@@ -400,6 +419,6 @@ def hstack(arrays: tuple, stream: Any = None) -> Any:
     offsets = tuple(int(x) for x in np.concatenate([[0], np.cumsum(widths)[:-1]]).astype(np.int64))
     n = int(mats[0].shape[0])
     out = launch.empty((n, int(np.sum(widths))), dtype)
-    if n and out.size:
-        launch.run("hstack", n, mats, offsets, out)
+    if out.size:
+        launch.run("hstack", int(out.size), mats, offsets, out)   # one thread per output element
     return out

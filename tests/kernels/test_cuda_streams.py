@@ -139,3 +139,62 @@ def test_vote_on_the_current_stream_needs_no_wait(fake_gpu):
     np.testing.assert_array_equal(np.asarray(out), [0.5, 1.5])
     assert not [e for e in rec.log if e[0] in ("record", "wait")]
     assert {e[-1] for e in rec.log} == {"current"}
+
+
+# ---- launch configuration and hstack's store pattern -----------------------------------------------------------
+
+def test_launch_config_fills_every_sm_and_reads_the_sm_count_once_per_device(fake_gpu, monkeypatch):
+    from gpunets.kernels import _cuda
+
+    sms = {0: 132, 1: 20}
+    asked: list[int] = []
+    current = [0]
+
+    def attribute(attr, dev):
+        assert attr == "MultiProcessorCount"
+        asked.append(dev)
+        return sms[dev]
+
+    fake_gpu.cupy.cuda.runtime = types.SimpleNamespace(getDevice=lambda: current[0], deviceGetAttribute=attribute,
+                                                       cudaDevAttrMultiProcessorCount="MultiProcessorCount")
+    monkeypatch.setattr(_cuda, "_SMS", {})
+    assert _cuda.launch_config(10**9) == (132 * 32, 256)   # 32 blocks of 256 per SM: occupancy is not capped
+    assert _cuda.launch_config(1000) == (4, 256) and _cuda.launch_config(0) == (1, 256)
+    current[0] = 1
+    assert _cuda.launch_config(10**9) == (20 * 32, 256)    # the second GPU's own SM count
+    current[0] = 0
+    assert _cuda.launch_config(10**8) == (132 * 32, 256)
+    assert asked == [0, 1]
+
+
+class _Stores:
+    """An output that records the flat address of every store, per simulated thread."""
+
+    def __init__(self, shape, log):
+        self.shape, self.log = shape, log
+
+    def __setitem__(self, idx, value):
+        i, c = idx
+        self.log.append(i * self.shape[1] + c)
+
+
+@pytest.mark.parametrize("widths", [(1, 1, 1), (1, 3, 2), (4,)])
+def test_hstack_kernel_stores_are_coalesced(monkeypatch, widths):
+    # Run the CUDA kernel's Python function for each thread of one warp: thread t's first store must go
+    # to flat address t of the output (consecutive threads, consecutive addresses)
+    from gpunets.kernels import _cuda
+
+    kernel = getattr(_cuda._k_hstack, "py_func", None) or _cuda._k_hstack.fn
+    rows = 50
+    arrays = tuple(np.ones((rows, w)) for w in widths)
+    offsets = tuple(int(x) for x in np.concatenate([[0], np.cumsum(widths)[:-1]]))
+    warp, grid = 32, 32 * 4
+    first = []
+    for t in range(warp):
+        fake_cuda = types.SimpleNamespace(grid=lambda dim, t=t: t, gridsize=lambda dim: grid)
+        monkeypatch.setattr(_cuda, "cuda", fake_cuda)
+        log: list[int] = []
+        kernel(arrays, offsets, _Stores((rows, sum(widths)), log))
+        first.append(log[0])
+        assert log == sorted(log) and all(b - a == grid for a, b in zip(log, log[1:]))   # grid-stride
+    assert first == list(range(warp))

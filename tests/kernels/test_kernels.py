@@ -363,6 +363,18 @@ def test_ptx_check_signatures_are_what_the_entry_points_launch(monkeypatch, dtyp
 
 
 @needs_sim
+@pytest.mark.parametrize("dtype", [np.bool_, np.int8, np.uint32, np.float32, np.float64])
+def test_cuda_sim_hstack_mixed_widths_equals_cpu_and_numpy(dtype):
+    # more output elements (130 x 13) than the simulator's 128 threads: the grid-stride loop is exercised
+    cols = [make(1, shape, dtype)[0] for shape in [(130,), (130, 3), (130, 1), (130,), (130, 5), (130, 2)]]
+    cols += [make(1, (130,), dtype)[0]]
+    got = K.hstack(cols, target="cuda")
+    np.testing.assert_array_equal(got, np.column_stack(cols))
+    np.testing.assert_array_equal(got, K.hstack(cols))
+    assert got.dtype == np.dtype(dtype)
+
+
+@needs_sim
 def test_cuda_sim_grid_is_small():
     from gpunets.kernels import _cuda
 
