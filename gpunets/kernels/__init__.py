@@ -36,7 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import _cpu, _labels
+from . import _cpu
 from . import _validate as V
 from ._cpu import output_pool
 
@@ -227,13 +227,7 @@ def vote(arrays: Sequence[ArrayLike], *, target: str = "cpu", stream: Any = None
         widest = np.result_type(*[a.dtype for a in arrs])
         arrs = tuple(a.astype(widest, copy=False) for a in arrs)
     V.check_arrays(arrs, "vote", be.accept, be.accepted, be.hint)
-    dtype = np.dtype(arrs[0].dtype)
-    if _labels.is_int_labels(dtype):
-        return be.vote_int(arrs, stream)
-    xp = np if be is _cpu else be.xp()
-    shape = tuple(arrs[0].shape)
-    codes, uniq = _labels.encode(arrs, xp)
-    return uniq[be.vote_int(codes, stream)].reshape(shape)
+    return be.vote(arrs, stream)
 
 
 def hstack(arrays: Sequence[ArrayLike], *, target: str = "cpu", stream: Any = None) -> ArrayLike:

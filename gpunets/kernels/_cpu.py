@@ -22,6 +22,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from . import _labels
 from . import _validate as V
 
 #: Calls with at least this many output elements use the ``parallel=True`` kernels.  Set high:
@@ -278,6 +279,14 @@ def var(arrays: tuple, ddof: int, stream: Any = None) -> np.ndarray:
 
 def vote_int(arrays: tuple, stream: Any = None) -> np.ndarray:
     return _elementwise("vote", arrays, np.dtype(arrays[0].dtype))
+
+
+def vote(arrays: tuple, stream: Any = None) -> np.ndarray:
+    """Majority labels; labels that are not integers are voted as their codes and decoded."""
+    if _labels.is_int_labels(arrays[0].dtype):
+        return vote_int(arrays)
+    codes, uniq = _labels.encode(arrays, np)
+    return uniq[vote_int(codes)].reshape(tuple(arrays[0].shape))
 
 
 def hstack(arrays: tuple, stream: Any = None) -> np.ndarray:

@@ -18,6 +18,7 @@ import numba
 import numpy as np
 from numba import cuda
 
+from . import _labels
 from . import _validate as V
 
 SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
@@ -53,7 +54,7 @@ def _k_mean(arrays, div, out):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         acc = 0.0
         for k in range(K):
-            acc += float(arrays[k][i])
+            acc += np.float64(arrays[k][i])
         out[i] = acc / div
 
 
@@ -63,7 +64,7 @@ def _k_wmean(arrays, w, div, out):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         acc = 0.0
         for k in range(K):
-            acc += w[k] * float(arrays[k][i])
+            acc += w[k] * np.float64(arrays[k][i])
         out[i] = acc / div
 
 
@@ -107,11 +108,11 @@ def _k_var(arrays, ddof, out):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         s = 0.0
         for k in range(K):
-            s += float(arrays[k][i])
+            s += np.float64(arrays[k][i])
         m = s / K
         ss = 0.0
         for k in range(K):
-            d = float(arrays[k][i]) - m
+            d = np.float64(arrays[k][i]) - m
             ss += d * d
         out[i] = ss / (K - ddof)
 
@@ -136,33 +137,88 @@ def _k_vote(arrays, out):
 
 @cuda.jit
 def _k_hstack(arrays, offsets, out):
+    # One thread per output element, in the output's (C) memory order: the threads of a warp store
+    # consecutive addresses (coalesced), and read consecutive elements of each input's rows.
     K = len(arrays)
-    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+    width = out.shape[1]
+    for t in range(cuda.grid(1), out.shape[0] * width, cuda.gridsize(1)):
+        i = t // width
+        c = t - i * width
         for k in range(K):
             a = arrays[k]
-            off = offsets[k]
-            for j in range(a.shape[1]):
-                out[i, off + j] = a[i, j]
+            j = c - offsets[k]
+            if j >= 0 and j < a.shape[1]:
+                out[i, c] = a[i, j]
 
 
 _KERNELS = {"mean": _k_mean, "wmean": _k_wmean, "sum": _k_sum, "min": _k_min, "max": _k_max,
             "var": _k_var, "vote": _k_vote, "hstack": _k_hstack}
 
 
+# ---- what the entry points launch (for the PTX check: ``python -m gpunets.kernels --ptx``) -------------------
+
+#: Every dtype the numeric kernels accept (``_validate.check_numeric``) and ``hstack`` runs in its kernel.
+NUMERIC_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                  "float32", "float64")
+#: The dtypes each kernel is launched with: ``vote`` votes integer labels, and integer codes of any other labels.
+KERNEL_DTYPES = {name: NUMERIC_DTYPES for name in _KERNELS}
+KERNEL_DTYPES["vote"] = tuple(d for d in NUMERIC_DTYPES if np.dtype(d).kind in "iu")
+
+
+def launch_types(name: str, dtype: Any, k: int) -> tuple:
+    """The numba types of kernel ``name``'s arguments when the entry points below launch it on K arrays of ``dtype``.
+
+    Built with ``numba.typeof`` from small host arguments made as the entry points make them (a device array
+    has the numba type of the host array of its dtype, shape and layout).
+    """
+    dtype = np.dtype(dtype)
+    ndim = 2 if name == "hstack" else 1
+    arrays = tuple(np.zeros((1,) * ndim, dtype) for _ in range(k))
+    if name == "mean":
+        args = (float(k), np.zeros(1, V.mean_dtype(dtype)))
+    elif name == "wmean":
+        args = (tuple(1.0 for _ in range(k)), float(k), np.zeros(1, V.mean_dtype(dtype)))
+    elif name == "sum":
+        args = (V.sum_zero(dtype), np.zeros(1, V.sum_dtype(dtype)))
+    elif name in ("min", "max", "vote"):
+        args = (np.zeros(1, dtype),)
+    elif name == "var":
+        args = (0.0, np.zeros(1, V.mean_dtype(dtype)))
+    elif name == "hstack":
+        args = (tuple(int(j) for j in range(k)), np.zeros((1, k), dtype))
+    else:
+        raise KeyError(name)
+    return tuple(numba.typeof(x) for x in (arrays, *args))
+
+
 # ---- launch configuration and streams -----------------------------------------------------------------------
 
-_SMS: list[int] = []
+#: Threads per block on a GPU.
+THREADS = 256
+#: At most this many blocks per SM: a grid-stride loop then still fills every SM (2048 resident threads
+#: = 8 blocks of 256 on an H100/H200), with blocks to spare for the tail; fewer than 8 capped occupancy.
+BLOCKS_PER_SM = 32
+#: SM count per CUDA device id, read once per device.
+_SMS: dict[int, int] = {}
+
+
+def sm_count() -> int:
+    """The SM count of CuPy's current device (where the arrays and the stream are), cached per device."""
+    rt = _cupy().cuda.runtime
+    dev = int(rt.getDevice())
+    n = _SMS.get(dev)
+    if n is None:
+        n = _SMS[dev] = int(rt.deviceGetAttribute(rt.cudaDevAttrMultiProcessorCount, dev))
+    return n
 
 
 def launch_config(n: int) -> tuple[int, int]:
-    """(blocks, threads): at most 2 x 64 on the simulator; on a GPU 256 threads x up to 4 blocks per SM."""
+    """(blocks, threads) for n work items: at most 2 x 64 on the simulator; on a GPU 256 threads per block,
+    one item per thread up to ``BLOCKS_PER_SM`` blocks per SM of the current device (then grid-stride)."""
     if SIMULATOR:
         threads = 64
         return builtins.min(2, builtins.max(1, math.ceil(n / threads))), threads
-    if not _SMS:
-        _SMS.append(cuda.get_current_device().MULTIPROCESSOR_COUNT)
-    threads = 256
-    return builtins.min(4 * _SMS[0], builtins.max(1, math.ceil(n / threads))), threads
+    return builtins.min(BLOCKS_PER_SM * sm_count(), builtins.max(1, math.ceil(n / THREADS))), THREADS
 
 
 
@@ -326,6 +382,26 @@ def vote_int(arrays: tuple, stream: Any = None) -> Any:
     return _elementwise("vote", arrays, np.dtype(arrays[0].dtype), stream)
 
 
+def vote(arrays: tuple, stream: Any = None) -> Any:
+    """Majority labels; labels that are not integers are encoded, voted and decoded, all on the kernel's stream.
+
+    The encoding (``unique``), the kernel and the decoding (a gather) run inside ``with stream:``,
+    after one GPU-side wait on CuPy's current stream (where the inputs were made): nothing of the
+    vote is left on the current stream to race with the kernel.
+    """
+    if _labels.is_int_labels(arrays[0].dtype):
+        return vote_int(arrays, stream)
+    shape = tuple(arrays[0].shape)
+    launch = _Launch(stream)   # the kernel's stream now waits for the current one
+
+    def work() -> Any:
+        mod = xp()
+        codes, uniq = _labels.encode(arrays, mod)
+        return uniq[vote_int(codes, launch.cupy_stream)].reshape(shape)
+
+    return launch._on_stream(work)
+
+
 def xp() -> Any:
     """The array module of this target's arrays (NumPy on the simulator, CuPy on a GPU)."""
     return np if SIMULATOR else _cupy()
@@ -343,6 +419,6 @@ def hstack(arrays: tuple, stream: Any = None) -> Any:
     offsets = tuple(int(x) for x in np.concatenate([[0], np.cumsum(widths)[:-1]]).astype(np.int64))
     n = int(mats[0].shape[0])
     out = launch.empty((n, int(np.sum(widths))), dtype)
-    if n and out.size:
-        launch.run("hstack", n, mats, offsets, out)
+    if out.size:
+        launch.run("hstack", int(out.size), mats, offsets, out)   # one thread per output element
     return out

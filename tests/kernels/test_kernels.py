@@ -12,12 +12,14 @@ import pytest
 from gpunets import kernels as K
 
 RNG = np.random.default_rng(12345)
-DTYPES = [np.float64, np.float32, np.int64]
+DTYPES = [np.float64, np.float32, np.int64, np.bool_]
 SHAPES = [(257,), (40, 3)]
 KS = [1, 2, 5]
 
 
 def make(k, shape, dtype, rng=RNG):
+    if np.dtype(dtype) == np.bool_:
+        return [rng.integers(0, 2, size=shape).astype(bool) for _ in range(k)]
     if np.dtype(dtype).kind == "f":
         return [rng.normal(size=shape).astype(dtype) for _ in range(k)]
     return [rng.integers(-50, 50, size=shape).astype(dtype) for _ in range(k)]
@@ -285,7 +287,7 @@ needs_sim = pytest.mark.skipif(not _cudasim(), reason="needs NUMBA_ENABLE_CUDASI
 
 @needs_sim
 @pytest.mark.parametrize("name", ["mean", "sum", "min", "max", "var"])
-@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int64])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int64, np.uint8, np.bool_])
 @pytest.mark.parametrize("k", [1, 3])
 def test_cuda_sim_matches_cpu_and_numpy(name, dtype, k):
     arrays = make(k, (150,) if k == 1 else (50, 3), dtype)
@@ -295,6 +297,23 @@ def test_cuda_sim_matches_cpu_and_numpy(name, dtype, k):
     assert isinstance(got, np.ndarray) and got.dtype == cpu.dtype and got.shape == cpu.shape
     np.testing.assert_allclose(got, cpu, **tol(dtype))
     np.testing.assert_allclose(got, numpy_ref(name, arrays), **tol(dtype))
+
+
+@needs_sim
+@pytest.mark.parametrize("dtype", [np.bool_, np.int16, np.uint64, np.float32])
+def test_cuda_sim_weighted_mean_sum_and_var_equal_cpu_and_numpy(dtype):
+    # bool failed to compile for a GPU (float() of a bool); the PTX check covers typing, this the values
+    arrays = make(4, (90,), dtype)
+    w = [0.5, 2.0, 0.25, 1.0]
+    s = np.stack(arrays).astype(np.float64)
+    for got, cpu, want in [
+            (K.mean(arrays, w, target="cuda"), K.mean(arrays, w), np.average(s, axis=0, weights=w)),
+            (K.weighted_sum(arrays, w, target="cuda"), K.weighted_sum(arrays, w), np.tensordot(w, s, axes=1)),
+            (K.mean(arrays, target="cuda"), K.mean(arrays), np.mean(s, axis=0)),
+            (K.var(arrays, ddof=1, target="cuda"), K.var(arrays, ddof=1), np.var(s, axis=0, ddof=1))]:
+        assert got.dtype == cpu.dtype == (np.float32 if dtype == np.float32 else np.float64)
+        np.testing.assert_array_equal(got, cpu)
+        np.testing.assert_allclose(got, want, **tol(dtype))
 
 
 @needs_sim
@@ -313,6 +332,46 @@ def test_cuda_sim_weights_vote_hstack_and_stream_ignored():
     assert K.mean([np.empty(0)], target="cuda").shape == (0,)
     with pytest.raises(ValueError, match=r"arrays\[1\] has shape"):
         K.mean([np.ones(3), np.ones(2)], target="cuda")
+
+
+@needs_sim
+@pytest.mark.parametrize("dtype", ["bool", "uint16", "int64", "float32"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_ptx_check_signatures_are_what_the_entry_points_launch(monkeypatch, dtype, k):
+    import numba
+
+    from gpunets.kernels import _cuda
+
+    launched = []
+    def run(self, name, n, arrays, *args):
+        launched.append((name, tuple(numba.typeof(x) for x in (arrays, *args))))
+        args[-1][...] = 0   # the output: valid codes for vote's decoding
+
+    monkeypatch.setattr(_cuda._Launch, "run", run)
+    arrays = make(k, (7,), dtype)
+    for call in (lambda: K.mean(arrays, target="cuda"), lambda: K.mean(arrays, [1.0] * k, target="cuda"),
+                 lambda: K.sum(arrays, target="cuda"), lambda: K.min(arrays, target="cuda"),
+                 lambda: K.max(arrays, target="cuda"), lambda: K.var(arrays, target="cuda"),
+                 lambda: K.vote(arrays, target="cuda"), lambda: K.hstack(arrays, target="cuda")):
+        call()
+    names = [name for name, _ in launched]
+    assert names == ["mean", "wmean", "sum", "min", "max", "var", "vote", "hstack"]
+    for name, types in launched:
+        want_dtype = np.dtype(dtype) if name != "vote" or np.dtype(dtype).kind in "iu" else np.dtype(np.int64)
+        assert str(want_dtype) in _cuda.KERNEL_DTYPES[name]
+        assert types == _cuda.launch_types(name, want_dtype, k), name
+
+
+@needs_sim
+@pytest.mark.parametrize("dtype", [np.bool_, np.int8, np.uint32, np.float32, np.float64])
+def test_cuda_sim_hstack_mixed_widths_equals_cpu_and_numpy(dtype):
+    # more output elements (130 x 13) than the simulator's 128 threads: the grid-stride loop is exercised
+    cols = [make(1, shape, dtype)[0] for shape in [(130,), (130, 3), (130, 1), (130,), (130, 5), (130, 2)]]
+    cols += [make(1, (130,), dtype)[0]]
+    got = K.hstack(cols, target="cuda")
+    np.testing.assert_array_equal(got, np.column_stack(cols))
+    np.testing.assert_array_equal(got, K.hstack(cols))
+    assert got.dtype == np.dtype(dtype)
 
 
 @needs_sim
