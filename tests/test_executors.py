@@ -12,7 +12,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.linear_model import LinearRegression, Ridge
 
 import gpunets as gn
-from gpunets.executors import choose_auto, get_executor
+from gpunets.executors import choose_auto, get_executor, pool
 from gpunets.plan import compile_call, compile_fit
 from tests.helpers import Counting, NetModel
 
@@ -262,14 +262,11 @@ def test_failing_task_stops_the_run_cleanly(data):
     bad = gn.machine(Counting(tag="stop-bad", fail=True), Xs, ys)
     later = [gn.node(record, bad.predict(Xs) + i) for i in range(5)]
     out = gn.mean(*later)
-    before = {t.name for t in threading.enumerate()}
     for ex in ["serial", gn.ThreadsExecutor(workers=2), gn.StreamsExecutor(workers=2)]:
         with pytest.raises(gn.FitError, match="Machine Counting failed to fit"):
             out.fit(executor=ex)
         assert started == []
-    time.sleep(0.01)
-    left = {t.name for t in threading.enumerate()} - before
-    assert not [n for n in left if n.startswith("gpunets")], left  # no worker thread outlives its run
+        assert pool.busy_workers() == []   # no work outlives its run; the workers are back in the pool
 
 
 def test_keyboard_interrupt_leaves_no_threads(data):
@@ -283,13 +280,35 @@ def test_keyboard_interrupt_leaves_no_threads(data):
         return x
 
     out = gn.mean(gn.node(interrupt, X), gn.node(slow, X), gn.node(slow, X))
-    before = {t.name for t in threading.enumerate()}
     for ex in [gn.ThreadsExecutor(workers=2), gn.StreamsExecutor(workers=3)]:
         with pytest.raises(KeyboardInterrupt):
             out(executor=ex)
-        time.sleep(0.01)
-        left = {t.name for t in threading.enumerate()} - before
-        assert not [n for n in left if n.startswith("gpunets")], left
+        assert pool.busy_workers() == []   # every task of the run has returned: no stray work
+        n = threading.active_count()
+        with pytest.raises(KeyboardInterrupt):
+            out(executor=ex)
+        assert threading.active_count() == n   # the workers are reused, not left behind
+
+
+@pytest.mark.parametrize("make", [lambda: gn.ThreadsExecutor(workers=3), lambda: gn.StreamsExecutor(workers=3)],
+                         ids=["threads", "streams"])
+def test_consecutive_runs_reuse_worker_threads(make):
+    X = gn.source(np.arange(4.0), name="X")
+    out = gn.mean(*[(X + i) * 2 for i in range(4)])
+    ex = make()
+    out(executor=ex)   # the first run may make the workers
+    seen = set()
+
+    def where(x):
+        seen.add(threading.current_thread())   # the thread objects themselves: a new thread is a new object
+        return x
+
+    probe = gn.node(where, out)
+    n = threading.active_count()
+    for _ in range(20):
+        np.testing.assert_array_equal(probe(executor=ex), out(executor="serial"))
+    assert threading.active_count() == n
+    assert 1 <= len(seen) <= 3, f"20 runs used {len(seen)} threads: each run must reuse the same workers"
 
 
 def test_trace_records_and_exports(tmp_path, data):
@@ -366,6 +385,8 @@ class _FakeCupy:
         fake = self
         self.tls = threading.local()
         self.errors: list[str] = []
+        self.synced: list[tuple] = []
+        self.events: list = []
         self.lock = threading.Lock()
         self._next = [100]
 
@@ -408,11 +429,17 @@ class _FakeCupy:
                 event.record(self)
                 return event
 
+            def synchronize(self):
+                fake.synced.append(("stream", self.ptr))
+
         class Event:
             def __init__(self, block=False, disable_timing=False, interprocess=False):
                 self.device = fake.device()
                 self.recorded = self.completed = False
                 self.queries = 0
+                self.timing = not disable_timing
+                with fake.lock:
+                    fake.events.append(self)
 
             @property
             def done(self):
@@ -441,6 +468,16 @@ class _FakeCupy:
 
             def __exit__(self, *a):
                 fake.devices().pop()
+
+            def use(self):
+                fake.devices()[0] = self.id   # the thread's device outside any `with Device`
+                return self
+
+            def synchronize(self):   # every event recorded on this device completes
+                fake.synced.append(("device", self.id))
+                for ev in list(fake.events):
+                    if ev.device == self.id:
+                        ev.completed = True
 
         Stream.null, Stream.ptds = Stream(null=True), Stream(ptds=True)
         self.waits: dict[tuple, set[int]] = {}
@@ -472,33 +509,43 @@ class _FakeCupy:
         return set(self.waits.get(s._key(), set())), s._key()
 
 
-@pytest.mark.parametrize("kind", ["ptds", "new"])
-def test_cuda_backend_orders_cross_stream_edges_and_keeps_values_alive(monkeypatch, kind):
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """The CUDA backend on the fake ``cupy.cuda`` above, with a GPU "present" (one place to swap fakes)."""
     from gpunets.executors import streams
 
     fake = _FakeCupy()
+    monkeypatch.setattr(streams, "_cupy", lambda: fake)
+    monkeypatch.setattr(streams, "gpu_available", lambda: True)
+    return fake
+
+
+def _on_fake_gpus(plan, fake, seen, cpu=lambda t: False):
+    """Place a compiled plan's tasks on cuda:0/cuda:1 (``cpu(task)``: on the CPU), recording where each ran."""
+    for t in plan.tasks:
+        if t.kind == "source":
+            continue
+        t.device = "cpu" if cpu(t) else f"cuda:{t.key % 2}"
+
+        def wrapped(*a, _fn=t.fn, _k=t.key):
+            seen[_k] = fake.waited_here() + (fake.device(), fake.get_current_stream())
+            return _fn(*a)
+
+        t.fn = wrapped
+
+
+@pytest.mark.parametrize("kind", ["ptds", "new"])
+def test_cuda_backend_orders_cross_stream_edges_and_keeps_values_alive(monkeypatch, fake_cuda, kind):
+    from gpunets.executors import streams
+
+    fake = fake_cuda
     X = gn.source(np.arange(6.0), name="X")
     branches = [(X + i) * 2 for i in range(5)]
     out = gn.mean(*branches) + branches[0]
     plan = compile_call([out], {}, max_lanes=3)
     assert plan.n_lanes == 3
     seen: dict[int, tuple] = {}
-    for t in plan.tasks:   # alternate two GPUs; the output task on the CPU
-        if t.kind == "source":
-            continue
-        t.device = "cpu" if t.key in plan.outputs else f"cuda:{t.key % 2}"
-
-        def wrapped(*a, _fn=t.fn, _k=t.key):
-            seen[_k] = fake.waited_here() + (fake.device(),)
-            return _fn(*a)
-
-        t.fn = wrapped
-
-    def backend(self, plan):
-        be = streams.CudaBackend.__new__(streams.CudaBackend)
-        be.cupy, be.kind, be.checker, be.delays, be.start = fake, kind, None, None, []
-        be._local = threading.local()
-        return be
+    _on_fake_gpus(plan, fake, seen, cpu=lambda t: t.key in plan.outputs)   # the output task on the CPU
 
     early: list[str] = []
     sweep = streams._StreamsRun._sweep
@@ -512,9 +559,8 @@ def test_cuda_backend_orders_cross_stream_edges_and_keeps_values_alive(monkeypat
                     if ev is None or not getattr(ev, "completed", True):
                         early.append(f"value {k} dropped before consumer {c} finished")
 
-    monkeypatch.setattr(streams.StreamsExecutor, "_backend", backend)
     monkeypatch.setattr(streams._StreamsRun, "_sweep", checked_sweep)
-    run = gn.StreamsExecutor(workers=3).run(plan)
+    run = gn.StreamsExecutor(workers=3, stream=kind).run(plan)
     assert run.error is None
     np.testing.assert_array_equal(run.values[plan.outputs[0]], serial_reference(lambda: out))
     assert not fake.errors, fake.errors
@@ -523,7 +569,7 @@ def test_cuda_backend_orders_cross_stream_edges_and_keeps_values_alive(monkeypat
     for t in tasks:
         if t.kind == "source":
             continue
-        waited, stream_key, dev = seen[t.key]
+        waited, stream_key, dev, _ = seen[t.key]
         if t.device == "cpu":   # read on the host: every GPU producer had completed
             assert all(run.events[d].completed for d in t.deps if tasks[d].kind != "source")
             continue
@@ -566,3 +612,35 @@ def test_gpu_streams_executor_on_cuda_streams_equals_serial(kind):
         host = gn.node(lambda a, b: a + b, branches[1], branches[2], name="host_sum")
     ref = cp.asnumpy(branches[1](executor="serial", output="device") + branches[2](executor="serial", output="device"))
     np.testing.assert_allclose(np.asarray(host(executor=ex)), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_cuda_lanes_serve_one_gpu_for_life_and_are_capped(fake_cuda):
+    """A lane thread never switches GPUs (cuML's per-thread handle is bound to the first one), GPU lanes
+    per device are capped at the hardware queue count, and consecutive runs reuse the same threads."""
+    from gpunets.executors import streams
+
+    fake = fake_cuda
+    X = gn.source(np.arange(6.0), name="X")
+    chains = [((X + i) * 2) - 1 for i in range(12)]
+    out = gn.mean(*chains)
+    where: dict = {}
+    for _ in range(3):
+        plan = compile_call([out], {}, max_lanes=16)
+        assert plan.n_lanes == 12
+        seen: dict[int, tuple] = {}
+        _on_fake_gpus(plan, fake, seen)    # a chain alternates cuda:0 and cuda:1 along one plan lane
+        for t in plan.tasks:
+            if t.kind != "source":
+                fn = t.fn
+
+                def tagged(*a, _fn=fn):
+                    where.setdefault(threading.current_thread(), set()).add(fake.device())
+                    return _fn(*a)
+
+                t.fn = tagged
+        run = gn.StreamsExecutor(workers=16).run(plan)
+        assert run.error is None and not fake.errors, fake.errors
+        np.testing.assert_array_equal(run.values[plan.outputs[0]], out(executor="serial"))
+    assert all(len(devs) == 1 for devs in where.values()), where
+    per_gpu = [sum(1 for devs in where.values() if devs == {o}) for o in (0, 1)]
+    assert max(per_gpu) <= streams.MAX_GPU_LANES == 8, per_gpu

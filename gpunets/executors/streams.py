@@ -24,6 +24,7 @@ producer, the consumer's lane waits on it before the consumer (on a GPU
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 from typing import Any, Callable
@@ -31,9 +32,49 @@ from typing import Any, Callable
 from ..devices import gpu_available
 from ..exceptions import StreamOrderError
 from ..scheduler import Run
+from . import pool
 from .base import Executor, task_context
 
-__all__ = ["StreamsExecutor", "EmulatedBackend", "CudaBackend", "StreamChecker"]
+__all__ = ["StreamsExecutor", "EmulatedBackend", "CudaBackend", "StreamChecker", "wants_cuda", "run_on_cuda",
+           "MAX_GPU_LANES"]
+
+
+def _max_gpu_lanes() -> int:
+    try:
+        return max(1, int(os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "8")))
+    except ValueError:
+        return 8
+
+
+#: The most lanes (streams, worker threads) per GPU: the number of hardware queues
+#: (``CUDA_DEVICE_MAX_CONNECTIONS``, 8 by default); more streams than that share queues.
+MAX_GPU_LANES = _max_gpu_lanes()
+
+_THREAD = threading.local()    # per worker thread: its streams, made once and kept for the thread's life
+
+
+def _cupy() -> Any:
+    """CuPy, imported here only when the CUDA backend is used (tests replace this function)."""
+    import cupy
+
+    return cupy
+
+
+def wants_cuda(plan: Any) -> bool:
+    """True if ``plan`` has a task on a CUDA device and a GPU is usable here (the CUDA backend runs it)."""
+    return any(str(t.device).startswith("cuda") for t in plan.tasks) and gpu_available()
+
+
+def run_on_cuda(plan: Any, workers: int, name: str, on_task_done: Any = None) -> Run:
+    """Run ``plan`` on the CUDA backend of the streams executor, with ``workers`` lanes per device.
+
+    The ``serial`` and ``threads`` executors hand plans with GPU tasks to this: a GPU
+    task needs its device current, a stream of its own lane, events on the edges
+    between threads and its inputs kept alive until it completed, which only the
+    streams executor's CUDA backend provides.
+    """
+    ex = StreamsExecutor(workers=workers)
+    return ex._run(plan, CudaBackend(ex.stream), name, on_task_done)
 
 
 class StreamChecker:
@@ -102,11 +143,20 @@ class EmulatedBackend:
     def begin(self, tasks: Any) -> None:
         return None
 
-    def lane_context(self, lane: int) -> Any:
+    def device_key(self, task: Any) -> None:
+        return None   # every emulated lane is a CPU thread
+
+    def pool_key(self, group: tuple) -> tuple:
+        return ("cpu", group[1])
+
+    def lane_context(self, group: tuple) -> Any:
         return _Null()
 
     def done(self, event: _HostEvent | None) -> bool:
         return event is not None and event.flag.is_set()
+
+    def quiesce(self, run: Any) -> None:
+        return None
 
     def record(self, task: Any) -> _HostEvent:
         if self.checker is not None:
@@ -182,53 +232,90 @@ class _CudaTask:
             self.device.__exit__(*a)
 
 
+class _LaneDevice:
+    """A GPU lane's whole job: its GPU made current for the worker thread (which serves only that GPU)."""
+
+    __slots__ = ("backend", "ordinal")
+
+    def __init__(self, backend: CudaBackend, ordinal: int) -> None:
+        self.backend, self.ordinal = backend, ordinal
+
+    def __enter__(self) -> None:
+        # A lane thread serves one GPU for life (pool key): cuML's per-thread handle, made on the GPU
+        # current when it is first used, and CuPy's per-thread handles stay on this GPU.
+        self.backend.cupy.cuda.Device(self.ordinal).use()
+
+    def __exit__(self, *a: object) -> None:
+        return None
+
+
 class CudaBackend:
     """Real CUDA streams and events through CuPy (imported only here, only when used).
 
-    A lane has one stream per GPU it runs tasks on (``Stream.ptds`` or a
-    non-blocking stream made on that GPU), current while each of its tasks is
-    issued on that GPU.  Every task records an event (made and recorded in its
-    own task context, so on its own GPU: an event must be recorded on a stream
-    of the device it was created on).  A GPU task waits (GPU-side) on the events
-    of its producers on another stream; a CPU task waits on the host for its
-    producers' events, since it reads their values on the host.  The streams
-    also wait for an event recorded on the caller's current stream when the run
-    started, where the sources were made.
+    A lane is a worker thread of one device for life (the pool key is
+    ``("cuda", ordinal, lane)`` or ``("cpu", lane)``); a GPU lane issues its
+    tasks on its stream (``Stream.ptds`` of its thread, or a non-blocking stream
+    made once per thread), current while each task is issued.  Every GPU task
+    records an event (made and recorded in its own task context, so on its own
+    GPU: an event must be recorded on a stream of the device it was created
+    on).  A GPU task waits (GPU-side) on the events of its producers on another
+    stream; a CPU task waits on the host for its producers' events, since it
+    reads their values on the host.  The streams also wait for an event
+    recorded on the caller's current stream when the run started, where the
+    sources were made.
     """
 
     name = "cuda"
 
     def __init__(self, stream: str = "ptds") -> None:
-        import cupy
-
-        self.cupy = cupy
+        self.cupy = _cupy()
         self.kind = stream
         self.checker = None
         self.delays = None
         self.start: list[Any] = []      # events on the caller's streams at the start of the run
+        self.ordinals: list[int] = []   # the GPUs the plan uses
+        self.tasks: list[Any] = []
         self._local = threading.local()
 
     def begin(self, tasks: Any) -> None:
         """In the calling thread: record, on its current stream of every GPU the plan uses, the start events."""
         cp = self.cupy
-        for o in sorted({o for t in tasks if (o := _ordinal(str(t.device))) is not None}):
+        self.tasks = tasks
+        self.ordinals = sorted({o for t in tasks if (o := _ordinal(str(t.device))) is not None})
+        for o in self.ordinals:
             with cp.cuda.Device(o):
                 ev = cp.cuda.Event(disable_timing=True)
                 ev.record(cp.cuda.get_current_stream())   # this thread's current stream on this device
                 self.start.append(ev)
 
-    def lane_context(self, lane: int) -> Any:
-        self._local.streams = {}       # ordinal -> this lane's stream on that GPU
+    def device_key(self, task: Any) -> int | None:
+        """The GPU ordinal of a task (its lane's device), None for the CPU."""
+        return _ordinal(str(task.device))
+
+    def pool_key(self, group: tuple) -> tuple:
+        ordinal, lane = group
+        return ("cpu", lane) if ordinal is None else ("cuda", ordinal, lane)
+
+    def lane_context(self, group: tuple) -> Any:
+        self._local.streams = {}       # ordinal -> this lane's stream on that GPU, in this run
         self._local.start_synced = False
-        return _Null()
+        return _Null() if group[0] is None else _LaneDevice(self, group[0])
 
     def _stream(self, ordinal: int) -> Any:
-        """This lane's stream on GPU ``ordinal`` (current device), made on first use; it waits for the start."""
+        """This lane's stream on GPU ``ordinal`` (current device); it waits for the start of the run."""
         streams = self._local.streams
         s = streams.get(ordinal)
         if s is None:
             cp = self.cupy
-            s = cp.cuda.Stream.ptds if self.kind == "ptds" else cp.cuda.Stream(non_blocking=True)
+            if self.kind == "ptds":
+                s = cp.cuda.Stream.ptds
+            else:   # made once per worker thread and device, kept for the thread's life
+                made = getattr(_THREAD, "streams", None)
+                if made is None:
+                    made = _THREAD.streams = {}
+                s = made.get(ordinal)
+                if s is None:
+                    s = made[ordinal] = cp.cuda.Stream(non_blocking=True)
             for ev in self.start:   # an event may be waited on by a stream of another device
                 s.wait_event(ev)
                 if self.kind == "new":
@@ -290,6 +377,9 @@ class CudaBackend:
         """Make the task's GPU and this lane's stream on it current while the task is issued."""
         o = _ordinal(str(task.device))
         return _Null() if o is None else _CudaTask(self, o)
+
+    def quiesce(self, run: Any) -> None:
+        return None
 
 
 class _StreamsRun(Run):
@@ -398,35 +488,51 @@ class StreamsExecutor(Executor):
     def run(self, plan: Any, on_task_done: Any = None) -> Run:
         plan.n_lanes  # noqa: B018 - assigns the lanes (done on first use)
         backend = self._backend(plan)
-        self.last_checker = backend.checker
         name = self.name if backend.name == "cuda" else f"{self.name} (emulated)"
+        return self._run(plan, backend, name, on_task_done)
+
+    def _groups(self, plan: Any, backend: Any) -> tuple[dict[tuple, list[int]], list[Any]]:
+        """The lanes of a run: ``(device, lane) -> task keys in plan order``, and each task's group.
+
+        A plan compiled for more lanes than ``workers`` is folded onto them, and the lanes of one GPU
+        onto at most :data:`MAX_GPU_LANES`.  A plan lane with tasks on two devices becomes two
+        lanes: a lane thread serves one device for life.  Keys are in plan (topological) order, so a
+        lane that waits only ever waits for an earlier task: folding cannot deadlock.
+        """
+        plan.n_lanes  # noqa: B018 - assigns the lanes (done on first use)
+        group: list[Any] = [None] * len(plan.tasks)
+        lanes: dict[tuple, list[int]] = {}
+        for t in plan.tasks:
+            if t.kind == "source":
+                continue
+            dev = backend.device_key(t)
+            lane = t.lane % self.workers if self.workers else t.lane
+            if dev is not None:
+                lane %= MAX_GPU_LANES
+            t.lane = lane
+            group[t.key] = g = (dev, lane)
+            lanes.setdefault(g, []).append(t.key)
+        return lanes, group
+
+    def _run(self, plan: Any, backend: Any, name: str, on_task_done: Any = None) -> Run:
+        self.last_checker = backend.checker
         run = _StreamsRun(plan, executor_name=name, on_task_done=on_task_done)
         run.events = [None] * len(plan.tasks)   # each made and recorded by its task's lane
         run.graveyard = []
         run.backend = backend
-        backend.begin(plan.tasks)
         host_ready = [threading.Event() for _ in plan.tasks]
         for t in plan.tasks:
             if t.kind == "source":
                 host_ready[t.key].set()
-        lanes: dict[int, list[int]] = {}
-        for t in plan.tasks:
-            if t.kind != "source":
-                lanes.setdefault(t.lane, []).append(t.key)
-        if self.workers and len(lanes) > self.workers:  # a plan compiled for more lanes: fold them
-            folded: dict[int, list[int]] = {}
-            for t in plan.tasks:
-                if t.kind != "source":
-                    t.lane = t.lane % self.workers
-                    folded.setdefault(t.lane, []).append(t.key)
-            lanes = folded
-        threads = [threading.Thread(target=task_context().run,
-                                    args=(self._lane, run, backend, lane, keys, host_ready),
-                                    name=f"gpunets-stream-{lane}", daemon=True)
-                   for lane, keys in sorted(lanes.items())]
-        for th in threads:
-            th.start()
+        lanes, group = self._groups(plan, backend)
+        jobs = []
         try:
+            backend.begin(plan.tasks)
+            for g, keys in sorted(lanes.items(), key=lambda kv: kv[1][0]):
+                ctx = task_context()
+                worker = pool.checkout(backend.pool_key(g))
+                jobs.append(worker.submit(lambda ctx=ctx, g=g, keys=keys: ctx.run(
+                    self._lane, run, backend, g, keys, host_ready, group)))
             for k in plan.outputs:   # the host blocks only for the outputs
                 while not host_ready[k].wait(0.1):
                     pass
@@ -439,19 +545,22 @@ class StreamsExecutor(Executor):
                 ev.set()
             raise
         finally:
-            for th in threads:
-                th.join()
+            for j in jobs:
+                j.join()
             if run.error is None:
                 run.drain()
+            else:
+                backend.quiesce(run)
             run.graveyard = []
         return run
 
-    def _lane(self, run: _StreamsRun, backend: Any, lane: int, keys: list[int],
-              host_ready: list[threading.Event]) -> None:
+    def _lane(self, run: _StreamsRun, backend: Any, g: tuple, keys: list[int],
+              host_ready: list[threading.Event], group: list[Any]) -> None:
         tasks = run.plan.tasks
         checker = backend.checker
+        lane = g[1]
         try:
-            with backend.lane_context(lane):
+            with backend.lane_context(g):
                 for k in keys:
                     if run.error is not None:
                         break
@@ -464,7 +573,7 @@ class StreamsExecutor(Executor):
                             if prod.kind == "source":
                                 backend.wait_source(task, prod)
                                 continue
-                            cross = prod.lane != lane
+                            cross = group[d] != g
                             if cross:
                                 if self.skip_wait is not None and self.skip_wait(task, prod):
                                     continue
@@ -479,7 +588,7 @@ class StreamsExecutor(Executor):
                                 for d in task.deps:
                                     prod = tasks[d]
                                     if prod.kind != "source":
-                                        checker.read(task, prod, prod.lane != lane, run.done[d])
+                                        checker.read(task, prod, group[d] != g, run.done[d])
                             except StreamOrderError as e:
                                 run.claim(k)
                                 run.fail(k, e)
