@@ -482,7 +482,17 @@ class _FakeCupy:
         Stream.null, Stream.ptds = Stream(null=True), Stream(ptds=True)
         self.waits: dict[tuple, set[int]] = {}
         self.cuda = type("cuda", (), {"Stream": Stream, "Event": Event, "Device": Device,
-                                      "get_current_stream": staticmethod(self.get_current_stream)})
+                                      "get_current_stream": staticmethod(self.get_current_stream),
+                                      "is_available": staticmethod(lambda: True),
+                                      "get_elapsed_time": staticmethod(self.elapsed)})
+
+    def elapsed(self, start, end):   # milliseconds between two timed, completed events of one device
+        for ev in (start, end):
+            if not (ev.timing and ev.recorded and ev.completed):
+                self.errors.append("get_elapsed_time on an event without timing, unrecorded or not complete")
+        if start.device != end.device:
+            self.errors.append("get_elapsed_time on events of two devices")
+        return (end.at - start.at) * 1e3
 
     def devices(self):
         if not hasattr(self.tls, "devices"):
@@ -644,3 +654,61 @@ def test_cuda_lanes_serve_one_gpu_for_life_and_are_capped(fake_cuda):
     assert all(len(devs) == 1 for devs in where.values()), where
     per_gpu = [sum(1 for devs in where.values() if devs == {o}) for o in (0, 1)]
     assert max(per_gpu) <= streams.MAX_GPU_LANES == 8, per_gpu
+
+
+@pytest.mark.parametrize("make", [lambda: gn.SerialExecutor(), lambda: gn.ThreadsExecutor(workers=3)],
+                         ids=["serial", "threads"])
+def test_serial_and_threads_run_gpu_tasks_with_cuda_discipline(fake_cuda, make):
+    """GPU tasks under serial/threads: their device current, a lane stream (never the legacy one),
+    events waited across streams, values kept alive: the streams executor's CUDA backend runs them."""
+    fake = fake_cuda
+    X = gn.source(np.arange(6.0), name="X")
+    out = gn.mean(*[(X + i) * 2 for i in range(4)])
+    plan = compile_call([out], {}, max_lanes=3)
+    seen: dict[int, tuple] = {}
+    _on_fake_gpus(plan, fake, seen)
+    ex = make()
+    run = ex.run(plan)
+    assert run.error is None and not fake.errors, fake.errors
+    assert run.trace.executor == f"{ex.name} (on CUDA streams)"
+    np.testing.assert_array_equal(run.values[plan.outputs[0]], out(executor="serial"))
+    for t in plan.tasks:
+        if t.kind == "source":
+            continue
+        waited, _, dev, stream = seen[t.key]
+        assert dev == int(t.device[-1]), f"{t.label} ran with GPU {dev} current, placed on {t.device}"
+        assert stream.ptr != 0, f"{t.label} was issued on the legacy default stream"
+        for d in t.deps:
+            p = plan.tasks[d]
+            if p.kind != "source" and p.device != t.device:
+                assert id(run.events[d]) in waited, f"{t.label} did not wait for {p.label}"
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_dask_gpu_tasks_run_on_a_stream_synchronized_at_the_hand_off(monkeypatch, fail):
+    """A Dask worker may run GPU tasks on several threads with no events between them: each task runs
+    with its GPU current on its thread's per-thread default stream, synchronized before the value leaves."""
+    pytest.importorskip("cloudpickle")
+    import sys
+    import types
+
+    from gpunets.executors import dask as gdask
+
+    fake = _FakeCupy()
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=fake.cuda))
+    seen = {}
+
+    def task(x):
+        seen["device"], seen["stream"] = fake.device(), fake.get_current_stream().ptr
+        assert not fake.synced, "synchronized before the task's work was issued"
+        if fail:
+            raise ValueError("boom")
+        return x + 1
+
+    if fail:
+        with pytest.raises(ValueError):
+            gdask._run_on_gpu(1, "run-x", 7, task, 1)
+    else:
+        assert gdask._run_on_gpu(1, "run-x", 7, task, 1) == 2
+    assert seen == {"device": 1, "stream": fake.cuda.Stream.ptds.ptr}
+    assert fake.synced == [("stream", fake.cuda.Stream.ptds.ptr)]
