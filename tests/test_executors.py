@@ -712,3 +712,22 @@ def test_dask_gpu_tasks_run_on_a_stream_synchronized_at_the_hand_off(monkeypatch
         assert gdask._run_on_gpu(1, "run-x", 7, task, 1) == 2
     assert seen == {"device": 1, "stream": fake.cuda.Stream.ptds.ptr}
     assert fake.synced == [("stream", fake.cuda.Stream.ptds.ptr)]
+
+
+def test_cpu_tasks_read_gpu_values_on_the_lane_stream_of_their_device(fake_cuda):
+    """A CPU task reading GPU values (cupy.asnumpy copies on the current stream) runs with the producer's
+    GPU current and its lane's stream there, never on the legacy default stream (a device-wide barrier)."""
+    fake = fake_cuda
+    X = gn.source(np.arange(6.0), name="X")
+    a, b = X + 1, X * 2
+    out = gn.node(lambda u, v: u + v, a, b, name="host")
+    plan = compile_call([out], {}, max_lanes=2)
+    seen: dict[int, tuple] = {}
+    _on_fake_gpus(plan, fake, seen, cpu=lambda t: t.key in plan.outputs)
+    for t in plan.tasks:
+        if t.kind != "source" and t.device != "cpu":
+            t.device = "cuda:1"
+    run = gn.StreamsExecutor(workers=2).run(plan)
+    assert run.error is None and not fake.errors, fake.errors
+    _, _, dev, stream = seen[plan.outputs[0]]
+    assert dev == 1 and stream.ptr != 0, (dev, stream.ptr)

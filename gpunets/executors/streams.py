@@ -374,8 +374,16 @@ class CudaBackend:
         return None
 
     def task_context(self, task: Any) -> Any:
-        """Make the task's GPU and this lane's stream on it current while the task is issued."""
+        """Make the task's GPU and this lane's stream on it current while the task is issued.
+
+        A CPU task that reads GPU values (a move to the host, a host-only function) runs with its first
+        GPU input's device and this lane's stream on it current: ``cupy.asnumpy(x)`` copies on the
+        current stream, which would otherwise be the legacy default stream, a device-wide barrier.
+        """
         o = _ordinal(str(task.device))
+        if o is None:
+            tasks = self.tasks
+            o = next((p for d in task.deps if (p := _ordinal(str(tasks[d].device))) is not None), None)
         return _Null() if o is None else _CudaTask(self, o)
 
     def quiesce(self, run: Any) -> None:
