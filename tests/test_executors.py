@@ -731,3 +731,27 @@ def test_cpu_tasks_read_gpu_values_on_the_lane_stream_of_their_device(fake_cuda)
     assert run.error is None and not fake.errors, fake.errors
     _, _, dev, stream = seen[plan.outputs[0]]
     assert dev == 1 and stream.ptr != 0, (dev, stream.ptr)
+
+
+def test_failed_run_synchronizes_before_its_gpu_values_can_be_freed(fake_cuda):
+    """On failure every GPU the run used is synchronized before the run's values can be dropped: another
+    lane's kernels may still read them (and CuPy's pool would hand their memory out again)."""
+    fake = fake_cuda
+    X = gn.source(np.arange(6.0), name="X")
+
+    def boom(u, v):
+        raise ValueError("boom")
+
+    out = gn.node(boom, X + 1, X * 2, name="boom")
+    plan = compile_call([out], {}, max_lanes=2)
+    assert plan.n_lanes == 2
+    seen: dict[int, tuple] = {}
+    _on_fake_gpus(plan, fake, seen)
+    for t in plan.tasks:
+        if t.kind != "source":
+            t.device = "cuda:0"
+    run = gn.StreamsExecutor(workers=2).run(plan)
+    assert isinstance(run.error, gn.EvaluationError) and not fake.errors, fake.errors
+    recorded = [ev for ev in run.events if ev is not None and hasattr(ev, "completed")]
+    assert recorded and all(ev.completed for ev in recorded), "GPU work still in flight when the run ended"
+    assert ("device", 0) in fake.synced

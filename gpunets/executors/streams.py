@@ -387,7 +387,14 @@ class CudaBackend:
         return _Null() if o is None else _CudaTask(self, o)
 
     def quiesce(self, run: Any) -> None:
-        return None
+        """After a failed run: wait until no kernel of the run can still read a value, before any is freed.
+
+        A failed task may have issued work without recording its event, and lanes stopped early leave
+        values their readers never finished with: synchronize every GPU the run used.
+        """
+        cp = self.cupy
+        for o in self.ordinals:
+            cp.cuda.Device(o).synchronize()
 
 
 class _StreamsRun(Run):
@@ -557,7 +564,7 @@ class StreamsExecutor(Executor):
                 j.join()
             if run.error is None:
                 run.drain()
-            else:
+            else:   # GPU work of the run may still read the values it holds: let it finish first
                 backend.quiesce(run)
             run.graveyard = []
         return run
