@@ -527,6 +527,7 @@ def fake_cuda(monkeypatch):
     fake = _FakeCupy()
     monkeypatch.setattr(streams, "_cupy", lambda: fake)
     monkeypatch.setattr(streams, "gpu_available", lambda: True)
+    monkeypatch.setenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "1")   # as gpunets recommends (see the guard test)
     return fake
 
 
@@ -755,3 +756,37 @@ def test_failed_run_synchronizes_before_its_gpu_values_can_be_freed(fake_cuda):
     recorded = [ev for ev in run.events if ev is not None and hasattr(ev, "completed")]
     assert recorded and all(ev.completed for ev in recorded), "GPU work still in flight when the run ended"
     assert ("device", 0) in fake.synced
+
+
+def test_legacy_stream_guard_warns_once_and_refuses_new_streams_with_classic_cudf(fake_cuda, monkeypatch):
+    import sys
+    import types
+    import warnings
+
+    from gpunets.executors import streams
+
+    monkeypatch.setattr(streams, "_WARNED", set())
+    monkeypatch.delenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", raising=False)
+    monkeypatch.delenv("CUDF_PER_THREAD_STREAM", raising=False)
+    X = gn.source(np.arange(4.0), name="X")
+    out = X + 1
+    with gn.device("cpu"):
+        plan = compile_call([out], {})
+    plan.tasks[-1].device = "cuda:0"
+    with pytest.warns(streams.LegacyStreamWarning, match="CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1"):
+        gn.StreamsExecutor(workers=1).run(plan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gn.StreamsExecutor(workers=1).run(plan)   # once
+    monkeypatch.setitem(sys.modules, "cudf", types.ModuleType("cudf"))   # classic cuDF is loaded
+    with pytest.raises(gn.StreamOrderError, match="CUDF_PER_THREAD_STREAM=1"):
+        gn.StreamsExecutor(workers=1, stream="new").run(plan)
+    with pytest.warns(streams.LegacyStreamWarning, match="cuDF runs on CUDA's legacy default stream"):
+        gn.StreamsExecutor(workers=1).run(plan)
+    monkeypatch.setenv("CUDF_PER_THREAD_STREAM", "1")
+    monkeypatch.setenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "1")
+    monkeypatch.setattr(streams, "_WARNED", set())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run = gn.StreamsExecutor(workers=1, stream="new").run(plan)
+    assert run.error is None

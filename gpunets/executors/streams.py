@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import threading
+import warnings
 from typing import Any, Callable
 
 from ..devices import gpu_available
@@ -36,7 +38,54 @@ from . import pool
 from .base import Executor, task_context
 
 __all__ = ["StreamsExecutor", "EmulatedBackend", "CudaBackend", "StreamChecker", "wants_cuda", "run_on_cuda",
-           "MAX_GPU_LANES"]
+           "MAX_GPU_LANES", "LegacyStreamWarning", "check_default_streams"]
+
+
+class LegacyStreamWarning(UserWarning):
+    """Some GPU work will go to CUDA's legacy default stream, a device-wide barrier between lanes."""
+
+
+_WARNED: set[str] = set()
+
+
+def check_default_streams(kind: str) -> None:
+    """Check, when the CUDA backend starts, that no library puts the lanes' work on the legacy default stream.
+
+    * cuDF without ``CUDF_PER_THREAD_STREAM`` (read once, when libcudf starts) runs every operation
+      on the legacy default stream.  With ``stream="new"`` (non-blocking lane streams, which the
+      legacy stream does not wait for) that is a race: refused.  With ``stream="ptds"`` it is
+      correct but serializes the lanes: a warning, once.
+    * CuPy without ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1`` (read when CuPy is imported): the lanes
+      issue on their own streams, but CuPy work outside them (where the sources were made, where
+      the outputs are read) goes to the legacy stream: a warning, once.
+    """
+    if "cudf" in sys.modules and "CUDF_PER_THREAD_STREAM" not in os.environ:
+        if kind == "new":
+            msg = ("stream='new' cannot be used with cuDF on the legacy default stream: cuDF runs its work on "
+                   "the legacy default stream unless CUDF_PER_THREAD_STREAM is set, and a non-blocking lane "
+                   "stream is not ordered with it, so a lane could read a cuDF result before it is written. "
+                   "Set CUDF_PER_THREAD_STREAM=1 in the environment before starting Python, or use "
+                   "stream='ptds'.")
+            raise StreamOrderError(msg)
+        _warn_once("cudf", "cuDF runs on CUDA's legacy default stream (CUDF_PER_THREAD_STREAM is not set), a "
+                           "device-wide barrier: the GPU lanes will not overlap while cuDF works. Set "
+                           "CUDF_PER_THREAD_STREAM=1 in the environment before starting Python.")
+    try:
+        ptds = int(os.environ.get("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "0")) != 0
+    except ValueError:
+        ptds = False
+    if not ptds:
+        _warn_once("cupy", "CuPy's default stream is CUDA's legacy default stream "
+                           "(CUPY_CUDA_PER_THREAD_DEFAULT_STREAM is not set): the GPU lanes run on their own "
+                           "streams, but CuPy work outside them (where the sources are made, where the outputs "
+                           "are read) is a device-wide barrier. Set CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1 in the "
+                           "environment before CuPy is imported.")
+
+
+def _warn_once(what: str, msg: str) -> None:
+    if what not in _WARNED:
+        _WARNED.add(what)
+        warnings.warn(msg, LegacyStreamWarning, stacklevel=4)
 
 
 def _max_gpu_lanes() -> int:
@@ -268,6 +317,7 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, stream: str = "ptds") -> None:
+        check_default_streams(stream)
         self.cupy = _cupy()
         self.kind = stream
         self.checker = None
