@@ -386,6 +386,7 @@ class _FakeCupy:
         self.tls = threading.local()
         self.errors: list[str] = []
         self.synced: list[tuple] = []
+        self.gpu_lag = self.lag_step = 0.0
         self.events: list = []
         self.lock = threading.Lock()
         self._next = [100]
@@ -454,6 +455,8 @@ class _FakeCupy:
                 if dev != self.device:
                     fake.errors.append(f"event of device {self.device} recorded on a stream of device {dev}")
                 self.recorded, self.completed = True, False
+                self.at = time.perf_counter() + fake.gpu_lag   # when the "GPU" reaches it
+                fake.gpu_lag += fake.lag_step                  # a backlog that grows with the work issued
 
             def synchronize(self):
                 self.completed = True
@@ -790,3 +793,42 @@ def test_legacy_stream_guard_warns_once_and_refuses_new_streams_with_classic_cud
         warnings.simplefilter("error")
         run = gn.StreamsExecutor(workers=1, stream="new").run(plan)
     assert run.error is None
+
+
+def test_traced_gpu_runs_show_gpu_time_from_timed_cuda_events(fake_cuda):
+    """gn.evaluate(trace=True) on the CUDA backend times each GPU task with timed CUDA events: the record's
+    start/end are the GPU's (get_elapsed_time from the run's zero event), `issued` the host issue time."""
+    fake = fake_cuda
+    X = gn.source(np.arange(6.0), name="X")
+    with gn.device("cpu"):
+        out = gn.mean(X + 1, X * 2)
+
+    real = compile_call
+
+    def on_gpu(*a, **k):
+        plan = real(*a, **k)
+        for t in plan.tasks:
+            if t.kind != "source":
+                t.device = "cuda:0"
+        return plan
+
+    import gpunets.network as network
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(network, "compile_call", on_gpu)
+    try:
+        untimed = network.evaluate(out, executor=gn.StreamsExecutor(workers=2))
+        assert not [e for e in fake.events if e.timing], "timed events only when a trace is asked for"
+        fake.lag_step = 0.1    # the "GPU" falls behind the host by 0.1 s per event recorded
+        ev = network.evaluate(out, executor=gn.StreamsExecutor(workers=2), trace=True)
+    finally:
+        mp.undo()
+    np.testing.assert_array_equal(ev.value, untimed)
+    assert ev.trace.executor == "streams" and not fake.errors, fake.errors
+    recs = ev.trace.records
+    assert len(recs) == 3 and all(r.issued is not None for r in recs)
+    for r in recs:   # GPU time = host time of the zero event + elapsed: the backlog shows, host issue time does not
+        assert r.end > r.start >= r.issued[0] + 0.09, (r.start, r.end, r.issued)
+    zero = [e for e in fake.events if e.timing][0]
+    timed = [e for e in fake.events if e.timing][1:]
+    assert len(timed) == 6 and all(e.completed and e.at > zero.at - 1e-9 for e in timed)

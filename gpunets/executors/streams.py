@@ -28,6 +28,7 @@ import os
 import random
 import sys
 import threading
+import time
 import warnings
 from typing import Any, Callable
 
@@ -35,7 +36,7 @@ from ..devices import gpu_available
 from ..exceptions import StreamOrderError
 from ..scheduler import Run
 from . import pool
-from .base import Executor, task_context
+from .base import Executor, gpu_timing_requested, task_context
 
 __all__ = ["StreamsExecutor", "EmulatedBackend", "CudaBackend", "StreamChecker", "wants_cuda", "run_on_cuda",
            "MAX_GPU_LANES", "LegacyStreamWarning", "check_default_streams"]
@@ -123,7 +124,7 @@ def run_on_cuda(plan: Any, workers: int, name: str, on_task_done: Any = None) ->
     streams executor's CUDA backend provides.
     """
     ex = StreamsExecutor(workers=workers)
-    return ex._run(plan, CudaBackend(ex.stream), name, on_task_done)
+    return ex._run(plan, CudaBackend(ex.stream, timing=gpu_timing_requested()), name, on_task_done)
 
 
 class StreamChecker:
@@ -207,6 +208,9 @@ class EmulatedBackend:
     def quiesce(self, run: Any) -> None:
         return None
 
+    def timings(self, run: Any) -> None:
+        return None
+
     def record(self, task: Any) -> _HostEvent:
         if self.checker is not None:
             self.checker.record(task.key)
@@ -227,7 +231,7 @@ class EmulatedBackend:
     def task_context(self, task: Any) -> Any:
         return _Null()
 
-    def before_task(self) -> Callable[[], None] | None:
+    def before_task(self, task: Any = None) -> Callable[[], None] | None:
         if not self.delays:
             return None
         lo, hi = self.delays
@@ -316,9 +320,12 @@ class CudaBackend:
 
     name = "cuda"
 
-    def __init__(self, stream: str = "ptds") -> None:
+    def __init__(self, stream: str = "ptds", timing: bool = False) -> None:
         check_default_streams(stream)
         self.cupy = _cupy()
+        self.timing = timing
+        self.clock: dict[int, tuple[Any, float]] = {}   # ordinal -> (timed event at the start, host time then)
+        self.timed: dict[int, list[Any]] = {}           # task key -> [ordinal, start event, end event]
         self.kind = stream
         self.checker = None
         self.delays = None
@@ -337,6 +344,10 @@ class CudaBackend:
                 ev = cp.cuda.Event(disable_timing=True)
                 ev.record(cp.cuda.get_current_stream())   # this thread's current stream on this device
                 self.start.append(ev)
+                if self.timing:
+                    t0 = cp.cuda.Event()   # timing on: the zero of this GPU's clock
+                    t0.record(cp.cuda.get_current_stream())
+                    self.clock[o] = (t0, time.perf_counter())
 
     def device_key(self, task: Any) -> int | None:
         """The GPU ordinal of a task (its lane's device), None for the CPU."""
@@ -396,6 +407,10 @@ class CudaBackend:
             # cuML runs on the per-thread default stream whatever CuPy's current stream is: join it in
             cp.cuda.get_current_stream().wait_event(cp.cuda.Stream.ptds.record(cp.cuda.Event(disable_timing=True)))
         ev.record(cp.cuda.get_current_stream())
+        if self.timing and task.key in self.timed:
+            end = cp.cuda.Event()
+            end.record(cp.cuda.get_current_stream())
+            self.timed[task.key].append(end)
         return ev
 
     def wait(self, event: Any, consumer: Any, producer: Any, cross_lane: bool) -> None:
@@ -420,8 +435,38 @@ class CudaBackend:
                 ev.synchronize()
             self._local.start_synced = True
 
-    def before_task(self) -> None:
-        return None
+    def before_task(self, task: Any = None) -> Callable[[], None] | None:
+        """With timing on, a GPU task records a timed event on its stream just before its work is issued."""
+        if not self.timing or task is None or (o := _ordinal(str(task.device))) is None:
+            return None
+        cp = self.cupy
+
+        def start() -> None:
+            ev = cp.cuda.Event()
+            ev.record(cp.cuda.get_current_stream())
+            self.timed[task.key] = [o, ev]
+
+        return start
+
+    def timings(self, run: Any) -> None:
+        """After the run: GPU start/end of each timed task into its trace record (host issue time kept)."""
+        if not self.timed:
+            return
+        cp = self.cupy
+        gpu: dict[int, tuple[float, float]] = {}
+        for key, (o, *evs) in self.timed.items():
+            if len(evs) != 2 or o not in self.clock:
+                continue   # the task failed: no end event
+            t0, host0 = self.clock[o]
+            for ev in (t0, *evs):   # cudaEventElapsedTime needs both events complete
+                ev.synchronize()
+            base = host0 - run.t0
+            gpu[key] = (base + cp.cuda.get_elapsed_time(t0, evs[0]) / 1e3,
+                        base + cp.cuda.get_elapsed_time(t0, evs[1]) / 1e3)
+        for r in run.trace.records:
+            if r.key in gpu and r.issued is None:
+                r.issued = (r.start, r.end)
+                r.start, r.end = gpu[r.key]
 
     def task_context(self, task: Any) -> Any:
         """Make the task's GPU and this lane's stream on it current while the task is issued.
@@ -514,6 +559,10 @@ class StreamsExecutor(Executor):
     stream : {"ptds", "new"}
         GPU only: each lane on its thread's per-thread default stream (where
         cuML runs) or on a new non-blocking stream.
+    timing : bool, optional
+        GPU only: time each GPU task with CUDA events, so that its trace record shows when the GPU
+        ran it (``issued`` keeps the host issue time).  Default: on inside
+        ``gn.evaluate(..., trace=True)``, else off (timed events cost a little).
     skip_wait : callable, optional
         Testing only: ``skip_wait(consumer_task, producer_task) -> bool`` drops
         that cross-lane wait, to show that the checker catches a missing dependency.
@@ -531,7 +580,8 @@ class StreamsExecutor(Executor):
 
     def __init__(self, workers: int | None = None, *, emulate: bool | None = None,
                  delays: tuple[float, float] | None = None, seed: int | None = None, check: bool = False,
-                 stream: str = "ptds", skip_wait: Callable[[Any, Any], bool] | None = None) -> None:
+                 stream: str = "ptds", skip_wait: Callable[[Any, Any], bool] | None = None,
+                 timing: bool | None = None) -> None:
         super().__init__(workers)
         if stream not in ("ptds", "new"):
             msg = f"stream={stream!r}: use 'ptds' (per-thread default stream) or 'new' (non-blocking stream)."
@@ -542,13 +592,15 @@ class StreamsExecutor(Executor):
         self.check = check
         self.stream = stream
         self.skip_wait = skip_wait
+        self.timing = timing
         self.last_checker: StreamChecker | None = None
 
     def _backend(self, plan: Any) -> Any:
         on_gpu = any(str(t.device).startswith("cuda") for t in plan.tasks)
         if self.emulate or (self.emulate is None and not (on_gpu and gpu_available())):
             return EmulatedBackend(self.delays, self.seed, self.check)
-        return CudaBackend(self.stream)
+        timing = gpu_timing_requested() if self.timing is None else self.timing
+        return CudaBackend(self.stream, timing=timing)
 
     def run(self, plan: Any, on_task_done: Any = None) -> Run:
         plan.n_lanes  # noqa: B018 - assigns the lanes (done on first use)
@@ -617,6 +669,8 @@ class StreamsExecutor(Executor):
             else:   # GPU work of the run may still read the values it holds: let it finish first
                 backend.quiesce(run)
             run.graveyard = []
+            if run.error is None:
+                backend.timings(run)
         return run
 
     def _lane(self, run: _StreamsRun, backend: Any, g: tuple, keys: list[int],
@@ -661,7 +715,7 @@ class StreamsExecutor(Executor):
                         inputs = tuple(run.values[d] for d in task.deps)
                         if not run.claim(k):
                             break
-                        ok = run.run_task(k, lane=lane, inputs=inputs, before=backend.before_task())
+                        ok = run.run_task(k, lane=lane, inputs=inputs, before=backend.before_task(task))
                         if ok:
                             run.recorded(k, backend.record(task))
                     host_ready[k].set()
