@@ -18,7 +18,7 @@ idle workers from this pool and give them back when the run ends.
 >>> import threading
 >>> done = []
 >>> h = checkout(("cpu", 0)).submit(lambda: done.append(threading.current_thread().name))
->>> h.join(); done[0].startswith("gpunets-cpu-0")
+>>> _ = h.join(); done[0].startswith("gpunets-cpu-0")
 True
 """
 

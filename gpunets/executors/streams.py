@@ -339,6 +339,9 @@ class CudaBackend:
         cp = self.cupy
         self.tasks = tasks
         self.ordinals = sorted({o for t in tasks if (o := _ordinal(str(t.device))) is not None})
+        from ..gpu_memory import ensure_gpu_memory
+
+        ensure_gpu_memory(self.ordinals)   # gn.set_config(gpu_memory=...) made before a GPU was seen
         for o in self.ordinals:
             with cp.cuda.Device(o):
                 ev = cp.cuda.Event(disable_timing=True)
