@@ -689,7 +689,7 @@ def test_serial_and_threads_run_gpu_tasks_with_cuda_discipline(fake_cuda, make):
 
 
 @pytest.mark.parametrize("fail", [False, True])
-def test_dask_gpu_tasks_run_on_a_stream_synchronized_at_the_hand_off(monkeypatch, fail):
+def test_dask_gpu_tasks_run_on_a_stream_synchronized_at_the_hand_off(monkeypatch, fake_cuda, fail):
     """A Dask worker may run GPU tasks on several threads with no events between them: each task runs
     with its GPU current on its thread's per-thread default stream, synchronized before the value leaves."""
     pytest.importorskip("cloudpickle")
@@ -698,7 +698,7 @@ def test_dask_gpu_tasks_run_on_a_stream_synchronized_at_the_hand_off(monkeypatch
 
     from gpunets.executors import dask as gdask
 
-    fake = _FakeCupy()
+    fake = fake_cuda
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=fake.cuda))
     seen = {}
 

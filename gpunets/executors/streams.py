@@ -112,7 +112,7 @@ def _cupy() -> Any:
 
 def wants_cuda(plan: Any) -> bool:
     """True if ``plan`` has a task on a CUDA device and a GPU is usable here (the CUDA backend runs it)."""
-    return any(str(t.device).startswith("cuda") for t in plan.tasks) and gpu_available()
+    return any(str(d).startswith("cuda") for d in {t.device for t in plan.tasks}) and gpu_available()
 
 
 def run_on_cuda(plan: Any, workers: int, name: str, on_task_done: Any = None) -> Run:
