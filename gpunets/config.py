@@ -27,6 +27,7 @@ _DEFAULTS: dict[str, Any] = {
     "device": "auto",     # default placement of machines and nodes
     "fallback": "warn",   # what a GPU->CPU fallback does: "warn", "raise" or "silent"
     "progress": False,    # show a tqdm progress bar while fitting
+    "gpu_memory": "default",  # GPU memory resource, process-wide, set once: "default", "async" or "pool"
 }
 
 _GLOBAL: dict[str, Any] = dict(_DEFAULTS)
@@ -37,7 +38,7 @@ def get_config() -> dict[str, Any]:
     """Return a copy of the settings in force here.
 
     >>> sorted(get_config())
-    ['device', 'executor', 'fallback', 'progress', 'workers']
+    ['device', 'executor', 'fallback', 'gpu_memory', 'progress', 'workers']
     """
     local = _LOCAL.get()
     return dict(local if local is not None else _GLOBAL)
@@ -60,6 +61,10 @@ def _validate(changes: dict[str, Any]) -> dict[str, Any]:
         from .executors import check_executor_spec
 
         check_executor_spec(changes["executor"])
+    if "gpu_memory" in changes:
+        from .gpu_memory import check_gpu_memory
+
+        check_gpu_memory(changes["gpu_memory"])
     if "progress" in changes and not isinstance(changes["progress"], bool):
         msg = f"progress={changes['progress']!r} must be True or False."
         raise TypeError(msg)
@@ -73,11 +78,20 @@ def _validate(changes: dict[str, Any]) -> dict[str, Any]:
 def set_config(**changes: Any) -> None:
     """Change the process-wide defaults (outside any ``config`` block).
 
+    ``gpu_memory`` (``"default"``, ``"async"``, ``"pool"``) installs an RMM memory resource on
+    every GPU, shared by CuPy, numba, cuML and cuDF (see :mod:`gpunets.gpu_memory`); it is set
+    once per process, before anything allocates on a GPU.
+
     >>> set_config(fallback="raise"); get_config()["fallback"]
     'raise'
     >>> set_config(fallback="warn")
     """
-    _GLOBAL.update(_validate(changes))
+    changes = _validate(changes)
+    if "gpu_memory" in changes:
+        from .gpu_memory import apply_gpu_memory
+
+        apply_gpu_memory(changes["gpu_memory"])   # raises (RMM missing, already set) before any change
+    _GLOBAL.update(changes)
 
 
 class config:
@@ -102,6 +116,10 @@ class config:
     """
 
     def __init__(self, **changes: Any) -> None:
+        if "gpu_memory" in changes:
+            msg = ("gpu_memory cannot be set for a block of code: the GPU memory resource is process-wide and "
+                   "set once. Use gn.set_config(gpu_memory=...) at the start of the program.")
+            raise ValueError(msg)
         self._changes = _validate(changes)
         self._tokens: list[contextvars.Token] = []
 

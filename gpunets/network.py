@@ -205,7 +205,10 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
     bindings = _bindings(target, data, named)
     plan = compile_call([target], bindings, rows=rows, max_lanes=_max_lanes(executor, workers))
     ex = get_executor(executor, workers, plan)
-    run = ex.run(plan)
+    from .executors.base import gpu_timing
+
+    with gpu_timing(trace):   # on a GPU the trace shows GPU time (timed CUDA events), not host issue time
+        run = ex.run(plan)
     _LAST_TRACE.set(run.trace)
     (value,) = run.results()
     if output == "auto":

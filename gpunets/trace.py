@@ -20,7 +20,11 @@ __all__ = ["Trace", "TraceRecord"]
 
 @dataclass
 class TraceRecord:
-    """One task: what it was, its lane and device, start and end (seconds from the run's start)."""
+    """One task: what it was, its lane and device, start and end (seconds from the run's start).
+
+    For a GPU task of a run timed with CUDA events (``gn.evaluate(..., trace=True)`` on the CUDA
+    streams backend) ``start``/``end`` are when the GPU ran its work and ``issued`` when the host issued it.
+    """
 
     key: int
     kind: str
@@ -31,6 +35,7 @@ class TraceRecord:
     end: float
     thread: str
     failed: bool = False
+    issued: tuple[float, float] | None = None   # host issue (start, end) when start/end are GPU times
 
     @property
     def seconds(self) -> float:
@@ -99,7 +104,8 @@ class Trace:
         for r in self:
             events.append({"name": r.label, "cat": r.kind, "ph": "X", "pid": 1, "tid": lanes.index(r.lane),
                            "ts": r.start * 1e6, "dur": max(r.seconds * 1e6, 0.001),
-                           "args": {"device": r.device, "thread": r.thread, "key": r.key, "failed": r.failed}})
+                           "args": {"device": r.device, "thread": r.thread, "key": r.key, "failed": r.failed,
+                                    **({"issued_us": [t * 1e6 for t in r.issued]} if r.issued else {})}})
         events.sort(key=lambda e: (e["ph"] != "M", e.get("ts", 0)))
         return events
 

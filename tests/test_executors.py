@@ -12,7 +12,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.linear_model import LinearRegression, Ridge
 
 import gpunets as gn
-from gpunets.executors import choose_auto, get_executor
+from gpunets.executors import choose_auto, get_executor, pool
 from gpunets.plan import compile_call, compile_fit
 from tests.helpers import Counting, NetModel
 
@@ -262,14 +262,11 @@ def test_failing_task_stops_the_run_cleanly(data):
     bad = gn.machine(Counting(tag="stop-bad", fail=True), Xs, ys)
     later = [gn.node(record, bad.predict(Xs) + i) for i in range(5)]
     out = gn.mean(*later)
-    before = {t.name for t in threading.enumerate()}
     for ex in ["serial", gn.ThreadsExecutor(workers=2), gn.StreamsExecutor(workers=2)]:
         with pytest.raises(gn.FitError, match="Machine Counting failed to fit"):
             out.fit(executor=ex)
         assert started == []
-    time.sleep(0.01)
-    left = {t.name for t in threading.enumerate()} - before
-    assert not [n for n in left if n.startswith("gpunets")], left  # no worker thread outlives its run
+        assert pool.busy_workers() == []   # no work outlives its run; the workers are back in the pool
 
 
 def test_keyboard_interrupt_leaves_no_threads(data):
@@ -283,13 +280,35 @@ def test_keyboard_interrupt_leaves_no_threads(data):
         return x
 
     out = gn.mean(gn.node(interrupt, X), gn.node(slow, X), gn.node(slow, X))
-    before = {t.name for t in threading.enumerate()}
     for ex in [gn.ThreadsExecutor(workers=2), gn.StreamsExecutor(workers=3)]:
         with pytest.raises(KeyboardInterrupt):
             out(executor=ex)
-        time.sleep(0.01)
-        left = {t.name for t in threading.enumerate()} - before
-        assert not [n for n in left if n.startswith("gpunets")], left
+        assert pool.busy_workers() == []   # every task of the run has returned: no stray work
+        n = threading.active_count()
+        with pytest.raises(KeyboardInterrupt):
+            out(executor=ex)
+        assert threading.active_count() == n   # the workers are reused, not left behind
+
+
+@pytest.mark.parametrize("make", [lambda: gn.ThreadsExecutor(workers=3), lambda: gn.StreamsExecutor(workers=3)],
+                         ids=["threads", "streams"])
+def test_consecutive_runs_reuse_worker_threads(make):
+    X = gn.source(np.arange(4.0), name="X")
+    out = gn.mean(*[(X + i) * 2 for i in range(4)])
+    ex = make()
+    out(executor=ex)   # the first run may make the workers
+    seen = set()
+
+    def where(x):
+        seen.add(threading.current_thread())   # the thread objects themselves: a new thread is a new object
+        return x
+
+    probe = gn.node(where, out)
+    n = threading.active_count()
+    for _ in range(20):
+        np.testing.assert_array_equal(probe(executor=ex), out(executor="serial"))
+    assert threading.active_count() == n
+    assert 1 <= len(seen) <= 3, f"20 runs used {len(seen)} threads: each run must reuse the same workers"
 
 
 def test_trace_records_and_exports(tmp_path, data):
@@ -366,6 +385,9 @@ class _FakeCupy:
         fake = self
         self.tls = threading.local()
         self.errors: list[str] = []
+        self.synced: list[tuple] = []
+        self.gpu_lag = self.lag_step = 0.0
+        self.events: list = []
         self.lock = threading.Lock()
         self._next = [100]
 
@@ -408,11 +430,17 @@ class _FakeCupy:
                 event.record(self)
                 return event
 
+            def synchronize(self):
+                fake.synced.append(("stream", self.ptr))
+
         class Event:
             def __init__(self, block=False, disable_timing=False, interprocess=False):
                 self.device = fake.device()
                 self.recorded = self.completed = False
                 self.queries = 0
+                self.timing = not disable_timing
+                with fake.lock:
+                    fake.events.append(self)
 
             @property
             def done(self):
@@ -427,6 +455,8 @@ class _FakeCupy:
                 if dev != self.device:
                     fake.errors.append(f"event of device {self.device} recorded on a stream of device {dev}")
                 self.recorded, self.completed = True, False
+                self.at = time.perf_counter() + fake.gpu_lag   # when the "GPU" reaches it
+                fake.gpu_lag += fake.lag_step                  # a backlog that grows with the work issued
 
             def synchronize(self):
                 self.completed = True
@@ -442,10 +472,30 @@ class _FakeCupy:
             def __exit__(self, *a):
                 fake.devices().pop()
 
+            def use(self):
+                fake.devices()[0] = self.id   # the thread's device outside any `with Device`
+                return self
+
+            def synchronize(self):   # every event recorded on this device completes
+                fake.synced.append(("device", self.id))
+                for ev in list(fake.events):
+                    if ev.device == self.id:
+                        ev.completed = True
+
         Stream.null, Stream.ptds = Stream(null=True), Stream(ptds=True)
         self.waits: dict[tuple, set[int]] = {}
         self.cuda = type("cuda", (), {"Stream": Stream, "Event": Event, "Device": Device,
-                                      "get_current_stream": staticmethod(self.get_current_stream)})
+                                      "get_current_stream": staticmethod(self.get_current_stream),
+                                      "is_available": staticmethod(lambda: True),
+                                      "get_elapsed_time": staticmethod(self.elapsed)})
+
+    def elapsed(self, start, end):   # milliseconds between two timed, completed events of one device
+        for ev in (start, end):
+            if not (ev.timing and ev.recorded and ev.completed):
+                self.errors.append("get_elapsed_time on an event without timing, unrecorded or not complete")
+        if start.device != end.device:
+            self.errors.append("get_elapsed_time on events of two devices")
+        return (end.at - start.at) * 1e3
 
     def devices(self):
         if not hasattr(self.tls, "devices"):
@@ -472,33 +522,44 @@ class _FakeCupy:
         return set(self.waits.get(s._key(), set())), s._key()
 
 
-@pytest.mark.parametrize("kind", ["ptds", "new"])
-def test_cuda_backend_orders_cross_stream_edges_and_keeps_values_alive(monkeypatch, kind):
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """The CUDA backend on the fake ``cupy.cuda`` above, with a GPU "present" (one place to swap fakes)."""
     from gpunets.executors import streams
 
     fake = _FakeCupy()
+    monkeypatch.setattr(streams, "_cupy", lambda: fake)
+    monkeypatch.setattr(streams, "gpu_available", lambda: True)
+    monkeypatch.setenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "1")   # as gpunets recommends (see the guard test)
+    return fake
+
+
+def _on_fake_gpus(plan, fake, seen, cpu=lambda t: False):
+    """Place a compiled plan's tasks on cuda:0/cuda:1 (``cpu(task)``: on the CPU), recording where each ran."""
+    for t in plan.tasks:
+        if t.kind == "source":
+            continue
+        t.device = "cpu" if cpu(t) else f"cuda:{t.key % 2}"
+
+        def wrapped(*a, _fn=t.fn, _k=t.key):
+            seen[_k] = fake.waited_here() + (fake.device(), fake.get_current_stream())
+            return _fn(*a)
+
+        t.fn = wrapped
+
+
+@pytest.mark.parametrize("kind", ["ptds", "new"])
+def test_cuda_backend_orders_cross_stream_edges_and_keeps_values_alive(monkeypatch, fake_cuda, kind):
+    from gpunets.executors import streams
+
+    fake = fake_cuda
     X = gn.source(np.arange(6.0), name="X")
     branches = [(X + i) * 2 for i in range(5)]
     out = gn.mean(*branches) + branches[0]
     plan = compile_call([out], {}, max_lanes=3)
     assert plan.n_lanes == 3
     seen: dict[int, tuple] = {}
-    for t in plan.tasks:   # alternate two GPUs; the output task on the CPU
-        if t.kind == "source":
-            continue
-        t.device = "cpu" if t.key in plan.outputs else f"cuda:{t.key % 2}"
-
-        def wrapped(*a, _fn=t.fn, _k=t.key):
-            seen[_k] = fake.waited_here() + (fake.device(),)
-            return _fn(*a)
-
-        t.fn = wrapped
-
-    def backend(self, plan):
-        be = streams.CudaBackend.__new__(streams.CudaBackend)
-        be.cupy, be.kind, be.checker, be.delays, be.start = fake, kind, None, None, []
-        be._local = threading.local()
-        return be
+    _on_fake_gpus(plan, fake, seen, cpu=lambda t: t.key in plan.outputs)   # the output task on the CPU
 
     early: list[str] = []
     sweep = streams._StreamsRun._sweep
@@ -512,9 +573,8 @@ def test_cuda_backend_orders_cross_stream_edges_and_keeps_values_alive(monkeypat
                     if ev is None or not getattr(ev, "completed", True):
                         early.append(f"value {k} dropped before consumer {c} finished")
 
-    monkeypatch.setattr(streams.StreamsExecutor, "_backend", backend)
     monkeypatch.setattr(streams._StreamsRun, "_sweep", checked_sweep)
-    run = gn.StreamsExecutor(workers=3).run(plan)
+    run = gn.StreamsExecutor(workers=3, stream=kind).run(plan)
     assert run.error is None
     np.testing.assert_array_equal(run.values[plan.outputs[0]], serial_reference(lambda: out))
     assert not fake.errors, fake.errors
@@ -523,7 +583,7 @@ def test_cuda_backend_orders_cross_stream_edges_and_keeps_values_alive(monkeypat
     for t in tasks:
         if t.kind == "source":
             continue
-        waited, stream_key, dev = seen[t.key]
+        waited, stream_key, dev, _ = seen[t.key]
         if t.device == "cpu":   # read on the host: every GPU producer had completed
             assert all(run.events[d].completed for d in t.deps if tasks[d].kind != "source")
             continue
@@ -566,3 +626,209 @@ def test_gpu_streams_executor_on_cuda_streams_equals_serial(kind):
         host = gn.node(lambda a, b: a + b, branches[1], branches[2], name="host_sum")
     ref = cp.asnumpy(branches[1](executor="serial", output="device") + branches[2](executor="serial", output="device"))
     np.testing.assert_allclose(np.asarray(host(executor=ex)), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_cuda_lanes_serve_one_gpu_for_life_and_are_capped(fake_cuda):
+    """A lane thread never switches GPUs (cuML's per-thread handle is bound to the first one), GPU lanes
+    per device are capped at the hardware queue count, and consecutive runs reuse the same threads."""
+    from gpunets.executors import streams
+
+    fake = fake_cuda
+    X = gn.source(np.arange(6.0), name="X")
+    chains = [((X + i) * 2) - 1 for i in range(12)]
+    out = gn.mean(*chains)
+    where: dict = {}
+    for _ in range(3):
+        plan = compile_call([out], {}, max_lanes=16)
+        assert plan.n_lanes == 12
+        seen: dict[int, tuple] = {}
+        _on_fake_gpus(plan, fake, seen)    # a chain alternates cuda:0 and cuda:1 along one plan lane
+        for t in plan.tasks:
+            if t.kind != "source":
+                fn = t.fn
+
+                def tagged(*a, _fn=fn):
+                    where.setdefault(threading.current_thread(), set()).add(fake.device())
+                    return _fn(*a)
+
+                t.fn = tagged
+        run = gn.StreamsExecutor(workers=16).run(plan)
+        assert run.error is None and not fake.errors, fake.errors
+        np.testing.assert_array_equal(run.values[plan.outputs[0]], out(executor="serial"))
+    assert all(len(devs) == 1 for devs in where.values()), where
+    per_gpu = [sum(1 for devs in where.values() if devs == {o}) for o in (0, 1)]
+    assert max(per_gpu) <= streams.MAX_GPU_LANES == 8, per_gpu
+
+
+@pytest.mark.parametrize("make", [lambda: gn.SerialExecutor(), lambda: gn.ThreadsExecutor(workers=3)],
+                         ids=["serial", "threads"])
+def test_serial_and_threads_run_gpu_tasks_with_cuda_discipline(fake_cuda, make):
+    """GPU tasks under serial/threads: their device current, a lane stream (never the legacy one),
+    events waited across streams, values kept alive: the streams executor's CUDA backend runs them."""
+    fake = fake_cuda
+    X = gn.source(np.arange(6.0), name="X")
+    out = gn.mean(*[(X + i) * 2 for i in range(4)])
+    plan = compile_call([out], {}, max_lanes=3)
+    seen: dict[int, tuple] = {}
+    _on_fake_gpus(plan, fake, seen)
+    ex = make()
+    run = ex.run(plan)
+    assert run.error is None and not fake.errors, fake.errors
+    assert run.trace.executor == f"{ex.name} (on CUDA streams)"
+    np.testing.assert_array_equal(run.values[plan.outputs[0]], out(executor="serial"))
+    for t in plan.tasks:
+        if t.kind == "source":
+            continue
+        waited, _, dev, stream = seen[t.key]
+        assert dev == int(t.device[-1]), f"{t.label} ran with GPU {dev} current, placed on {t.device}"
+        assert stream.ptr != 0, f"{t.label} was issued on the legacy default stream"
+        for d in t.deps:
+            p = plan.tasks[d]
+            if p.kind != "source" and p.device != t.device:
+                assert id(run.events[d]) in waited, f"{t.label} did not wait for {p.label}"
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_dask_gpu_tasks_run_on_a_stream_synchronized_at_the_hand_off(monkeypatch, fake_cuda, fail):
+    """A Dask worker may run GPU tasks on several threads with no events between them: each task runs
+    with its GPU current on its thread's per-thread default stream, synchronized before the value leaves."""
+    pytest.importorskip("cloudpickle")
+    import sys
+    import types
+
+    from gpunets.executors import dask as gdask
+
+    fake = fake_cuda
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=fake.cuda))
+    seen = {}
+
+    def task(x):
+        seen["device"], seen["stream"] = fake.device(), fake.get_current_stream().ptr
+        assert not fake.synced, "synchronized before the task's work was issued"
+        if fail:
+            raise ValueError("boom")
+        return x + 1
+
+    if fail:
+        with pytest.raises(ValueError):
+            gdask._run_on_gpu(1, "run-x", 7, task, 1)
+    else:
+        assert gdask._run_on_gpu(1, "run-x", 7, task, 1) == 2
+    assert seen == {"device": 1, "stream": fake.cuda.Stream.ptds.ptr}
+    assert fake.synced == [("stream", fake.cuda.Stream.ptds.ptr)]
+
+
+def test_cpu_tasks_read_gpu_values_on_the_lane_stream_of_their_device(fake_cuda):
+    """A CPU task reading GPU values (cupy.asnumpy copies on the current stream) runs with the producer's
+    GPU current and its lane's stream there, never on the legacy default stream (a device-wide barrier)."""
+    fake = fake_cuda
+    X = gn.source(np.arange(6.0), name="X")
+    a, b = X + 1, X * 2
+    out = gn.node(lambda u, v: u + v, a, b, name="host")
+    plan = compile_call([out], {}, max_lanes=2)
+    seen: dict[int, tuple] = {}
+    _on_fake_gpus(plan, fake, seen, cpu=lambda t: t.key in plan.outputs)
+    for t in plan.tasks:
+        if t.kind != "source" and t.device != "cpu":
+            t.device = "cuda:1"
+    run = gn.StreamsExecutor(workers=2).run(plan)
+    assert run.error is None and not fake.errors, fake.errors
+    _, _, dev, stream = seen[plan.outputs[0]]
+    assert dev == 1 and stream.ptr != 0, (dev, stream.ptr)
+
+
+def test_failed_run_synchronizes_before_its_gpu_values_can_be_freed(fake_cuda):
+    """On failure every GPU the run used is synchronized before the run's values can be dropped: another
+    lane's kernels may still read them (and CuPy's pool would hand their memory out again)."""
+    fake = fake_cuda
+    X = gn.source(np.arange(6.0), name="X")
+
+    def boom(u, v):
+        raise ValueError("boom")
+
+    out = gn.node(boom, X + 1, X * 2, name="boom")
+    plan = compile_call([out], {}, max_lanes=2)
+    assert plan.n_lanes == 2
+    seen: dict[int, tuple] = {}
+    _on_fake_gpus(plan, fake, seen)
+    for t in plan.tasks:
+        if t.kind != "source":
+            t.device = "cuda:0"
+    run = gn.StreamsExecutor(workers=2).run(plan)
+    assert isinstance(run.error, gn.EvaluationError) and not fake.errors, fake.errors
+    recorded = [ev for ev in run.events if ev is not None and hasattr(ev, "completed")]
+    assert recorded and all(ev.completed for ev in recorded), "GPU work still in flight when the run ended"
+    assert ("device", 0) in fake.synced
+
+
+def test_legacy_stream_guard_warns_once_and_refuses_new_streams_with_classic_cudf(fake_cuda, monkeypatch):
+    import sys
+    import types
+    import warnings
+
+    from gpunets.executors import streams
+
+    monkeypatch.setattr(streams, "_WARNED", set())
+    monkeypatch.delenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", raising=False)
+    monkeypatch.delenv("CUDF_PER_THREAD_STREAM", raising=False)
+    X = gn.source(np.arange(4.0), name="X")
+    out = X + 1
+    with gn.device("cpu"):
+        plan = compile_call([out], {})
+    plan.tasks[-1].device = "cuda:0"
+    with pytest.warns(streams.LegacyStreamWarning, match="CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1"):
+        gn.StreamsExecutor(workers=1).run(plan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gn.StreamsExecutor(workers=1).run(plan)   # once
+    monkeypatch.setitem(sys.modules, "cudf", types.ModuleType("cudf"))   # classic cuDF is loaded
+    with pytest.raises(gn.StreamOrderError, match="CUDF_PER_THREAD_STREAM=1"):
+        gn.StreamsExecutor(workers=1, stream="new").run(plan)
+    with pytest.warns(streams.LegacyStreamWarning, match="cuDF runs on CUDA's legacy default stream"):
+        gn.StreamsExecutor(workers=1).run(plan)
+    monkeypatch.setenv("CUDF_PER_THREAD_STREAM", "1")
+    monkeypatch.setenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "1")
+    monkeypatch.setattr(streams, "_WARNED", set())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run = gn.StreamsExecutor(workers=1, stream="new").run(plan)
+    assert run.error is None
+
+
+def test_traced_gpu_runs_show_gpu_time_from_timed_cuda_events(fake_cuda):
+    """gn.evaluate(trace=True) on the CUDA backend times each GPU task with timed CUDA events: the record's
+    start/end are the GPU's (get_elapsed_time from the run's zero event), `issued` the host issue time."""
+    fake = fake_cuda
+    X = gn.source(np.arange(6.0), name="X")
+    with gn.device("cpu"):
+        out = gn.mean(X + 1, X * 2)
+
+    real = compile_call
+
+    def on_gpu(*a, **k):
+        plan = real(*a, **k)
+        for t in plan.tasks:
+            if t.kind != "source":
+                t.device = "cuda:0"
+        return plan
+
+    import gpunets.network as network
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(network, "compile_call", on_gpu)
+    try:
+        untimed = network.evaluate(out, executor=gn.StreamsExecutor(workers=2))
+        assert not [e for e in fake.events if e.timing], "timed events only when a trace is asked for"
+        fake.lag_step = 0.1    # the "GPU" falls behind the host by 0.1 s per event recorded
+        ev = network.evaluate(out, executor=gn.StreamsExecutor(workers=2), trace=True)
+    finally:
+        mp.undo()
+    np.testing.assert_array_equal(ev.value, untimed)
+    assert ev.trace.executor == "streams" and not fake.errors, fake.errors
+    recs = ev.trace.records
+    assert len(recs) == 3 and all(r.issued is not None for r in recs)
+    for r in recs:   # GPU time = host time of the zero event + elapsed: the backlog shows, host issue time does not
+        assert r.end > r.start >= r.issued[0] + 0.09, (r.start, r.end, r.issued)
+    zero = [e for e in fake.events if e.timing][0]
+    timed = [e for e in fake.events if e.timing][1:]
+    assert len(timed) == 6 and all(e.completed and e.at > zero.at - 1e-9 for e in timed)

@@ -6,9 +6,28 @@ import contextvars
 import os
 from typing import Any
 
-__all__ = ["Executor", "inside_task", "task_context", "default_workers"]
+__all__ = ["Executor", "inside_task", "task_context", "default_workers", "gpu_timing", "gpu_timing_requested"]
 
 _IN_TASK: contextvars.ContextVar[int] = contextvars.ContextVar("gpunets_in_task", default=0)
+_GPU_TIMING: contextvars.ContextVar[bool] = contextvars.ContextVar("gpunets_gpu_timing", default=False)
+
+
+class gpu_timing:
+    """Ask the runs started inside this block to time their GPU tasks with CUDA events (``trace=True``)."""
+
+    def __init__(self, on: bool = True) -> None:
+        self.on = bool(on)
+
+    def __enter__(self) -> None:
+        self._token = _GPU_TIMING.set(self.on)
+
+    def __exit__(self, *a: object) -> None:
+        _GPU_TIMING.reset(self._token)
+
+
+def gpu_timing_requested() -> bool:
+    """True inside a :class:`gpu_timing` block (e.g. ``gn.evaluate(..., trace=True)``)."""
+    return _GPU_TIMING.get()
 
 
 def inside_task() -> bool:

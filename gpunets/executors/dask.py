@@ -112,8 +112,17 @@ def _run_on_gpu(local_index: int, run_id: str, key: int, payload: Any, *args: An
         usable = False
     if not usable:
         return _run_remote(run_id, key, payload, *args)
+    # A worker may run tasks on several threads and hands values between threads and processes with no
+    # CUDA event: issue the task on this thread's per-thread default stream (where cuML runs; never the
+    # legacy one) and synchronize it before the value leaves the task, also on failure, so the inputs
+    # are not freed (and their memory reused) while its kernels still read them.
     with cupy.cuda.Device(local_index):
-        return _run_remote(run_id, key, payload, *args)
+        stream = cupy.cuda.Stream.ptds
+        with stream:
+            try:
+                return _run_remote(run_id, key, payload, *args)
+            finally:
+                stream.synchronize()
 
 
 def _pop_timings(run_id: str) -> list[tuple[int, float, float, str, bool]]:

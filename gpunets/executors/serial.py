@@ -1,4 +1,10 @@
-"""The reference executor: every task in the calling thread, in plan order."""
+"""The reference executor: every task in the calling thread, in plan order.
+
+A plan with a task on a GPU runs on the streams executor's CUDA backend with one
+lane per device (:func:`gpunets.executors.streams.run_on_cuda`): a GPU task needs
+its device current, a stream and events between devices, which a plain loop in
+the calling thread does not give.  Its trace says so (``serial (on CUDA streams)``).
+"""
 
 from __future__ import annotations
 
@@ -25,6 +31,10 @@ class SerialExecutor(Executor):
         super().__init__(1)
 
     def run(self, plan: Any, on_task_done: Any = None) -> Run:
+        from .streams import run_on_cuda, wants_cuda
+
+        if wants_cuda(plan):
+            return run_on_cuda(plan, 1, f"{self.name} (on CUDA streams)", on_task_done)
         run = Run(plan, executor_name=self.name, on_task_done=on_task_done)
         ctx = task_context()
         ctx.run(self._loop, run)

@@ -24,16 +24,107 @@ producer, the consumer's lane waits on it before the consumer (on a GPU
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 import threading
+import time
+import warnings
 from typing import Any, Callable
 
 from ..devices import gpu_available
 from ..exceptions import StreamOrderError
 from ..scheduler import Run
-from .base import Executor, task_context
+from . import pool
+from .base import Executor, gpu_timing_requested, task_context
 
-__all__ = ["StreamsExecutor", "EmulatedBackend", "CudaBackend", "StreamChecker"]
+__all__ = ["StreamsExecutor", "EmulatedBackend", "CudaBackend", "StreamChecker", "wants_cuda", "run_on_cuda",
+           "MAX_GPU_LANES", "LegacyStreamWarning", "check_default_streams"]
+
+
+class LegacyStreamWarning(UserWarning):
+    """Some GPU work will go to CUDA's legacy default stream, a device-wide barrier between lanes."""
+
+
+_WARNED: set[str] = set()
+
+
+def check_default_streams(kind: str) -> None:
+    """Check, when the CUDA backend starts, that no library puts the lanes' work on the legacy default stream.
+
+    * cuDF without ``CUDF_PER_THREAD_STREAM`` (read once, when libcudf starts) runs every operation
+      on the legacy default stream.  With ``stream="new"`` (non-blocking lane streams, which the
+      legacy stream does not wait for) that is a race: refused.  With ``stream="ptds"`` it is
+      correct but serializes the lanes: a warning, once.
+    * CuPy without ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1`` (read when CuPy is imported): the lanes
+      issue on their own streams, but CuPy work outside them (where the sources were made, where
+      the outputs are read) goes to the legacy stream: a warning, once.
+    """
+    if "cudf" in sys.modules and "CUDF_PER_THREAD_STREAM" not in os.environ:
+        if kind == "new":
+            msg = ("stream='new' cannot be used with cuDF on the legacy default stream: cuDF runs its work on "
+                   "the legacy default stream unless CUDF_PER_THREAD_STREAM is set, and a non-blocking lane "
+                   "stream is not ordered with it, so a lane could read a cuDF result before it is written. "
+                   "Set CUDF_PER_THREAD_STREAM=1 in the environment before starting Python, or use "
+                   "stream='ptds'.")
+            raise StreamOrderError(msg)
+        _warn_once("cudf", "cuDF runs on CUDA's legacy default stream (CUDF_PER_THREAD_STREAM is not set), a "
+                           "device-wide barrier: the GPU lanes will not overlap while cuDF works. Set "
+                           "CUDF_PER_THREAD_STREAM=1 in the environment before starting Python.")
+    try:
+        ptds = int(os.environ.get("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "0")) != 0
+    except ValueError:
+        ptds = False
+    if not ptds:
+        _warn_once("cupy", "CuPy's default stream is CUDA's legacy default stream "
+                           "(CUPY_CUDA_PER_THREAD_DEFAULT_STREAM is not set): the GPU lanes run on their own "
+                           "streams, but CuPy work outside them (where the sources are made, where the outputs "
+                           "are read) is a device-wide barrier. Set CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1 in the "
+                           "environment before CuPy is imported.")
+
+
+def _warn_once(what: str, msg: str) -> None:
+    if what not in _WARNED:
+        _WARNED.add(what)
+        warnings.warn(msg, LegacyStreamWarning, stacklevel=4)
+
+
+def _max_gpu_lanes() -> int:
+    try:
+        return max(1, int(os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "8")))
+    except ValueError:
+        return 8
+
+
+#: The most lanes (streams, worker threads) per GPU: the number of hardware queues
+#: (``CUDA_DEVICE_MAX_CONNECTIONS``, 8 by default); more streams than that share queues.
+MAX_GPU_LANES = _max_gpu_lanes()
+
+_THREAD = threading.local()    # per worker thread: its streams, made once and kept for the thread's life
+
+
+def _cupy() -> Any:
+    """CuPy, imported here only when the CUDA backend is used (tests replace this function)."""
+    import cupy
+
+    return cupy
+
+
+def wants_cuda(plan: Any) -> bool:
+    """True if ``plan`` has a task on a CUDA device and a GPU is usable here (the CUDA backend runs it)."""
+    return any(str(d).startswith("cuda") for d in {t.device for t in plan.tasks}) and gpu_available()
+
+
+def run_on_cuda(plan: Any, workers: int, name: str, on_task_done: Any = None) -> Run:
+    """Run ``plan`` on the CUDA backend of the streams executor, with ``workers`` lanes per device.
+
+    The ``serial`` and ``threads`` executors hand plans with GPU tasks to this: a GPU
+    task needs its device current, a stream of its own lane, events on the edges
+    between threads and its inputs kept alive until it completed, which only the
+    streams executor's CUDA backend provides.
+    """
+    ex = StreamsExecutor(workers=workers)
+    return ex._run(plan, CudaBackend(ex.stream, timing=gpu_timing_requested()), name, on_task_done)
 
 
 class StreamChecker:
@@ -102,11 +193,23 @@ class EmulatedBackend:
     def begin(self, tasks: Any) -> None:
         return None
 
-    def lane_context(self, lane: int) -> Any:
+    def device_key(self, task: Any) -> None:
+        return None   # every emulated lane is a CPU thread
+
+    def pool_key(self, group: tuple) -> tuple:
+        return ("cpu", group[1])
+
+    def lane_context(self, group: tuple) -> Any:
         return _Null()
 
     def done(self, event: _HostEvent | None) -> bool:
         return event is not None and event.flag.is_set()
+
+    def quiesce(self, run: Any) -> None:
+        return None
+
+    def timings(self, run: Any) -> None:
+        return None
 
     def record(self, task: Any) -> _HostEvent:
         if self.checker is not None:
@@ -128,7 +231,7 @@ class EmulatedBackend:
     def task_context(self, task: Any) -> Any:
         return _Null()
 
-    def before_task(self) -> Callable[[], None] | None:
+    def before_task(self, task: Any = None) -> Callable[[], None] | None:
         if not self.delays:
             return None
         lo, hi = self.delays
@@ -182,53 +285,101 @@ class _CudaTask:
             self.device.__exit__(*a)
 
 
+class _LaneDevice:
+    """A GPU lane's whole job: its GPU made current for the worker thread (which serves only that GPU)."""
+
+    __slots__ = ("backend", "ordinal")
+
+    def __init__(self, backend: CudaBackend, ordinal: int) -> None:
+        self.backend, self.ordinal = backend, ordinal
+
+    def __enter__(self) -> None:
+        # A lane thread serves one GPU for life (pool key): cuML's per-thread handle, made on the GPU
+        # current when it is first used, and CuPy's per-thread handles stay on this GPU.
+        self.backend.cupy.cuda.Device(self.ordinal).use()
+
+    def __exit__(self, *a: object) -> None:
+        return None
+
+
 class CudaBackend:
     """Real CUDA streams and events through CuPy (imported only here, only when used).
 
-    A lane has one stream per GPU it runs tasks on (``Stream.ptds`` or a
-    non-blocking stream made on that GPU), current while each of its tasks is
-    issued on that GPU.  Every task records an event (made and recorded in its
-    own task context, so on its own GPU: an event must be recorded on a stream
-    of the device it was created on).  A GPU task waits (GPU-side) on the events
-    of its producers on another stream; a CPU task waits on the host for its
-    producers' events, since it reads their values on the host.  The streams
-    also wait for an event recorded on the caller's current stream when the run
-    started, where the sources were made.
+    A lane is a worker thread of one device for life (the pool key is
+    ``("cuda", ordinal, lane)`` or ``("cpu", lane)``); a GPU lane issues its
+    tasks on its stream (``Stream.ptds`` of its thread, or a non-blocking stream
+    made once per thread), current while each task is issued.  Every GPU task
+    records an event (made and recorded in its own task context, so on its own
+    GPU: an event must be recorded on a stream of the device it was created
+    on).  A GPU task waits (GPU-side) on the events of its producers on another
+    stream; a CPU task waits on the host for its producers' events, since it
+    reads their values on the host.  The streams also wait for an event
+    recorded on the caller's current stream when the run started, where the
+    sources were made.
     """
 
     name = "cuda"
 
-    def __init__(self, stream: str = "ptds") -> None:
-        import cupy
-
-        self.cupy = cupy
+    def __init__(self, stream: str = "ptds", timing: bool = False) -> None:
+        check_default_streams(stream)
+        self.cupy = _cupy()
+        self.timing = timing
+        self.clock: dict[int, tuple[Any, float]] = {}   # ordinal -> (timed event at the start, host time then)
+        self.timed: dict[int, list[Any]] = {}           # task key -> [ordinal, start event, end event]
         self.kind = stream
         self.checker = None
         self.delays = None
         self.start: list[Any] = []      # events on the caller's streams at the start of the run
+        self.ordinals: list[int] = []   # the GPUs the plan uses
+        self.tasks: list[Any] = []
         self._local = threading.local()
 
     def begin(self, tasks: Any) -> None:
         """In the calling thread: record, on its current stream of every GPU the plan uses, the start events."""
         cp = self.cupy
-        for o in sorted({o for t in tasks if (o := _ordinal(str(t.device))) is not None}):
+        self.tasks = tasks
+        self.ordinals = sorted({o for t in tasks if (o := _ordinal(str(t.device))) is not None})
+        from ..gpu_memory import ensure_gpu_memory
+
+        ensure_gpu_memory(self.ordinals)   # gn.set_config(gpu_memory=...) made before a GPU was seen
+        for o in self.ordinals:
             with cp.cuda.Device(o):
                 ev = cp.cuda.Event(disable_timing=True)
                 ev.record(cp.cuda.get_current_stream())   # this thread's current stream on this device
                 self.start.append(ev)
+                if self.timing:
+                    t0 = cp.cuda.Event()   # timing on: the zero of this GPU's clock
+                    t0.record(cp.cuda.get_current_stream())
+                    self.clock[o] = (t0, time.perf_counter())
 
-    def lane_context(self, lane: int) -> Any:
-        self._local.streams = {}       # ordinal -> this lane's stream on that GPU
+    def device_key(self, task: Any) -> int | None:
+        """The GPU ordinal of a task (its lane's device), None for the CPU."""
+        return _ordinal(str(task.device))
+
+    def pool_key(self, group: tuple) -> tuple:
+        ordinal, lane = group
+        return ("cpu", lane) if ordinal is None else ("cuda", ordinal, lane)
+
+    def lane_context(self, group: tuple) -> Any:
+        self._local.streams = {}       # ordinal -> this lane's stream on that GPU, in this run
         self._local.start_synced = False
-        return _Null()
+        return _Null() if group[0] is None else _LaneDevice(self, group[0])
 
     def _stream(self, ordinal: int) -> Any:
-        """This lane's stream on GPU ``ordinal`` (current device), made on first use; it waits for the start."""
+        """This lane's stream on GPU ``ordinal`` (current device); it waits for the start of the run."""
         streams = self._local.streams
         s = streams.get(ordinal)
         if s is None:
             cp = self.cupy
-            s = cp.cuda.Stream.ptds if self.kind == "ptds" else cp.cuda.Stream(non_blocking=True)
+            if self.kind == "ptds":
+                s = cp.cuda.Stream.ptds
+            else:   # made once per worker thread and device, kept for the thread's life
+                made = getattr(_THREAD, "streams", None)
+                if made is None:
+                    made = _THREAD.streams = {}
+                s = made.get(ordinal)
+                if s is None:
+                    s = made[ordinal] = cp.cuda.Stream(non_blocking=True)
             for ev in self.start:   # an event may be waited on by a stream of another device
                 s.wait_event(ev)
                 if self.kind == "new":
@@ -259,6 +410,10 @@ class CudaBackend:
             # cuML runs on the per-thread default stream whatever CuPy's current stream is: join it in
             cp.cuda.get_current_stream().wait_event(cp.cuda.Stream.ptds.record(cp.cuda.Event(disable_timing=True)))
         ev.record(cp.cuda.get_current_stream())
+        if self.timing and task.key in self.timed:
+            end = cp.cuda.Event()
+            end.record(cp.cuda.get_current_stream())
+            self.timed[task.key].append(end)
         return ev
 
     def wait(self, event: Any, consumer: Any, producer: Any, cross_lane: bool) -> None:
@@ -283,13 +438,61 @@ class CudaBackend:
                 ev.synchronize()
             self._local.start_synced = True
 
-    def before_task(self) -> None:
-        return None
+    def before_task(self, task: Any = None) -> Callable[[], None] | None:
+        """With timing on, a GPU task records a timed event on its stream just before its work is issued."""
+        if not self.timing or task is None or (o := _ordinal(str(task.device))) is None:
+            return None
+        cp = self.cupy
+
+        def start() -> None:
+            ev = cp.cuda.Event()
+            ev.record(cp.cuda.get_current_stream())
+            self.timed[task.key] = [o, ev]
+
+        return start
+
+    def timings(self, run: Any) -> None:
+        """After the run: GPU start/end of each timed task into its trace record (host issue time kept)."""
+        if not self.timed:
+            return
+        cp = self.cupy
+        gpu: dict[int, tuple[float, float]] = {}
+        for key, (o, *evs) in self.timed.items():
+            if len(evs) != 2 or o not in self.clock:
+                continue   # the task failed: no end event
+            t0, host0 = self.clock[o]
+            for ev in (t0, *evs):   # cudaEventElapsedTime needs both events complete
+                ev.synchronize()
+            base = host0 - run.t0
+            gpu[key] = (base + cp.cuda.get_elapsed_time(t0, evs[0]) / 1e3,
+                        base + cp.cuda.get_elapsed_time(t0, evs[1]) / 1e3)
+        for r in run.trace.records:
+            if r.key in gpu and r.issued is None:
+                r.issued = (r.start, r.end)
+                r.start, r.end = gpu[r.key]
 
     def task_context(self, task: Any) -> Any:
-        """Make the task's GPU and this lane's stream on it current while the task is issued."""
+        """Make the task's GPU and this lane's stream on it current while the task is issued.
+
+        A CPU task that reads GPU values (a move to the host, a host-only function) runs with its first
+        GPU input's device and this lane's stream on it current: ``cupy.asnumpy(x)`` copies on the
+        current stream, which would otherwise be the legacy default stream, a device-wide barrier.
+        """
         o = _ordinal(str(task.device))
+        if o is None:
+            tasks = self.tasks
+            o = next((p for d in task.deps if (p := _ordinal(str(tasks[d].device))) is not None), None)
         return _Null() if o is None else _CudaTask(self, o)
+
+    def quiesce(self, run: Any) -> None:
+        """After a failed run: wait until no kernel of the run can still read a value, before any is freed.
+
+        A failed task may have issued work without recording its event, and lanes stopped early leave
+        values their readers never finished with: synchronize every GPU the run used.
+        """
+        cp = self.cupy
+        for o in self.ordinals:
+            cp.cuda.Device(o).synchronize()
 
 
 class _StreamsRun(Run):
@@ -359,6 +562,10 @@ class StreamsExecutor(Executor):
     stream : {"ptds", "new"}
         GPU only: each lane on its thread's per-thread default stream (where
         cuML runs) or on a new non-blocking stream.
+    timing : bool, optional
+        GPU only: time each GPU task with CUDA events, so that its trace record shows when the GPU
+        ran it (``issued`` keeps the host issue time).  Default: on inside
+        ``gn.evaluate(..., trace=True)``, else off (timed events cost a little).
     skip_wait : callable, optional
         Testing only: ``skip_wait(consumer_task, producer_task) -> bool`` drops
         that cross-lane wait, to show that the checker catches a missing dependency.
@@ -376,7 +583,8 @@ class StreamsExecutor(Executor):
 
     def __init__(self, workers: int | None = None, *, emulate: bool | None = None,
                  delays: tuple[float, float] | None = None, seed: int | None = None, check: bool = False,
-                 stream: str = "ptds", skip_wait: Callable[[Any, Any], bool] | None = None) -> None:
+                 stream: str = "ptds", skip_wait: Callable[[Any, Any], bool] | None = None,
+                 timing: bool | None = None) -> None:
         super().__init__(workers)
         if stream not in ("ptds", "new"):
             msg = f"stream={stream!r}: use 'ptds' (per-thread default stream) or 'new' (non-blocking stream)."
@@ -387,46 +595,64 @@ class StreamsExecutor(Executor):
         self.check = check
         self.stream = stream
         self.skip_wait = skip_wait
+        self.timing = timing
         self.last_checker: StreamChecker | None = None
 
     def _backend(self, plan: Any) -> Any:
         on_gpu = any(str(t.device).startswith("cuda") for t in plan.tasks)
         if self.emulate or (self.emulate is None and not (on_gpu and gpu_available())):
             return EmulatedBackend(self.delays, self.seed, self.check)
-        return CudaBackend(self.stream)
+        timing = gpu_timing_requested() if self.timing is None else self.timing
+        return CudaBackend(self.stream, timing=timing)
 
     def run(self, plan: Any, on_task_done: Any = None) -> Run:
         plan.n_lanes  # noqa: B018 - assigns the lanes (done on first use)
         backend = self._backend(plan)
-        self.last_checker = backend.checker
         name = self.name if backend.name == "cuda" else f"{self.name} (emulated)"
+        return self._run(plan, backend, name, on_task_done)
+
+    def _groups(self, plan: Any, backend: Any) -> tuple[dict[tuple, list[int]], list[Any]]:
+        """The lanes of a run: ``(device, lane) -> task keys in plan order``, and each task's group.
+
+        A plan compiled for more lanes than ``workers`` is folded onto them, and the lanes of one GPU
+        onto at most :data:`MAX_GPU_LANES`.  A plan lane with tasks on two devices becomes two
+        lanes: a lane thread serves one device for life.  Keys are in plan (topological) order, so a
+        lane that waits only ever waits for an earlier task: folding cannot deadlock.
+        """
+        plan.n_lanes  # noqa: B018 - assigns the lanes (done on first use)
+        group: list[Any] = [None] * len(plan.tasks)
+        lanes: dict[tuple, list[int]] = {}
+        for t in plan.tasks:
+            if t.kind == "source":
+                continue
+            dev = backend.device_key(t)
+            lane = t.lane % self.workers if self.workers else t.lane
+            if dev is not None:
+                lane %= MAX_GPU_LANES
+            t.lane = lane
+            group[t.key] = g = (dev, lane)
+            lanes.setdefault(g, []).append(t.key)
+        return lanes, group
+
+    def _run(self, plan: Any, backend: Any, name: str, on_task_done: Any = None) -> Run:
+        self.last_checker = backend.checker
         run = _StreamsRun(plan, executor_name=name, on_task_done=on_task_done)
         run.events = [None] * len(plan.tasks)   # each made and recorded by its task's lane
         run.graveyard = []
         run.backend = backend
-        backend.begin(plan.tasks)
         host_ready = [threading.Event() for _ in plan.tasks]
         for t in plan.tasks:
             if t.kind == "source":
                 host_ready[t.key].set()
-        lanes: dict[int, list[int]] = {}
-        for t in plan.tasks:
-            if t.kind != "source":
-                lanes.setdefault(t.lane, []).append(t.key)
-        if self.workers and len(lanes) > self.workers:  # a plan compiled for more lanes: fold them
-            folded: dict[int, list[int]] = {}
-            for t in plan.tasks:
-                if t.kind != "source":
-                    t.lane = t.lane % self.workers
-                    folded.setdefault(t.lane, []).append(t.key)
-            lanes = folded
-        threads = [threading.Thread(target=task_context().run,
-                                    args=(self._lane, run, backend, lane, keys, host_ready),
-                                    name=f"gpunets-stream-{lane}", daemon=True)
-                   for lane, keys in sorted(lanes.items())]
-        for th in threads:
-            th.start()
+        lanes, group = self._groups(plan, backend)
+        jobs = []
         try:
+            backend.begin(plan.tasks)
+            for g, keys in sorted(lanes.items(), key=lambda kv: kv[1][0]):
+                ctx = task_context()
+                worker = pool.checkout(backend.pool_key(g))
+                jobs.append(worker.submit(lambda ctx=ctx, g=g, keys=keys: ctx.run(
+                    self._lane, run, backend, g, keys, host_ready, group)))
             for k in plan.outputs:   # the host blocks only for the outputs
                 while not host_ready[k].wait(0.1):
                     pass
@@ -439,19 +665,24 @@ class StreamsExecutor(Executor):
                 ev.set()
             raise
         finally:
-            for th in threads:
-                th.join()
+            for j in jobs:
+                j.join()
             if run.error is None:
                 run.drain()
+            else:   # GPU work of the run may still read the values it holds: let it finish first
+                backend.quiesce(run)
             run.graveyard = []
+            if run.error is None:
+                backend.timings(run)
         return run
 
-    def _lane(self, run: _StreamsRun, backend: Any, lane: int, keys: list[int],
-              host_ready: list[threading.Event]) -> None:
+    def _lane(self, run: _StreamsRun, backend: Any, g: tuple, keys: list[int],
+              host_ready: list[threading.Event], group: list[Any]) -> None:
         tasks = run.plan.tasks
         checker = backend.checker
+        lane = g[1]
         try:
-            with backend.lane_context(lane):
+            with backend.lane_context(g):
                 for k in keys:
                     if run.error is not None:
                         break
@@ -464,7 +695,7 @@ class StreamsExecutor(Executor):
                             if prod.kind == "source":
                                 backend.wait_source(task, prod)
                                 continue
-                            cross = prod.lane != lane
+                            cross = group[d] != g
                             if cross:
                                 if self.skip_wait is not None and self.skip_wait(task, prod):
                                     continue
@@ -479,7 +710,7 @@ class StreamsExecutor(Executor):
                                 for d in task.deps:
                                     prod = tasks[d]
                                     if prod.kind != "source":
-                                        checker.read(task, prod, prod.lane != lane, run.done[d])
+                                        checker.read(task, prod, group[d] != g, run.done[d])
                             except StreamOrderError as e:
                                 run.claim(k)
                                 run.fail(k, e)
@@ -487,7 +718,7 @@ class StreamsExecutor(Executor):
                         inputs = tuple(run.values[d] for d in task.deps)
                         if not run.claim(k):
                             break
-                        ok = run.run_task(k, lane=lane, inputs=inputs, before=backend.before_task())
+                        ok = run.run_task(k, lane=lane, inputs=inputs, before=backend.before_task(task))
                         if ok:
                             run.recorded(k, backend.record(task))
                     host_ready[k].set()

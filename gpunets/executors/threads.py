@@ -2,19 +2,25 @@
 
 Native thread pools (BLAS, OpenMP) are capped for the run with threadpoolctl,
 to ``cores // workers`` threads each, so concurrent tasks do not oversubscribe
-the cores.  Threads are started per run and joined before it returns: a
-nested network inside a task starts its own, so nesting cannot deadlock on a
-shared bounded pool.  Ctrl-C stops new tasks, lets running ones finish and
-joins every thread before re-raising.
+the cores.  The threads are persistent workers of :mod:`gpunets.executors.pool`,
+borrowed for the run and given back when it ends: consecutive runs reuse them,
+and a nested network inside a task borrows other, idle ones (made if needed),
+so nesting cannot deadlock.  Ctrl-C stops new tasks, lets running ones finish
+and waits for every borrowed worker before re-raising.
+
+A plan with a task on a GPU runs on the streams executor's CUDA backend
+(:func:`gpunets.executors.streams.run_on_cuda`): a device and a stream per
+lane, events on the edges between threads, values kept alive until their
+readers' events complete.  Its trace says so (``threads (on CUDA streams)``).
 """
 
 from __future__ import annotations
 
 import sys
-import threading
 from typing import Any
 
 from ..scheduler import Run
+from . import pool
 from .base import Executor, default_workers, task_context
 
 __all__ = ["ThreadsExecutor", "limit_native_threads"]
@@ -63,24 +69,29 @@ class ThreadsExecutor(Executor):
         self.limit_native = limit_native
 
     def run(self, plan: Any, on_task_done: Any = None) -> Run:
+        from .streams import run_on_cuda, wants_cuda
+
+        if wants_cuda(plan):
+            return run_on_cuda(plan, self.workers, f"{self.name} (on CUDA streams)", on_task_done)
         run = Run(plan, executor_name=self.name, on_task_done=on_task_done)
         n_tasks = sum(1 for t in plan.tasks if t.kind != "source")
         n = max(1, min(self.workers, n_tasks))
         per_task = max(1, default_workers() // n)
-        threads = [threading.Thread(target=task_context().run, args=(self._work, run, i, per_task),
-                                    name=f"gpunets-thread-{i}", daemon=True) for i in range(n)]
         limit = limit_native_threads(per_task, "blas") if self.limit_native else _NoLimit()
+        jobs = []
         with limit:
-            for t in threads:
-                t.start()
             try:
+                for i in range(n):
+                    ctx = task_context()
+                    jobs.append(pool.checkout(("cpu", i)).submit(
+                        lambda ctx=ctx, i=i: ctx.run(self._work, run, i, per_task)))
                 run.wait()
-            except BaseException as e:  # KeyboardInterrupt: stop cleanly, leave no thread behind
+            except BaseException as e:  # KeyboardInterrupt: stop cleanly, leave no work behind
                 run.abort(e)
                 raise
             finally:
-                for t in threads:
-                    t.join()
+                for j in jobs:
+                    j.join()
         return run
 
     def _work(self, run: Run, lane: int, per_task: int) -> None:

@@ -1,0 +1,100 @@
+"""gn.set_config(gpu_memory=...): one RMM resource per GPU, shared by CuPy and numba, set once."""
+
+import sys
+import types
+
+import pytest
+
+import gpunets as gn
+from gpunets import gpu_memory
+
+
+@pytest.fixture
+def fake_rmm(monkeypatch):
+    """Fake rmm / cupy / numba modules that record what was installed, and where (two GPUs)."""
+    log = {"per_device": {}, "allocator": None, "numba": None, "made_on": []}
+    current = [0]
+
+    class Device:
+        def __init__(self, n):
+            self.n = n
+
+        def __enter__(self):
+            self.prev, current[0] = current[0], self.n
+
+        def __exit__(self, *a):
+            current[0] = self.prev
+
+    class Resource:
+        def __init__(self, *a, **k):
+            self.args = a
+            log["made_on"].append((type(self).__name__, current[0]))
+
+    mr = types.SimpleNamespace(
+        CudaAsyncMemoryResource=type("CudaAsyncMemoryResource", (Resource,), {}),
+        CudaMemoryResource=type("CudaMemoryResource", (Resource,), {}),
+        PoolMemoryResource=type("PoolMemoryResource", (Resource,), {}),
+        set_per_device_resource=lambda o, r: log["per_device"].__setitem__(o, r))
+    rmm = types.ModuleType("rmm")
+    rmm.mr = mr
+    rmm.__spec__ = types.SimpleNamespace(name="rmm")
+    alloc_cupy = types.SimpleNamespace(rmm_cupy_allocator=object())
+    alloc_numba = types.SimpleNamespace(RMMNumbaManager=object())
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Device=Device, runtime=types.SimpleNamespace(getDeviceCount=lambda: 2),
+        set_allocator=lambda a: log.__setitem__("allocator", a)))
+    numba = types.ModuleType("numba")
+    numba.config = types.SimpleNamespace(ENABLE_CUDASIM=False)
+    numba.cuda = types.SimpleNamespace(set_memory_manager=lambda m: log.__setitem__("numba", m))
+    for name, mod in {"rmm": rmm, "rmm.mr": mr, "rmm.allocators": types.SimpleNamespace(),
+                      "rmm.allocators.cupy": alloc_cupy, "rmm.allocators.numba": alloc_numba,
+                      "cupy": cupy, "numba": numba, "numba.cuda": numba.cuda}.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setattr(gpu_memory.importlib.util, "find_spec", lambda n: object() if n == "rmm" else None)
+    monkeypatch.setattr("gpunets.devices.gpu_available", lambda: True)
+    monkeypatch.setattr(gpu_memory, "_STATE", {"kind": "default", "devices": {}, "libraries": False})
+    monkeypatch.setitem(sys.modules["gpunets.config"]._GLOBAL, "gpu_memory", "default")   # restored after
+    return log, alloc_cupy, alloc_numba
+
+
+def test_async_installs_one_resource_per_gpu_shared_by_cupy_and_numba(fake_rmm):
+    log, alloc_cupy, alloc_numba = fake_rmm
+    gn.set_config(gpu_memory="async")
+    assert gn.get_config()["gpu_memory"] == "async"
+    assert sorted(log["per_device"]) == [0, 1]
+    assert all(type(r).__name__ == "CudaAsyncMemoryResource" for r in log["per_device"].values())
+    assert log["made_on"] == [("CudaAsyncMemoryResource", 0), ("CudaAsyncMemoryResource", 1)]  # on its GPU
+    assert log["allocator"] is alloc_cupy.rmm_cupy_allocator
+    assert log["numba"] is alloc_numba.RMMNumbaManager
+    gn.set_config(gpu_memory="async")   # the same again: nothing changes
+    assert len(log["made_on"]) == 2
+    with pytest.raises(RuntimeError, match="set once per process"):
+        gn.set_config(gpu_memory="pool")
+    assert gn.get_config()["gpu_memory"] == "async"
+
+
+def test_pool_is_a_pool_over_cuda_malloc(fake_rmm):
+    log, _, _ = fake_rmm
+    gn.set_config(gpu_memory="pool")
+    pool = log["per_device"][0]
+    assert type(pool).__name__ == "PoolMemoryResource" and type(pool.args[0]).__name__ == "CudaMemoryResource"
+
+
+def test_bad_values_missing_rmm_and_blocks_are_clear_errors(fake_rmm, monkeypatch):
+    with pytest.raises(ValueError, match=r"gpu_memory='fast'.*\['default', 'async', 'pool'\]"):
+        gn.set_config(gpu_memory="fast")
+    with pytest.raises(ValueError, match="process-wide"):
+        gn.config(gpu_memory="async")
+    monkeypatch.setattr(gpu_memory.importlib.util, "find_spec", lambda n: None)
+    with pytest.raises(ImportError, match="needs RMM.*pip install rmm-cu12"):
+        gn.set_config(gpu_memory="async")
+    assert gn.get_config()["gpu_memory"] == "default" and gpu_memory.gpu_memory_state()["kind"] == "default"
+
+
+def test_without_a_gpu_the_setting_waits_for_the_cuda_backend(fake_rmm, monkeypatch):
+    log, _, _ = fake_rmm
+    monkeypatch.setattr("gpunets.devices.gpu_available", lambda: False)
+    gn.set_config(gpu_memory="async")
+    assert log["per_device"] == {}
+    gpu_memory.ensure_gpu_memory([1])   # what the CUDA backend does for the GPUs of a run
+    assert list(log["per_device"]) == [1]
