@@ -18,6 +18,9 @@ import sys
 import time
 from typing import Any, Sequence
 
+import gpunets as gn
+from gpunets.devices import Device, device_exists, gpu_available, why_unavailable
+
 __all__ = ["main", "build_network", "demo"]
 
 
@@ -27,7 +30,6 @@ class DemoError(Exception):
 
 def build_network(X: Any, y: Any, *, device: str = "cpu", executor: str = "serial") -> tuple[Any, dict[str, Any]]:
     """The demo network on training data ``X, y``; returns the output node and the named parts."""
-    import gpunets as gn
     from sklearn.ensemble import ExtraTreesRegressor, RandomForestRegressor
     from sklearn.linear_model import LinearRegression, Ridge
     from sklearn.neighbors import KNeighborsRegressor
@@ -54,8 +56,6 @@ def build_network(X: Any, y: Any, *, device: str = "cpu", executor: str = "seria
 
 def modes(device: str | None, executor: str | None) -> list[tuple[str, str, str]]:
     """(label, device, executor) for every mode present, filtered by the options."""
-    from gpunets.devices import Device, device_exists, gpu_available, why_unavailable
-
     if device is not None:
         try:
             dev = Device.parse(device)
@@ -91,7 +91,6 @@ def demo(rows: int = 12_000, device: str | None = None, executor: str | None = N
     if rows < 100:
         raise DemoError(f"--rows {rows}: need at least 100 rows (5 folds of stacking, and a test set).")
     run_modes = modes(device, executor)
-    import gpunets as gn
     from sklearn.datasets import make_friedman1
 
     X, y = make_friedman1(n_samples=rows + rows // 4, n_features=10, noise=0.5, random_state=0)

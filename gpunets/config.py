@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
+from . import verbs
+
 __all__ = ["config", "get_config", "set_config", "FALLBACK_POLICIES"]
 
 FALLBACK_POLICIES = ("warn", "raise", "silent")
@@ -58,20 +60,14 @@ def _validate(changes: dict[str, Any]) -> dict[str, Any]:
         msg = f"workers={workers!r} must be a positive integer or None (the number of cores)."
         raise ValueError(msg)
     if "executor" in changes:
-        from .executors import check_executor_spec
-
-        check_executor_spec(changes["executor"])
+        verbs.get("check_executor")(changes["executor"])   # the executors and devices live above config
     if "gpu_memory" in changes:
-        from .gpu_memory import check_gpu_memory
-
-        check_gpu_memory(changes["gpu_memory"])
+        verbs.get("check_gpu_memory")(changes["gpu_memory"])
     if "progress" in changes and not isinstance(changes["progress"], bool):
         msg = f"progress={changes['progress']!r} must be True or False."
         raise TypeError(msg)
     if "device" in changes and changes["device"] not in (None, "auto"):
-        from .devices import Device
-
-        Device.parse(changes["device"])  # raises a ValueError listing the valid forms
+        verbs.get("check_device")(changes["device"])  # Device.parse: raises a ValueError listing the valid forms
     return changes
 
 
@@ -88,9 +84,7 @@ def set_config(**changes: Any) -> None:
     """
     changes = _validate(changes)
     if "gpu_memory" in changes:
-        from .gpu_memory import apply_gpu_memory
-
-        apply_gpu_memory(changes["gpu_memory"])   # raises (RMM missing, already set) before any change
+        verbs.get("apply_gpu_memory")(changes["gpu_memory"])   # raises (RMM missing, already set) before any change
     _GLOBAL.update(changes)
 
 

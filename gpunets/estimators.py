@@ -8,18 +8,18 @@ module only clones, fits and applies.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .machines import FittedState, Machine
+from sklearn.base import clone
+
+from .data import device_of
+from .models import call_context, fit_context
 
 __all__ = ["fresh_estimator", "fit_estimator", "apply_estimator"]
 
 
 def fresh_estimator(model: Any) -> Any:
     """An unfitted copy of ``model`` (scikit-learn's ``clone``, deep copy for other objects)."""
-    from sklearn.base import clone
-
     return clone(model, safe=False)
 
 
@@ -31,8 +31,6 @@ def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None) -> tu
     start = time.perf_counter()
     info: dict[str, Any] = {"device": "cpu", "path": "sklearn"}
     if resolved is not None:
-        from .models import fit_context
-
         info = {"device": str(resolved.device), "path": resolved.path}
         if getattr(resolved, "reason", ""):
             info["reason"] = resolved.reason
@@ -53,9 +51,6 @@ def apply_estimator(est: Any, op: str, values: tuple[Any, ...], path: str = "skl
         msg = f"The fitted {type(est).__name__} has no method {op!r}."
         raise AttributeError(msg)
     if path in ("array_api", "cuml"):
-        from .data import device_of
-        from .models import call_context
-
         try:  # the GPU the inputs were moved to is the one the estimator runs on
             dev = next((d for d in map(device_of, values) if d.is_cuda), None)
         except ValueError:  # inputs on several devices: let the estimator report it

@@ -37,12 +37,16 @@ import itertools
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
+from . import verbs
+from .devices import Device, current_placement
+from .estimators import apply_estimator, fresh_estimator
 from .exceptions import NotFittedError
+from .graph import machine_parents, machine_sources
 from .nodes import AbstractNode, Node, Source, as_node, is_node
 
-__all__ = ["Machine", "machine", "OPERATIONS"]
+__all__ = ["Machine", "machine", "labels", "OPERATIONS"]
 
 OPERATIONS = ("predict", "predict_proba", "predict_log_proba", "decision_function", "transform",
               "inverse_transform", "fit_transform", "score")
@@ -97,8 +101,6 @@ class Machine:
     """
 
     def __init__(self, model: Any, *args: Any, device: Any = None, name: str | None = None) -> None:
-        from .devices import Device, current_placement
-
         if isinstance(model, type) or not callable(getattr(model, "fit", None)):
             hint = (" It is a class: pass an instance, e.g. machine(Ridge(), X, y)."
                     if isinstance(model, type) else "")
@@ -139,13 +141,11 @@ class Machine:
     def _repr_html_(self) -> str:
         from html import escape
 
-        from .display import repr_html
-
         st = self._state
         state = "not trained" if st is None else f"trained ({st.action}, {st.device}, {st.n_rows} rows)"
         frozen = ", frozen" if self.frozen else ""
         return (f"<p><b>Machine {escape(self.label)}</b>: {escape(repr(self.model))}; {state}{frozen}</p>"
-                + repr_html(list(self.args)))
+                + verbs.get("repr_html")(list(self.args)))
 
     # --- operations return nodes ---------------------------------------------------------
     def _operation(self, op: str, *args: Any, name: str | None = None) -> Node:
@@ -211,14 +211,10 @@ class Machine:
 
     def fit(self, rows: Any = None, force: bool = False, **kw: Any) -> Any:
         """Train this machine and every machine upstream of it; see :func:`gpunets.fit`."""
-        from .network import fit
-
-        return fit(self, rows=rows, force=force, **kw)
+        return verbs.get("fit")(self, rows=rows, force=force, **kw)
 
     # --- the retraining rule -------------------------------------------------------------
     def _upstream_versions(self) -> dict[int, int]:
-        from .graph import machine_parents, machine_sources
-
         out: dict[Any, int] = {("machine", m._uid): m._version for m in machine_parents(self)}
         out.update({("source", s._uid): s._version for s in machine_sources(self)})
         return out
@@ -242,8 +238,6 @@ class Machine:
         ``upstream`` holds the versions the upstream machines will have once
         this plan's fits have committed.
         """
-        from .estimators import fresh_estimator
-
         previous = self._state
         if action == "update" and previous is not None and getattr(previous.estimator, "_gn_incremental", False):
             est = previous.estimator._gn_updated_copy(self.model)
@@ -262,8 +256,6 @@ class Machine:
         self.n_fits += 1
 
     def _apply(self, op: str, values: tuple[Any, ...]) -> Any:
-        from .estimators import apply_estimator
-
         if self._state is None:
             raise NotFittedError(self._not_fitted_message())
         return apply_estimator(self._state.estimator, op, values, self._state.path)
@@ -338,6 +330,26 @@ def machine(model: Any, *args: Any, device: Any = None, name: str | None = None)
     [-1.0, 1.0]
     """
     return Machine(model, *args, device=device, name=name)
+
+
+def labels(machines: Iterable[Machine]) -> dict[Machine, str]:
+    """Readable, unique labels for ``machines`` (in the order given).
+
+    Examples
+    --------
+    >>> import gpunets as gn
+    >>> from sklearn.linear_model import Ridge
+    >>> ms = [gn.machine(Ridge(), gn.source(name="X")) for _ in range(2)]
+    >>> list(labels(ms).values())
+    ['Ridge', 'Ridge#2']
+    """
+    out: dict[Machine, str] = {}
+    count: dict[str, int] = {}
+    for m in machines:
+        base = m.label
+        count[base] = count.get(base, 0) + 1
+        out[m] = base if count[base] == 1 else f"{base}#{count[base]}"
+    return out
 
 
 # --- hyperparameter snapshots ----------------------------------------------------------

@@ -10,9 +10,15 @@ import contextvars
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from .config import config, get_config
+from .data import check_placeable, device_of, to_host_like
+from .devices import override_placement
 from .exceptions import NetworkError
+from .executors import get_executor
+from .executors.base import default_workers, gpu_timing
 from .nodes import AbstractNode, Source, is_node
 from .plan import compile_call, compile_fit
+from .report import FitReport
 from .trace import Trace
 
 __all__ = ["fit", "evaluate", "Evaluation", "last_trace"]
@@ -26,9 +32,6 @@ def last_trace() -> Trace | None:
 
 
 def _max_lanes(executor: Any, workers: int | None) -> int:
-    from .config import get_config
-    from .executors.base import default_workers
-
     if workers is None:
         workers = get_config()["workers"]
     if workers is None:
@@ -80,10 +83,6 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
     >>> gn.fit(m.predict(X)).actions["Ridge"]
     'skip'
     """
-    from .config import config, get_config
-    from .executors import get_executor
-    from .report import FitReport
-
     if not targets:
         msg = "gn.fit needs at least one node or machine to fit, e.g. gn.fit(yhat)."
         raise TypeError(msg)
@@ -105,8 +104,6 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
 
 
 def _override_placement(device: Any) -> Any:
-    from .devices import override_placement
-
     return override_placement(device)
 
 
@@ -174,8 +171,6 @@ def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any]) 
                 raise TypeError(msg)
             bindings[found[0]._uid] = value
     if bindings:
-        from .data import check_placeable
-
         labels = {s._uid: s.label for s in origins}
         for uid, value in bindings.items():
             check_placeable(value, what=f"the data given for source {labels[uid]!r}", device="cpu")
@@ -194,8 +189,6 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
     >>> r.value.tolist(), len(r.trace)
     ([2.0, 2.0], 1)
     """
-    from .executors import get_executor
-
     if not is_node(target):
         msg = f"evaluate needs a node, got {target!r} of type {type(target).__name__}."
         raise TypeError(msg)
@@ -205,8 +198,6 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
     bindings = _bindings(target, data, named)
     plan = compile_call([target], bindings, rows=rows, max_lanes=_max_lanes(executor, workers))
     ex = get_executor(executor, workers, plan)
-    from .executors.base import gpu_timing
-
     with gpu_timing(trace):   # on a GPU the trace shows GPU time (timed CUDA events), not host issue time
         run = ex.run(plan)
     _LAST_TRACE.set(run.trace)
@@ -218,8 +209,6 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
 
 def _like_input(value: Any, plan: Any) -> Any:
     """Return ``value`` in the type family of the data the caller gave (pandas in, pandas out)."""
-    from .data import device_of, to_host_like
-
     sources = [t.value for t in plan.tasks if t.kind == "source" and t.value is not None]
     if not sources:
         return value

@@ -12,7 +12,6 @@ A network is made of three kinds of object (machines live in
 Calling a node evaluates it (``N`` below is ``op(mach, a1, a2)`` or
 ``fn(a1, a2)``; ``s`` ranges over the node's *origins*, the sources it reaches
 through operation edges, never through a machine's training edges)::
-
     N()             = op(mach, a1(), a2())                       sources' own data
     N(rows=r)       = op(mach, a1(rows=r), a2(rows=r))           those rows of it
     N(Xnew)         = op(mach, a1(Xnew), a2(Xnew))               the single origin replaced
@@ -38,6 +37,9 @@ import random
 import operator
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
+from . import verbs
+from .data import check_placeable
+from .devices import Device, current_placement
 from .exceptions import NetworkError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,6 +50,12 @@ __all__ = ["AbstractNode", "Source", "Node", "source", "node", "is_node"]
 
 # Unique across processes (a random base), so that identities survive pickling and never collide.
 _uids = itertools.count(random.getrandbits(40) << 22)
+
+
+def _graph() -> Any:
+    from . import graph  # lazy: graph.py builds on this module's classes (same layer)
+
+    return graph
 
 
 def is_node(x: object) -> bool:
@@ -69,23 +77,17 @@ class AbstractNode:
     @property
     def origins(self) -> tuple["Source", ...]:
         """The sources reached through operation edges (not training edges), in order."""
-        from .graph import origins
-
-        return origins(self)
+        return _graph().origins(self)
 
     @property
     def sources(self) -> tuple["Source", ...]:
         """Every source upstream, through operation and training edges."""
-        from .graph import all_sources
-
-        return all_sources([self])
+        return _graph().all_sources([self])
 
     @property
     def machines(self) -> tuple["Machine", ...]:
         """Every machine upstream, dependencies first."""
-        from .graph import upstream_machines
-
-        return upstream_machines([self])
+        return _graph().upstream_machines([self])
 
     # --- calling and fitting ----------------------------------------------------------
     def __call__(self, *data: Any, rows: Any = None, executor: Any = None, workers: int | None = None,
@@ -106,17 +108,13 @@ class AbstractNode:
         **named : array-like
             New data for origins, by source name.
         """
-        from .network import evaluate
-
-        return evaluate(self, *data, rows=rows, executor=executor, workers=workers, output=output, **named)
+        return verbs.get("evaluate")(self, *data, rows=rows, executor=executor, workers=workers, output=output, **named)
 
     def fit(self, rows: Any = None, force: bool = False, *, executor: Any = None, workers: int | None = None,
             device: Any = None, progress: bool | None = None) -> "FitReport":
         """Train every machine upstream of this node; see :func:`gpunets.fit`."""
-        from .network import fit
-
-        return fit(self, rows=rows, force=force, executor=executor, workers=workers, device=device,
-                   progress=progress)
+        return verbs.get("fit")(self, rows=rows, force=force, executor=executor, workers=workers, device=device,
+                                progress=progress)
 
     # --- arithmetic builds nodes ------------------------------------------------------
     def __add__(self, other: Any) -> "Node":
@@ -180,19 +178,13 @@ class AbstractNode:
         >>> print(gn.source(name="X").to_dot().splitlines()[0])
         digraph gpunets {
         """
-        from .display import to_dot
-
-        return to_dot([self])
+        return verbs.get("to_dot")([self])
 
     def _repr_svg_(self) -> str | None:
-        from .display import repr_svg
-
-        return repr_svg([self])
+        return verbs.get("repr_svg")([self])
 
     def _repr_html_(self) -> str:
-        from .display import repr_html
-
-        return repr_html([self])
+        return verbs.get("repr_html")([self])
 
 
 class Source(AbstractNode):
@@ -264,8 +256,6 @@ class Node(AbstractNode):
 
     def __init__(self, operation: Callable[..., Any] | str, args: Sequence[Any], machine: "Machine | None" = None,
                  name: str | None = None, device: Any = None) -> None:
-        from .devices import current_placement
-
         if machine is None and not callable(operation):
             msg = f"gn.node needs a callable as its operation, got {operation!r} of type {type(operation).__name__}."
             raise TypeError(msg)
@@ -277,8 +267,6 @@ class Node(AbstractNode):
         if device is None:
             device = current_placement()
         elif device != "auto":
-            from .devices import Device
-
             device = Device.parse(device)
         self.device = device
 
@@ -315,8 +303,6 @@ def _const_repr(x: Any) -> str:
 
 
 def _check_data(value: Any, *, what: str) -> None:
-    from .data import check_placeable
-
     check_placeable(value, what=what, device="cpu")
 
 

@@ -80,7 +80,7 @@ def _common_dtype(arrays: list[Any], target: str) -> list[Any]:
 
 def combine(kernel: str, *values: Any, **kw: Any) -> Any:
     """Apply kernel ``kernel`` of :mod:`gpunets.kernels` to branch values (not nodes)."""
-    from . import kernels
+    from . import kernels  # lazy: the kernels import numba
 
     arrays, wrap, target = _unwrap(values)
     if kernel != "vote":

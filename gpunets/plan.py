@@ -27,16 +27,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
-from .data import check_placeable, device_of, installed
+from .data import check_placeable, device_of, installed, n_rows, take_rows, to_device
 from .devices import CPU, Device, check_available, resolve, same_device
+from .estimators import apply_estimator, fit_estimator
 from .exceptions import NetworkError, NotFittedError
 from .graph import machine_parents, machine_sources, op_nodes, upstream_machines
+from .machines import Machine, labels
+from .models import is_cuml_estimator, resolve_estimator
 from .nodes import AbstractNode, Node, Source, is_node
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .machines import Machine
 
 __all__ = ["Task", "Plan", "compile_fit", "compile_call", "assign_lanes"]
 
@@ -107,9 +107,6 @@ class Plan:
 
     def machine_label(self, m: Any) -> str:
         """The machine's label in this network (``Ridge#2`` when two share a class)."""
-        from .graph import upstream_machines
-        from .report import labels
-
         machines = list(self.actions) if self.actions else list(
             upstream_machines([t.node for t in (self.tasks[k] for k in self.outputs) if t.node is not None]))
         return labels(machines).get(m, m.label)
@@ -238,8 +235,6 @@ class _Builder:
         return self.add(kind="eval", fn=fn, deps=tuple(deps), node=x, machine=m, cost=2.0, device=dev)
 
     def _source_value(self, s: Source) -> Any:
-        from .data import n_rows, take_rows
-
         if s._uid in self.bindings:
             value = self.bindings[s._uid]
             what = "the data given for"
@@ -265,28 +260,21 @@ def _call_with_constants(fn: Callable[..., Any], spec: tuple[tuple[bool, Any], .
 
 
 def _apply_state(op: str, spec: tuple[tuple[bool, Any], ...], est: Any, path: str, *values: Any) -> Any:
-    from .estimators import apply_estimator
-
     return apply_estimator(est, op, tuple(values[i] if is_dep else i for is_dep, i in spec), path)
 
 
 def _apply_fitted(op: str, spec: tuple[tuple[bool, Any], ...], *values: Any) -> Any:
-    from .estimators import apply_estimator
-
     est, info = values[-1]
     return apply_estimator(est, op, tuple(values[i] if is_dep else i for is_dep, i in spec),
                            info.get("path", "sklearn"))
 
 
 def _move(dev: Any, frames: str, value: Any) -> Any:
-    from .data import to_device
-
     return to_device(value, dev, frames=frames)
 
 
 def _resolve_fit(b: "_Builder", m: "Machine", pending: Any) -> Any:
     """Where machine ``m`` trains and as which estimator (None: the CPU clone as it is)."""
-    from .models import is_cuml_estimator, resolve_estimator
 
     what = f"machine {m.label}"
     dev = b.placed(m.device, what)
@@ -297,8 +285,6 @@ def _resolve_fit(b: "_Builder", m: "Machine", pending: Any) -> Any:
 
 
 def _fit_task(est: Any, n_args: int, resolved: Any, *values: Any) -> tuple[Any, dict[str, Any]]:
-    from .estimators import fit_estimator
-
     return fit_estimator(est, tuple(values[:n_args]), resolved)
 
 
@@ -313,7 +299,6 @@ def _rows_key(rows: Any) -> Any:
 def compile_fit(targets: Sequence[Any], *, rows: Any = None, force: bool = False,
                 max_lanes: int | None = None) -> Plan:
     """The plan that trains every machine upstream of ``targets`` (nodes or machines)."""
-    from .machines import Machine
 
     nodes: list[AbstractNode] = []
     extra: list[Machine] = []

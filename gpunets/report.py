@@ -6,37 +6,17 @@ machines of the same class, in dependency order (``Ridge``, ``Ridge#2``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from .graph import upstream_machines
+from .machines import Machine, labels
 from .nodes import is_node
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .machines import Machine
     from .plan import Plan
     from .trace import Trace
 
-__all__ = ["FitReport", "ActionMap", "labels", "report", "fitted_params"]
-
-
-def labels(machines: Iterable["Machine"]) -> dict["Machine", str]:
-    """Readable, unique labels for ``machines`` (in the order given).
-
-    Examples
-    --------
-    >>> import gpunets as gn
-    >>> from sklearn.linear_model import Ridge
-    >>> ms = [gn.machine(Ridge(), gn.source(name="X")) for _ in range(2)]
-    >>> list(labels(ms).values())
-    ['Ridge', 'Ridge#2']
-    """
-    out: dict[Machine, str] = {}
-    count: dict[str, int] = {}
-    for m in machines:
-        base = m.label
-        count[base] = count.get(base, 0) + 1
-        out[m] = base if count[base] == 1 else f"{base}#{count[base]}"
-    return out
+__all__ = ["FitReport", "ActionMap", "labels", "report", "fitted_params"]  # labels: from machines.py
 
 
 class ActionMap(dict):
@@ -142,8 +122,6 @@ class FitReport:
 
 
 def _machines_of(target: Any) -> tuple["Machine", ...]:
-    from .machines import Machine
-
     if isinstance(target, Machine):
         return upstream_machines(list(target.args)) + (target,)
     if is_node(target):

@@ -34,6 +34,7 @@ from sklearn.utils.metaestimators import _BaseComposition
 from sklearn.utils.multiclass import check_classification_targets, type_of_target
 
 from .composite import Composite, NetworkState
+from .data import take_rows as _take
 from .machines import machine
 from .nodes import Source, node
 
@@ -44,8 +45,6 @@ __all__ = ["StackingRegressor", "StackingClassifier"]
 
 def take_rows(value: Any, rows: np.ndarray) -> Any:
     """``value`` at ``rows`` (``.iloc`` for pandas)."""
-    from .data import take_rows as _take
-
     return _take(value, rows)
 
 

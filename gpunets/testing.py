@@ -21,6 +21,10 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Iterable, Sequence
 
+from .config import config
+from .devices import Device, device_exists, gpu_available, override_placement
+from .executors import SerialExecutor, StreamsExecutor, ThreadsExecutor
+
 __all__ = ["assert_same_results", "executors_present", "devices_present", "assert_allclose_any"]
 
 
@@ -34,8 +38,6 @@ def executors_present() -> list[str]:
 
 def devices_present() -> list[str]:
     """``["cpu"]``, plus ``"cuda"`` where a GPU is available."""
-    from .devices import gpu_available
-
     return ["cpu", "cuda"] if gpu_available() else ["cpu"]
 
 
@@ -89,8 +91,6 @@ def assert_same_results(node: Any, *, devices: Sequence[str] | None = None,
     dict
         ``{(device, executor_name): value}``.
     """
-    from .devices import Device, device_exists
-
     devices = list(devices) if devices is not None else devices_present()
     executors = list(executors) if executors is not None else executors_present()
     results: dict[tuple[str, str], Any] = {}
@@ -117,16 +117,12 @@ def assert_same_results(node: Any, *, devices: Sequence[str] | None = None,
 
 
 def _placement(dev: str) -> Any:
-    from .devices import override_placement
-
     return override_placement(dev)
 
 
 # --- pytest plugin ------------------------------------------------------------------------
 
 def _make_executor(name: str, request: Any) -> Any:
-    from .executors import SerialExecutor, StreamsExecutor, ThreadsExecutor
-
     if name == "serial":
         return SerialExecutor()
     if name == "threads":
@@ -136,7 +132,7 @@ def _make_executor(name: str, request: Any) -> Any:
         # dependency in a plan shows up as a StreamOrderError.
         return StreamsExecutor(workers=2, delays=(0.0, 0.002), seed=0, check=True)
     if name == "dask":
-        from .executors.dask import DaskExecutor
+        from .executors.dask import DaskExecutor  # lazy: imports dask
 
         client = request.getfixturevalue("gn_dask_client")
         return DaskExecutor(client)
@@ -174,8 +170,6 @@ if pytest is not None:
     @pytest.fixture(params=executors_present())
     def gn_executor(request: Any) -> Any:
         """Every executor present here; also the default executor inside the test."""
-        from .config import config
-
         ex = _make_executor(request.param, request)
         with config(executor=ex, workers=2):
             yield ex
@@ -183,8 +177,6 @@ if pytest is not None:
     @pytest.fixture(params=devices_present())
     def gn_device(request: Any) -> Any:
         """Every device present here; also the default placement inside the test."""
-        from .config import config
-
         with config(device=request.param):
             yield request.param
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..config import get_config
 from .base import Executor, inside_task
 from .serial import SerialExecutor
 from .streams import StreamsExecutor
@@ -35,7 +36,6 @@ def check_executor_spec(spec: Any) -> Any:
 
 def get_executor(spec: Any = None, workers: int | None = None, plan: Any = None) -> Executor:
     """Turn ``"serial"``, ``"threads"``, ``"streams"``, ``"dask"``, ``"auto"`` or an executor into an executor."""
-    from ..config import get_config
 
     if spec is None:
         spec = get_config()["executor"]
@@ -51,7 +51,7 @@ def get_executor(spec: Any = None, workers: int | None = None, plan: Any = None)
         return ThreadsExecutor(workers=workers)
     if spec == "streams":
         return StreamsExecutor(workers=workers)
-    from .dask import DaskExecutor  # imports dask lazily; says what to install if missing
+    from .dask import DaskExecutor  # lazy: imports dask; says what to install if missing
 
     return DaskExecutor(workers=workers)
 

@@ -43,7 +43,9 @@ import weakref
 from collections import OrderedDict
 from typing import Any, Callable
 
+from ..exceptions import EvaluationError, FitError, wrap_exception
 from ..scheduler import Run
+from ..trace import TraceRecord
 from .base import Executor, task_context
 
 __all__ = ["DaskExecutor", "gpu_owners", "require_distributed", "INSTALL_HINT"]
@@ -491,8 +493,6 @@ class DaskExecutor(Executor):
         return out
 
     def _collect_trace(self, client: Any, run: Run, run_id: str, t0_wall: float) -> None:
-        from ..trace import TraceRecord
-
         try:
             got = client.run(_pop_timings, run_id, on_error="ignore")
         except Exception:  # noqa: BLE001 - a trace is not worth failing a run for
@@ -553,7 +553,6 @@ def _graph(layers: dict[Any, dict[str, tuple[Any, ...]]]) -> Any:
 
 def _set_error(run: Run, key: int, message: str, exc: BaseException) -> None:
     """Fail ``run`` at ``key`` with ``message`` (an error of the task's kind that is also ``type(exc)``)."""
-    from ..exceptions import EvaluationError, FitError, wrap_exception
 
     task = run.plan.tasks[key]
     kind = FitError if task.kind == "fit" else EvaluationError

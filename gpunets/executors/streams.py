@@ -32,8 +32,9 @@ import time
 import warnings
 from typing import Any, Callable
 
-from ..devices import gpu_available
+from ..devices import Device, gpu_available, local_ordinal
 from ..exceptions import StreamOrderError
+from ..gpu_memory import ensure_gpu_memory
 from ..scheduler import Run
 from . import pool
 from .base import Executor, gpu_timing_requested, task_context
@@ -255,7 +256,6 @@ def _ordinal(device: str) -> int | None:
     """The CUDA ordinal of a task's device name in this process; None for the CPU."""
     if not device.startswith("cuda"):
         return None
-    from ..devices import Device, local_ordinal
 
     return local_ordinal(Device.parse(device).index)
 
@@ -339,7 +339,6 @@ class CudaBackend:
         cp = self.cupy
         self.tasks = tasks
         self.ordinals = sorted({o for t in tasks if (o := _ordinal(str(t.device))) is not None})
-        from ..gpu_memory import ensure_gpu_memory
 
         ensure_gpu_memory(self.ordinals)   # gn.set_config(gpu_memory=...) made before a GPU was seen
         for o in self.ordinals:

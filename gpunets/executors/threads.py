@@ -22,6 +22,7 @@ from typing import Any
 from ..scheduler import Run
 from . import pool
 from .base import Executor, default_workers, task_context
+from .streams import run_on_cuda, wants_cuda
 
 __all__ = ["ThreadsExecutor", "limit_native_threads"]
 
@@ -69,8 +70,6 @@ class ThreadsExecutor(Executor):
         self.limit_native = limit_native
 
     def run(self, plan: Any, on_task_done: Any = None) -> Run:
-        from .streams import run_on_cuda, wants_cuda
-
         if wants_cuda(plan):
             return run_on_cuda(plan, self.workers, f"{self.name} (on CUDA streams)", on_task_done)
         run = Run(plan, executor_name=self.name, on_task_done=on_task_done)

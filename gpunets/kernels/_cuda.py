@@ -18,6 +18,7 @@ import numba
 import numpy as np
 from numba import cuda
 
+from ..exceptions import DeviceUnavailableError
 from . import _labels
 from . import _validate as V
 
@@ -39,8 +40,6 @@ def accept(a: Any) -> bool:
 
 def check_available() -> None:
     if not cuda.is_available():
-        from ..exceptions import DeviceUnavailableError
-
         msg = ('target="cuda" needs a CUDA GPU, and none is available here; use target="cpu", '
                "or set NUMBA_ENABLE_CUDASIM=1 before numba is imported to run the CUDA kernels on the simulator")
         raise DeviceUnavailableError(msg)
