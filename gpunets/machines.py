@@ -35,16 +35,15 @@ from __future__ import annotations
 import copy
 import itertools
 import random
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from . import verbs
 from .devices import Device, current_placement
 from .estimators import apply_estimator, fresh_estimator
 from .exceptions import NotFittedError
 from .graph import machine_parents, machine_sources
-from .nodes import AbstractNode, Node, Source, as_node, is_node
+from .nodes import AbstractNode, Node, as_node, is_node
 
 __all__ = ["Machine", "machine", "labels", "OPERATIONS"]
 

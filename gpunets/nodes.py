@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 from . import verbs
 from .data import check_placeable
 from .devices import Device, current_placement
-from .exceptions import NetworkError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .machines import Machine
@@ -68,6 +67,8 @@ class AbstractNode:
 
     __array_ufunc__ = None  # so that ``np.float64(2) * node`` defers to Node.__rmul__
     __slots__ = ("_uid", "name", "__weakref__")
+    _uid: int
+    name: str | None
 
     # --- graph -------------------------------------------------------------------
     @property

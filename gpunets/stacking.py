@@ -27,7 +27,7 @@ from numbers import Integral
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from sklearn.base import ClassifierMixin, RegressorMixin, TransformerMixin, clone, is_classifier, is_regressor
+from sklearn.base import ClassifierMixin, RegressorMixin, TransformerMixin, is_classifier, is_regressor
 from sklearn.model_selection import check_cv
 from sklearn.preprocessing import LabelEncoder
 from sklearn.utils.metaestimators import _BaseComposition
@@ -305,7 +305,7 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
         from sklearn.utils import Bunch
 
         named = Bunch()
-        for n, e in self.estimators:
+        for n, _e in self.estimators:
             named[n] = by_name[n].estimator_ if n in by_name else "drop"
         self.named_estimators_ = named
         self.final_estimator_ = by_name["final_estimator"].estimator_
