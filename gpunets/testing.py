@@ -22,7 +22,8 @@ import importlib.util
 from typing import Any, Iterable, Sequence
 
 from .config import config
-from .devices import Device, device_exists, gpu_available, override_placement
+from . import devices as _devices
+from .devices import Device, device_exists, override_placement
 from .executors import SerialExecutor, StreamsExecutor, ThreadsExecutor
 
 __all__ = ["assert_same_results", "executors_present", "devices_present", "assert_allclose_any"]
@@ -38,7 +39,7 @@ def executors_present() -> list[str]:
 
 def devices_present() -> list[str]:
     """``["cpu"]``, plus ``"cuda"`` where a GPU is available."""
-    return ["cpu", "cuda"] if gpu_available() else ["cpu"]
+    return ["cpu", "cuda"] if _devices.gpu_available() else ["cpu"]
 
 
 def _to_numpy(x: Any) -> Any:
