@@ -23,6 +23,8 @@ machine), and every network runs on the CPU too, with the same answers.
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
 from typing import Any
 
 from .config import config, get_config, set_config
@@ -37,7 +39,10 @@ from .ops import hstack, max, mean, min, sum, var, vote, weighted_sum
 from .report import FitReport, fitted_params, report
 from .trace import Trace
 
-__version__ = "0.1.0"
+try:
+    __version__ = _version("gpunets")   # one place: the version in pyproject.toml
+except PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "source", "node", "machine", "fit", "evaluate", "report", "fitted_params", "last_trace",

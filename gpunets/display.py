@@ -8,6 +8,7 @@ import subprocess
 from typing import Any, Sequence
 
 from .graph import all_nodes
+from .machines import labels
 from .nodes import AbstractNode, Node, Source
 
 __all__ = ["to_dot", "repr_svg", "repr_html", "to_text"]
@@ -19,8 +20,6 @@ def _q(s: str) -> str:
 
 def to_dot(targets: Sequence[AbstractNode]) -> str:
     """Graphviz source: sources as ellipses, nodes as boxes, machines as dashed training edges."""
-    from .report import labels
-
     nodes = all_nodes(list(targets))
     machines = []
     for n in nodes:
