@@ -566,3 +566,54 @@ def test_gpu_streams_executor_on_cuda_streams_equals_serial(kind):
         host = gn.node(lambda a, b: a + b, branches[1], branches[2], name="host_sum")
     ref = cp.asnumpy(branches[1](executor="serial", output="device") + branches[2](executor="serial", output="device"))
     np.testing.assert_allclose(np.asarray(host(executor=ex)), ref, rtol=1e-4, atol=1e-5)
+
+
+_OVERLAP_SCRIPT = """
+import threading, numpy as np, threadpoolctl, gpunets as gn
+
+def blas():
+    return [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+
+before = blas()
+if not before or min(before) < 2 or gn.executors.base.default_workers() < 2:
+    print("SKIP"); raise SystemExit(0)
+entered = [threading.Event(), threading.Event()]
+leave = [threading.Event(), threading.Event()]
+
+def hold(i):
+    def fn(x):
+        entered[i].set()
+        leave[i].wait(10)
+        return x
+    return fn
+
+def run(i):
+    X = gn.source(np.ones(3), name="X")
+    gn.node(np.add, gn.node(hold(i), X), X + 1)(executor=gn.ThreadsExecutor(workers=2))
+
+a = threading.Thread(target=run, args=(0,))
+b = threading.Thread(target=run, args=(1,))
+a.start(); assert entered[0].wait(10)
+b.start(); assert entered[1].wait(10)
+during = blas()
+leave[0].set(); a.join(10)          # the first run ends first: its restore must not undo the second's cap
+second_alone = blas()
+leave[1].set(); b.join(10)          # the last run to end restores the original
+print(before, during, second_alone, blas())
+assert all(n == 1 for n in during), during
+assert all(n == 1 for n in second_alone), second_alone
+assert blas() == before, (blas(), before)
+print("OK")
+"""
+
+
+def test_overlapping_threads_runs_restore_the_native_thread_pools():
+    # in a fresh process: OpenBLAS ignores a limit set from another thread once the main thread has set one
+    import subprocess
+    import sys
+
+    pytest.importorskip("threadpoolctl")
+    out = subprocess.run([sys.executable, "-c", _OVERLAP_SCRIPT], capture_output=True, text=True, timeout=120)
+    if out.stdout.strip() == "SKIP":
+        pytest.skip("needs a BLAS using several threads and two cores (the runs cap it to one per task)")
+    assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stdout + out.stderr
