@@ -68,10 +68,10 @@ class _SharedLimit:
         with _NATIVE_LOCK:
             held = self._held[self.user_api]
             if held[1] is None:
-                held[1] = ctl.limit(limits=self.n, user_api=self.user_api)
+                held[1] = ctl.select(user_api=self.user_api).limit(limits=self.n)
             elif self.n < held[2]:
                 held[2] = self.n
-                ctl.limit(limits=self.n, user_api=self.user_api)   # lower only; the first limiter restores
+                ctl.select(user_api=self.user_api).limit(limits=self.n)   # lower only; the first limiter restores
         return None
 
     def __exit__(self, *a: object) -> None:
@@ -100,7 +100,8 @@ def limit_native_threads(n: int, user_api: str | None = None) -> Any:
         return _NoLimit()
     if user_api == "blas":
         return _SharedLimit(n, user_api)
-    return _controller().limit(limits=n, user_api=user_api)
+    ctl = _controller()   # a limiter restores every library it holds: hold only those of user_api
+    return (ctl if user_api is None else ctl.select(user_api=user_api)).limit(limits=n)
 
 
 class ThreadsExecutor(Executor):
