@@ -138,6 +138,14 @@ class FailOnce(BaseEstimator, RegressorMixin):
         return np.full(len(X), self.mean_)
 
 
+class _AlwaysFails(BaseEstimator, RegressorMixin):
+    def fit(self, X, y):
+        raise RuntimeError("planted failure")
+
+    def predict(self, X):
+        return np.zeros(len(X))
+
+
 class Locky(BaseEstimator, RegressorMixin):
     """Holds a lock, so it cannot be pickled."""
 
@@ -337,6 +345,50 @@ def test_exceptions_are_retried_per_retries(client, tmp_path):
         m2.fit(executor=DaskExecutor(client, retries=0))
     assert isinstance(info.value, RuntimeError)
     assert not m2.is_fitted
+
+
+def _run_keys(client):
+    """The keys of gpunets runs the scheduler still knows."""
+    return client.run_on_scheduler(
+        lambda dask_scheduler: sorted(str(k) for k in dask_scheduler.tasks if "gpunets" in str(k)))
+
+
+def _no_run_keys_left(client, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while _run_keys(client) and time.monotonic() < deadline:   # releases reach the scheduler asynchronously
+        time.sleep(0.05)
+    return _run_keys(client) == [] and not any("gpunets" in str(k) for k in client.who_has())
+
+
+def test_failed_fit_leaves_the_users_other_futures_and_no_keys(client, caplog):
+    import logging
+
+    X, y = _xy()
+    held = client.submit(lambda: 41, pure=False)
+    assert held.result(timeout=30) == 41
+    pending = client.submit(time.sleep, 1.0, pure=False)      # still running across the failed fit
+    slow = gn.machine(Sleepy(seconds=0.5), X, y, name="slow")
+    P = gn.node(_cols, slow.predict(X), slow.predict(X), name="P")   # an intermediate depending on a fit
+    top = gn.machine(Ridge(), P, y, name="top")
+    bad = gn.machine(_AlwaysFails(), X, y, name="bad")
+    out = gn.node(_avg, top.predict(P), bad.predict(X))
+    with caplog.at_level(logging.ERROR):
+        with pytest.raises(gn.FitError, match="bad"):
+            out.fit(executor=DaskExecutor(client, retries=0))
+        assert held.result(timeout=30) == 41            # the user's futures are untouched ...
+        assert pending.result(timeout=30) is None
+        assert client.status == "running"
+        assert _no_run_keys_left(client)               # ... and the run left no key behind
+    crashes = [r for r in caplog.records if r.exc_info and r.name.startswith(("distributed.scheduler",
+                                                                               "distributed.core", "asyncio"))]
+    assert not crashes, [r.getMessage() for r in crashes]
+
+
+def test_successful_fit_leaves_no_keys(client):
+    yhat, _ = network()
+    yhat.fit(executor=DaskExecutor(client), force=True)
+    yhat(executor=DaskExecutor(client))
+    assert _no_run_keys_left(client)
 
 
 def test_timeout_does_not_leave_the_client_hanging(client):

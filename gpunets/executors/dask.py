@@ -25,7 +25,9 @@ dies while running a task makes the scheduler run it on another worker, up to
 the scheduler's ``distributed.scheduler.allowed-failures`` (set to
 ``retries`` on a cluster this executor starts), then the run fails with an
 error naming the task.  ``timeout`` bounds a run; on expiry the outstanding
-work is cancelled and the run fails naming the unfinished tasks.
+work is released and the run fails naming the unfinished tasks.  A run only ever
+releases its own keys (never ``client.cancel``), so a failure leaves the user's
+other futures on the same client untouched and no key of the run behind.
 
 ``dask`` and ``distributed`` are imported only in this module, and only when
 an executor is created (``pip install "gpunets[dask]"``).
@@ -203,7 +205,7 @@ class DaskExecutor(Executor):
         a cluster this executor starts, how many times a task whose worker died
         is run again elsewhere (``distributed.scheduler.allowed-failures``).
     timeout : float, optional
-        Seconds a run may take before its outstanding tasks are cancelled and
+        Seconds a run may take before its outstanding tasks are released and
         it fails naming them (default: no limit).
     keep_cluster : bool
         Keep a ``LocalCluster`` this executor starts until :meth:`close` (or
@@ -452,16 +454,21 @@ class DaskExecutor(Executor):
             names = ", ".join(t.label for t in pending[:5]) + (" ..." if len(pending) > 5 else "")
             timeout = self.timeout
             msg = (f"{_describe(pending[0])} did not finish on Dask within timeout={timeout}s "
-                   f"(unfinished: {names}); the run's outstanding tasks were cancelled.")
+                   f"(unfinished: {names}); the run's outstanding tasks were released.")
             _set_error(run, pending[0].key, msg, TimeoutError(msg))
         except _cancelled_errors(distributed):
             lost = True
-        except BaseException as e:  # KeyboardInterrupt: stop, cancel, re-raise
+        except BaseException as e:  # KeyboardInterrupt: stop, release, re-raise
             run.abort(e)
-            client.cancel(futures)
             raise
-        if run.error is not None or lost:
-            client.cancel(futures)
+        finally:
+            # Release this attempt's own keys (never client.cancel: distributed's cancel walks the
+            # dependents of a cancelled key and asserts that some client wants each of them, which
+            # fails for a run's intermediates and drops the whole client, cancelling every other
+            # future the user holds on it).  A key no client wants any more is forgotten by the
+            # scheduler, and a task still running for it is stopped on its worker.
+            _release(futures)
+            _release(refs[k] for k in needed)
         return lost
 
     def _placement(self, client: Any, tasks: list[Any]) -> dict[int, tuple[list[str], int]]:
@@ -518,6 +525,15 @@ def _completed(distributed: Any, client: Any, futures: list[Any], deadline: floa
         yield from distributed.as_completed(futures, loop=client.loop, timeout=left)
     except TimeoutError:
         raise _TimeoutSignal from None
+
+
+def _release(futures: Any) -> None:
+    """Drop this client's wants on ``futures`` (each ``Future.release()``; idempotent)."""
+    for f in futures:
+        try:
+            f.release()
+        except Exception:  # noqa: BLE001, S110 - a client already closed: nothing is held any more
+            pass
 
 
 def _cancelled_errors(distributed: Any) -> tuple[type[BaseException], ...]:
