@@ -496,6 +496,42 @@ def test_repr_and_validation():
     assert "LocalCluster(n_workers=3)" in repr(DaskExecutor(workers=3))
 
 
+@pytest.mark.parametrize("kwargs, match, exc", [
+    ({"timeout": "a"}, r"timeout='a'.*number of seconds", TypeError),
+    ({"timeout": float("nan")}, r"timeout=nan.*positive, finite", ValueError),
+    ({"timeout": True}, r"timeout=True", TypeError),
+    ({"client": "x"}, r"client=.*the string 'x'.*distributed.Client.*tcp://", TypeError),
+    ({"client": 3}, r"client=.*a int", TypeError),
+    ({"workers": "2"}, r"workers='2'", ValueError),
+    ({"keep_cluster": "no"}, r"keep_cluster='no'.*True or False", TypeError),
+    ({"trace": 1}, r"trace=1.*True or False", TypeError),
+    ({"cluster_kwargs": [("n_workers", 2)]}, r"cluster_kwargs=.*dict", TypeError),
+])
+def test_bad_arguments_fail_at_construction(kwargs, match, exc):
+    with pytest.raises(exc, match=match):
+        DaskExecutor(**kwargs)
+
+
+def test_executor_with_a_client_clones_and_pickles_as_its_address(client):
+    import copy
+    import pickle
+
+    from sklearn.base import clone
+
+    ex = DaskExecutor(client, retries=2, timeout=60)
+    stack = gn.StackingRegressor([("a", Ridge()), ("b", Ridge(alpha=3.0))], cv=3, executor=ex)
+    assert clone(stack).executor.client is client           # a copy uses the same cluster
+    assert copy.deepcopy(ex).client is client
+    again = pickle.loads(pickle.dumps(stack))                 # the live client cannot travel: its address does
+    assert again.executor.client == client.scheduler.address
+    assert (again.executor.retries, again.executor.timeout) == (2, 60)
+    X, y = _xy(60)
+    ref = stack.fit(X.data, y.data).predict(X.data)
+    np.testing.assert_allclose(again.fit(X.data, y.data).predict(X.data), ref, rtol=1e-12)
+    again.executor.close()   # the client it connected from the address (never the user's)
+    assert client.status == "running"
+
+
 # ------------------------------------------------------------------------------------------
 # real GPUs (dask-cuda): runs unchanged on a multi-GPU box
 # ------------------------------------------------------------------------------------------

@@ -617,3 +617,51 @@ def test_overlapping_threads_runs_restore_the_native_thread_pools():
     if out.stdout.strip() == "SKIP":
         pytest.skip("needs a BLAS using several threads and two cores (the runs cap it to one per task)")
     assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("make, match, exc", [
+    (lambda: gn.StreamsExecutor(delays="ab"), r"delays='ab'.*expected a pair", TypeError),
+    (lambda: gn.StreamsExecutor(delays=(0.1, "x")), r"delays=.*numbers of seconds", TypeError),
+    (lambda: gn.StreamsExecutor(delays=(0.2, 0.1)), r"delays=.*0 <= lo <= hi", ValueError),
+    (lambda: gn.StreamsExecutor(delays=(0, float("inf"))), r"delays=.*finite", ValueError),
+    (lambda: gn.StreamsExecutor(seed="1"), r"seed='1'.*integer", TypeError),
+    (lambda: gn.StreamsExecutor(check="yes"), r"check='yes'.*True or False", TypeError),
+    (lambda: gn.StreamsExecutor(emulate=1), r"emulate=1.*True, False or None", TypeError),
+    (lambda: gn.StreamsExecutor(skip_wait=3), r"skip_wait=3.*function", TypeError),
+    (lambda: gn.StreamsExecutor(stream="old"), r"stream='old'", ValueError),
+    (lambda: gn.StreamsExecutor(workers="2"), r"workers='2'", ValueError),
+    (lambda: gn.ThreadsExecutor(limit_native="no"), r"limit_native='no'.*True or False", TypeError),
+    (lambda: gn.ThreadsExecutor(workers=0), r"workers=0", ValueError),
+    (lambda: gn.SerialExecutor(workers=-1), r"workers=-1", ValueError),
+])
+def test_bad_executor_arguments_fail_at_construction(make, match, exc):
+    with pytest.raises(exc, match=match):
+        make()
+
+
+def _executor_objects():
+    return [gn.SerialExecutor(), gn.ThreadsExecutor(workers=2, limit_native=False),
+            gn.StreamsExecutor(workers=2, delays=(0.0, 0.001), seed=3, check=True)]
+
+
+@pytest.mark.parametrize("ex", _executor_objects(), ids=lambda e: e.name)
+def test_composites_with_executor_objects_clone_and_pickle(ex):
+    import copy
+    import pickle
+
+    from sklearn.base import clone
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(40, 3)), rng.normal(size=40)
+    stack = gn.StackingRegressor([("a", Ridge()), ("b", Ridge(alpha=3.0))], cv=3, executor=ex)
+    fitted = clone(stack).fit(X, y)          # a run leaves state (locks, checkers) on the executor
+    for obj in (stack, fitted):
+        for twin in (clone(obj), copy.deepcopy(obj), pickle.loads(pickle.dumps(obj))):
+            new = twin.executor
+            assert type(new) is type(ex) and new is not ex
+            assert repr(new) == repr(ex)
+    again = pickle.loads(pickle.dumps(fitted))
+    np.testing.assert_array_equal(again.predict(X), fitted.predict(X))
+    np.testing.assert_array_equal(clone(stack).fit(X, y).predict(X), fitted.predict(X))
+    s = pickle.loads(pickle.dumps(gn.StreamsExecutor(workers=3, delays=(0.0, 0.002), seed=5, check=True)))
+    assert (s.workers, s.delays, s.seed, s.check) == (3, (0.0, 0.002), 5, True)

@@ -116,6 +116,9 @@ class ThreadsExecutor(Executor):
     name = "threads"
 
     def __init__(self, workers: int | None = None, limit_native: bool = True) -> None:
+        from ._args import check_flag
+
+        check_flag("limit_native", limit_native, "ThreadsExecutor")
         super().__init__(workers)
         self.limit_native = limit_native
 
