@@ -532,6 +532,16 @@ def test_executor_with_a_client_clones_and_pickles_as_its_address(client):
     assert client.status == "running"
 
 
+def test_a_copy_uses_the_cluster_an_executor_keeps(client):
+    import copy
+
+    ex = DaskExecutor(keep_cluster=True)
+    ex._own = (client, None)   # as after its first run: a LocalCluster it started and keeps
+    twin = copy.deepcopy(ex)
+    assert twin.client is client and twin._own is None   # uses it, does not own it (never closes it)
+    ex._own = None
+
+
 # ------------------------------------------------------------------------------------------
 # real GPUs (dask-cuda): runs unchanged on a multi-GPU box
 # ------------------------------------------------------------------------------------------

@@ -318,6 +318,11 @@ class DaskExecutor(Executor):
         client = named.get("client")
         if for_pickle and client is not None and not isinstance(client, str):
             named["client"] = _address_of(client)   # the live client cannot travel: its scheduler's address does
+        if not for_pickle and client is None:
+            with self._own_lock:
+                own = self._own
+            if own is not None:   # a copy (e.g. clone in a grid search) uses the cluster this one keeps
+                named["client"] = own[0]
         return named
 
     def _shared_args(self) -> tuple[str, ...]:
