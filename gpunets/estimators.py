@@ -28,18 +28,22 @@ def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None) -> tu
 
     Pure apart from fitting ``est`` itself, so it can run on any thread or Dask worker.
     """
+    from .threadsafety import serialized, unsafe_groups
+
     start = time.perf_counter()
     info: dict[str, Any] = {"device": "cpu", "path": "sklearn"}
+    groups = unsafe_groups(est)   # estimators with process-wide state fit one at a time
     if resolved is not None:
         from .models import fit_context
 
         info = {"device": str(resolved.device), "path": resolved.path}
         if getattr(resolved, "reason", ""):
             info["reason"] = resolved.reason
-        with fit_context(resolved):
+        with fit_context(resolved), serialized(groups):
             est.fit(*values)
     else:
-        est.fit(*values)
+        with serialized(groups):
+            est.fit(*values)
     info["seconds"] = time.perf_counter() - start
     shape = getattr(values[0], "shape", None) if values else None
     info["n_rows"] = int(shape[0]) if shape else None
@@ -48,10 +52,20 @@ def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None) -> tu
 
 def apply_estimator(est: Any, op: str, values: tuple[Any, ...], path: str = "sklearn") -> Any:
     """Call operation ``op`` of the fitted estimator ``est`` on ``values``."""
+    from .threadsafety import serialized, unsafe_groups
+
     method = getattr(est, op, None)
     if method is None:
         msg = f"The fitted {type(est).__name__} has no method {op!r}."
         raise AttributeError(msg)
+    groups = unsafe_groups(est, calls=True)
+    if groups:   # declared not thread-safe by the user: its calls run one at a time too
+        with serialized(groups):
+            return _apply(method, values, path)
+    return _apply(method, values, path)
+
+
+def _apply(method: Any, values: tuple[Any, ...], path: str) -> Any:
     if path in ("array_api", "cuml"):
         from .data import device_of
         from .models import call_context

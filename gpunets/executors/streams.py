@@ -585,6 +585,15 @@ class StreamsExecutor(Executor):
                  delays: tuple[float, float] | None = None, seed: int | None = None, check: bool = False,
                  stream: str = "ptds", skip_wait: Callable[[Any, Any], bool] | None = None,
                  timing: bool | None = None) -> None:
+        from ._args import check_callable, check_delays, check_flag, check_optional_flag, check_seed
+
+        owner = "StreamsExecutor"
+        check_optional_flag("emulate", emulate, owner, "emulate only where no GPU is used")
+        delays = check_delays(delays, owner)
+        check_seed(seed, owner)
+        check_flag("check", check, owner)
+        check_callable("skip_wait", skip_wait, owner, "skip_wait(consumer_task, producer_task) -> bool")
+        check_optional_flag("timing", timing, owner, "time GPU tasks only when the run is traced")
         super().__init__(workers)
         if stream not in ("ptds", "new"):
             msg = f"stream={stream!r}: use 'ptds' (per-thread default stream) or 'new' (non-blocking stream)."
