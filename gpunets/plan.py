@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from .data import check_placeable, device_of, installed
 from .devices import CPU, Device, check_available, resolve, same_device
 from .exceptions import NetworkError, NotFittedError
-from .graph import machine_parents, machine_sources, op_nodes, upstream_machines
+from .graph import Upstream, op_nodes, upstream_machines
 from .nodes import AbstractNode, Node, Source, is_node
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -189,9 +189,7 @@ class _Builder:
         key = self.memo.get(n._uid)
         if key is not None:
             return key
-        for x in op_nodes([n]):
-            if x._uid in self.memo:
-                continue
+        for x in op_nodes([n], done=self.memo):   # only the nodes not built yet: linear over a compile
             self.memo[x._uid] = self._make(x)
         return self.memo[n._uid]
 
@@ -334,19 +332,17 @@ def compile_fit(targets: Sequence[Any], *, rows: Any = None, force: bool = False
             seen.add(m._uid)
     rows_key = _rows_key(rows)
     actions: dict[Any, str] = {}
+    # One memoised walk answers every machine's questions about its upstream (linear in the network).
+    up = Upstream(lambda p: actions.get(p, "skip"))
     for m in machines:
-        changing = any(actions.get(p, "skip") != "skip" for p in machine_parents(m))
-        actions[m] = m._decide(rows_key, force, changing)
-    expected = {m._uid: m._version + (actions[m] != "skip") for m in machines}
+        actions[m] = m._decide(rows_key, force, up.changing(m), upstream=up)
     b = _Builder(rows=rows, bindings={}, mode="fit")
     # Every source is validated here (no data, rows out of range) before anything runs.
     for m in machines:
         if actions[m] == "skip":
             continue
         pending_deps = [b.node(a) for a in m.args]
-        upstream: dict[Any, int] = {("machine", p._uid): expected.get(p._uid, p._version) for p in machine_parents(m)}
-        upstream.update({("source", s._uid): s._version for s in machine_sources(m)})
-        pending = m._prepare_fit(actions[m], rows_key, upstream)
+        pending = m._prepare_fit(actions[m], rows_key, up.stamp(m, expected=True))
         resolved, dev, path = _resolve_fit(b, m, pending)
         est = resolved.estimator if resolved is not None else pending.estimator
         frames = "array" if path == "array_api" else "auto"
