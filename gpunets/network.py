@@ -15,7 +15,7 @@ from .nodes import AbstractNode, Source, is_node
 from .plan import compile_call, compile_fit
 from .trace import Trace
 
-__all__ = ["fit", "evaluate", "Evaluation", "last_trace"]
+__all__ = ["fit", "evaluate", "Evaluation", "last_trace", "remember_costs"]
 
 _LAST_TRACE: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("gpunets_last_trace", default=None)
 
@@ -100,8 +100,25 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
         if bar is not None:
             bar.close()
     _LAST_TRACE.set(run.trace)
+    remember_costs(plan, run.trace)
     run.raise_error()
     return FitReport(plan, run.trace, run.trace.executor)
+
+
+def remember_costs(plan: Any, trace: Trace) -> None:
+    """Keep each operation's measured duration on its node, for ``auto``'s next choice.
+
+    (A fit's duration is kept in its machine's state already.)
+    """
+    tasks = plan.tasks
+    for r in trace._raw:               # the cheap form: no TraceRecord (nor label) is built
+        t = r[0]
+        if t.kind == "eval":
+            t.node._cost = r[3] - r[2]
+    for rec in trace._records:
+        t = tasks[rec.key] if 0 <= rec.key < len(tasks) else None
+        if t is not None and t.kind == "eval":
+            t.node._cost = rec.end - rec.start
 
 
 def _override_placement(device: Any) -> Any:
@@ -129,10 +146,11 @@ def _progress_bar(plan: Any, show: bool) -> tuple[Any, Any]:
 
 @dataclass
 class Evaluation:
-    """The value of an evaluation and its trace."""
+    """The value of an evaluation, its trace, and why its executor was chosen."""
 
     value: Any
     trace: Trace
+    executor_reason: str = ""
 
 
 def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any]) -> dict[int, Any]:
@@ -207,10 +225,11 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
     ex = get_executor(executor, workers, plan)
     run = ex.run(plan)
     _LAST_TRACE.set(run.trace)
+    remember_costs(plan, run.trace)
     (value,) = run.results()
     if output == "auto":
         value = _like_input(value, plan)
-    return Evaluation(value, run.trace) if trace else value
+    return Evaluation(value, run.trace, plan.executor_reason) if trace else value
 
 
 def _like_input(value: Any, plan: Any) -> Any:

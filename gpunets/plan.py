@@ -78,6 +78,7 @@ class Plan:
     max_lanes: int | None = None        # the cap :meth:`assign_lanes` uses
     consumers: list[list[int]] = field(default_factory=list)
     _n_lanes: int = -1                  # -1: lanes not assigned yet
+    executor_reason: str = ""           # why the executor that ran it was chosen (set by get_executor)
 
     @property
     def n_lanes(self) -> int:
