@@ -140,6 +140,7 @@ class _Builder:
         self.fit_key: dict[int, int] = {}
         self.dev: list[Any] = []                       # task key -> Device its value lives on
         self.mach_dev: dict[int, tuple[Any, str]] = {}  # machine uid -> (Device, path) of this plan's fit
+        self.fit_args: dict[int, tuple[Any, int, Any]] = {}  # machine uid -> (estimator, n_args, resolved)
         self.moves: dict[tuple[int, Any, str], int] = {}
         self._placed: dict[Any, Any] = {}
         self._names: dict[Any, str] = {}             # Device -> its string, computed once
@@ -228,6 +229,8 @@ class _Builder:
         if m is None:
             fn = x.operation if plain else partial(_call_with_constants, x.operation, tuple(spec))
             return self.add(kind="eval", fn=fn, deps=tuple(deps), node=x, cost=1.0, device=dev)
+        if fk is not None and self._training_output(x, m, fk):
+            return self.add(kind="eval", fn=_training_output, deps=(fk,), node=x, machine=m, cost=1.0, device=dev)
         if fk is not None:
             deps.append(fk)  # the fitted estimator arrives as the last input
             fn = partial(_apply_fitted, x.operation, tuple(spec))
@@ -235,6 +238,23 @@ class _Builder:
             st = m._state
             fn = partial(_apply_state, x.operation, tuple(spec), st.estimator, st.path)
         return self.add(kind="eval", fn=fn, deps=tuple(deps), node=x, machine=m, cost=2.0, device=dev)
+
+    def _training_output(self, x: Node, m: "Machine", fk: int) -> bool:
+        """Is ``x`` ``m.transform`` of ``m``'s own training input, in the plan that fits ``m``?
+
+        Then ``m``'s fit task calls ``fit_transform`` (scikit-learn's contract:
+        the same answer as ``fit(X, y).transform(X)``, often cheaper) and ``x``
+        takes its result instead of transforming the training rows again.
+        """
+        if x.operation != "transform" or len(x._args) != 1 or x._args[0] is not m.args[0]:
+            return False
+        est, n_args, resolved = self.fit_args[m._uid]
+        if not callable(getattr(est, "fit_transform", None)):
+            return False
+        task = self.tasks[fk]
+        if task.fn.func is not _fit_transform_task:
+            task.fn = partial(_fit_transform_task, est, n_args, resolved)
+        return True
 
     def _source_value(self, s: Source) -> Any:
         from .data import n_rows, take_rows
@@ -272,7 +292,7 @@ def _apply_state(op: str, spec: tuple[tuple[bool, Any], ...], est: Any, path: st
 def _apply_fitted(op: str, spec: tuple[tuple[bool, Any], ...], *values: Any) -> Any:
     from .estimators import apply_estimator
 
-    est, info = values[-1]
+    est, info = values[-1][:2]       # a fit task's value: (estimator, info[, training output])
     return apply_estimator(est, op, tuple(values[i] if is_dep else i for is_dep, i in spec),
                            info.get("path", "sklearn"))
 
@@ -299,6 +319,20 @@ def _fit_task(est: Any, n_args: int, resolved: Any, *values: Any) -> tuple[Any, 
     from .estimators import fit_estimator
 
     return fit_estimator(est, tuple(values[:n_args]), resolved)
+
+
+def _fit_transform_task(est: Any, n_args: int, resolved: Any, *values: Any) -> tuple[Any, dict[str, Any], Any]:
+    from .estimators import fit_transform_estimator
+
+    return fit_transform_estimator(est, tuple(values[:n_args]), resolved)
+
+
+def _training_output(fitted: tuple[Any, ...]) -> Any:
+    return fitted[2]
+
+
+def _commit_fit(m: "Machine", pending: Any, est: Any, info: dict[str, Any], *output: Any) -> None:
+    m._commit(pending, est, info)
 
 
 def _rows_key(rows: Any) -> Any:
@@ -349,8 +383,9 @@ def compile_fit(targets: Sequence[Any], *, rows: Any = None, force: bool = False
         frames = "array" if path == "array_api" else "auto"
         deps = [b.moved(k, dev, frames) for k in pending_deps]
         b.mach_dev[m._uid] = (dev, path)
+        b.fit_args[m._uid] = (est, len(deps), resolved)
         key = b.add(kind="fit", label=f"fit {m.label}", fn=partial(_fit_task, est, len(deps), resolved),
-                    deps=tuple(deps), machine=m, cost=10.0, commit=partial(m._commit, pending), device=dev)
+                    deps=tuple(deps), machine=m, cost=10.0, commit=partial(_commit_fit, m, pending), device=dev)
         b.fit_key[m._uid] = key
     return Plan("fit", b.tasks, tuple(b.fit_key.values()), actions, max_lanes)
 
