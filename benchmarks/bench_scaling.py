@@ -163,7 +163,10 @@ def machine_network(shape: str, n: int) -> Any:
 
 
 def _per_machine(fn: Callable[[], Any], n: int, repeats: int) -> float:
+    import gc
+
     best = float("inf")
+    gc.collect()   # what earlier sizes left behind is not charged to this one
     for _ in range(repeats):
         t = time.perf_counter()
         fn()
@@ -215,11 +218,41 @@ def _inc(x: Any) -> Any:
     return x + 1
 
 
+def _total(*xs: Any) -> Any:
+    return sum(xs)
+
+
+def auto_vs_serial(quick: bool) -> dict[str, Any]:
+    """``auto`` against ``serial`` on trivial-task networks (best of interleaved repeats; workers=2)."""
+    width, length = (50, 10) if quick else (200, 10)
+    X = gn.source(np.zeros(1), name="X")
+    ends = []
+    for _ in range(width):
+        n: Any = X
+        for _ in range(length - 1):
+            n = gn.node(_inc, n)
+        ends.append(n)
+    nets = {"chains": gn.node(_total, *ends), "fan": gn.node(_total, *[gn.node(_inc, X) for _ in range(width * 10)])}
+    out: dict[str, Any] = {}
+    for name, net in nets.items():
+        best = {"serial": float("inf"), "auto": float("inf")}
+        chosen = gn.evaluate(net, executor="auto", workers=WORKERS, trace=True)
+        for _ in range(5 if quick else 9):
+            for ex in best:
+                t = time.perf_counter()
+                gn.evaluate(net, executor=ex, workers=WORKERS)
+                best[ex] = min(best[ex], time.perf_counter() - t)
+        ratio = best["auto"] / best["serial"]
+        out[name] = {"seconds": best, "auto_chose": chosen.trace.executor, "reason": chosen.executor_reason,
+                     "auto_vs_serial": {"value": ratio, "target": "<= 1.1", "met": ratio <= 1.1}}
+    return out
+
+
 def planning(quick: bool = False) -> dict[str, Any]:
     """Per-machine planning costs on chains and fans, their growth, and lane-assignment memory."""
     sizes = [100, 1_000] if quick else [100, 1_000, 10_000]
     repeats = 2 if quick else 3
-    rows = [planning_costs(shape, n, repeats if n < 10_000 else 1) for shape in ("chain", "fan") for n in sizes]
+    rows = [planning_costs(shape, n, repeats) for shape in ("chain", "fan") for n in sizes]
     growth: dict[str, Any] = {}
     for shape in ("chain", "fan"):
         r = [x for x in rows if x["shape"] == shape]
@@ -235,6 +268,7 @@ def planning(quick: bool = False) -> dict[str, Any]:
                                         "met": ratio <= TARGET_NOOP_GROWTH},
         "lanes_bytes_per_node": {"value": mem[0]["bytes_per_node"], "target": f"< {TARGET_LANES_BYTES}",
                                  "met": mem[0]["bytes_per_node"] < TARGET_LANES_BYTES},
+        "auto": auto_vs_serial(quick),
     }
     return res
 
@@ -247,6 +281,9 @@ def print_planning(res: dict[str, Any]) -> None:
         print(f"planning: growth of {k}: " + ", ".join(f"{a} -> {b:.2f}x" for a, b in v.items()))
     g = res["noop_fit_growth_3000_vs_300"]
     print(f"planning: no-op fit per machine, 3,000 / 300 chained machines: {g['value']:.2f}x (target {g['target']})")
+    for name, a in res["auto"].items():
+        print(f"planning: auto on trivial {name}: {a['auto_vs_serial']['value']:.2f}x serial's time "
+              f"(chose {a['auto_chose']}: {a['reason']})")
     for m in res["lanes"]:
         print(f"planning: lanes for a {m['nodes']:,}-node {m['shape']}: peak {m['peak_bytes'] / 1e6:.1f} MB "
               f"({m['bytes_per_node']:.0f} B/node), {m['seconds']:.2f} s, {m['lanes']} lanes")

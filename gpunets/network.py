@@ -106,19 +106,19 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
 
 
 def remember_costs(plan: Any, trace: Trace) -> None:
-    """Keep each operation's measured duration on its node, for ``auto``'s next choice.
+    """Keep each operation's last two measured durations on its node, for ``auto``'s next choice.
 
     (A fit's duration is kept in its machine's state already.)
     """
     tasks = plan.tasks
-    for r in trace._raw:               # the cheap form: no TraceRecord (nor label) is built
-        t = r[0]
+    timed = [(r[0], r[3] - r[2]) for r in trace._raw]   # the cheap form: no TraceRecord (nor label) built
+    timed += [(tasks[r.key], r.end - r.start) for r in trace._records if 0 <= r.key < len(tasks)]
+    for t, seconds in timed:
         if t.kind == "eval":
-            t.node._cost = r[3] - r[2]
-    for rec in trace._records:
-        t = tasks[rec.key] if 0 <= rec.key < len(tasks) else None
-        if t is not None and t.kind == "eval":
-            t.node._cost = rec.end - rec.start
+            # the last two durations: their minimum is the estimate, so one run slowed by a neighbour
+            # (a preempted thread, a GC pause) does not change auto's choice
+            prev = getattr(t.node, "_cost", None)
+            t.node._cost = (prev[1] if prev is not None else seconds, seconds)
 
 
 def _override_placement(device: Any) -> Any:
@@ -154,6 +154,8 @@ class Evaluation:
 
 
 def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any]) -> dict[int, Any]:
+    if not data and not named:
+        return {}                     # nothing to bind: no walk for the origins
     origins = target.origins
     bindings: dict[int, Any] = {}
     if len(data) > 1:

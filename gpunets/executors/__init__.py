@@ -76,15 +76,16 @@ def task_seconds(task: Any) -> float:
     """The measured or estimated duration of ``task``, in seconds.
 
     A fit: its machine's last fit time, or :data:`MIN_PARALLEL_SECONDS` for a machine
-    never trained (unknown: assumed worth a thread).  An operation: its duration in the
-    last run that computed it (see :func:`gpunets.network.remember_costs`), else 0
-    (assumed trivial).  A move: 0.
+    never trained (unknown: assumed worth a thread).  An operation: the shorter of its
+    durations in the last two runs that computed it (see
+    :func:`gpunets.network.remember_costs`), else 0 (assumed trivial).  A move: 0.
     """
     if task.kind == "fit":
         st = task.machine._state if task.machine is not None else None
         return st.seconds if st is not None and st.seconds > 0 else MIN_PARALLEL_SECONDS
     if task.kind == "eval":
-        return getattr(task.node, "_cost", None) or 0.0
+        seen = getattr(task.node, "_cost", None)
+        return min(seen) if seen is not None else 0.0
     return 0.0
 
 
@@ -104,12 +105,25 @@ def explain_auto(plan: Any) -> tuple[str, str]:
     >>> explain_auto(compile_call([gn.mean(*[X + i for i in range(100)])], {}, max_lanes=2))[0]
     'serial'
     """
-    if any(str(t.device).startswith("cuda") for t in plan.tasks):
+    heavy: list[Any] = []
+    n_run, cuda, least = 0, False, MIN_PARALLEL_SECONDS
+    for t in plan.tasks:   # one pass, cheap per task: auto must cost nothing next to a trivial task
+        if str(t.device).startswith("cuda"):
+            cuda = True
+        kind = t.kind
+        if kind == "source":
+            continue
+        n_run += 1
+        if kind == "eval":
+            seen = getattr(t.node, "_cost", None)
+            if seen is not None and seen[0] >= least and seen[1] >= least:
+                heavy.append(t)
+        elif kind == "fit" and task_seconds(t) >= least:
+            heavy.append(t)
+    if cuda:
         return "streams", "a task runs on a CUDA device"
     if inside_task():
         return "serial", "inside a task of another run, which already uses the cores"
-    heavy = [t for t in plan.tasks if t.kind != "source" and task_seconds(t) >= MIN_PARALLEL_SECONDS]
-    n_run = sum(1 for t in plan.tasks if t.kind != "source")
     limit = f"{MIN_PARALLEL_SECONDS * 1e3:g} ms"
     if len(heavy) < 2:
         return "serial", (f"{len(heavy)} of {n_run} tasks expected to take {limit} or more: "
