@@ -253,16 +253,24 @@ def auto_vs_serial(quick: bool) -> dict[str, Any]:
         ends.append(n)
     nets = {"chains": gn.node(_total, *ends), "fan": gn.node(_total, *[gn.node(_inc, X) for _ in range(width * 10)])}
     out: dict[str, Any] = {}
+    import gc
+
     for name, net in nets.items():
         best = {"serial": float("inf"), "auto": float("inf")}
         chosen = gn.evaluate(net, executor="auto", workers=WORKERS, trace=True)
-        for _ in range(5 if quick else 9):
-            for ex in best:
+        choices: dict[str, int] = {}
+        for rep in range(9 if quick else 15):
+            for ex in (("serial", "auto") if rep % 2 else ("auto", "serial")):   # interleaved, order alternated
+                gc.collect()
                 t = time.perf_counter()
                 gn.evaluate(net, executor=ex, workers=WORKERS)
                 best[ex] = min(best[ex], time.perf_counter() - t)
+                if ex == "auto":
+                    used = gn.last_trace().executor
+                    choices[used] = choices.get(used, 0) + 1
         ratio = best["auto"] / best["serial"]
-        out[name] = {"seconds": best, "auto_chose": chosen.trace.executor, "reason": chosen.executor_reason,
+        out[name] = {"seconds": best, "auto_chose": chosen.trace.executor, "auto_choices": choices,
+                     "reason": chosen.executor_reason,
                      "auto_vs_serial": {"value": ratio, "target": "<= 1.1", "met": ratio <= 1.1}}
     return out
 

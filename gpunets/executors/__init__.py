@@ -105,23 +105,22 @@ def explain_auto(plan: Any) -> tuple[str, str]:
     >>> explain_auto(compile_call([gn.mean(*[X + i for i in range(100)])], {}, max_lanes=2))[0]
     'serial'
     """
+    tasks = plan.tasks
+    if any(str(d).startswith("cuda") for d in {t.device for t in tasks}):
+        return "streams", "a task runs on a CUDA device"
     heavy: list[Any] = []
-    n_run, cuda, least = 0, False, MIN_PARALLEL_SECONDS
-    for t in plan.tasks:   # one pass, cheap per task: auto must cost nothing next to a trivial task
-        if str(t.device).startswith("cuda"):
-            cuda = True
+    n_run, least = 0, MIN_PARALLEL_SECONDS
+    for t in tasks:   # one cheap pass: auto must cost next to nothing beside a trivial task
         kind = t.kind
-        if kind == "source":
-            continue
-        n_run += 1
         if kind == "eval":
+            n_run += 1
             seen = getattr(t.node, "_cost", None)
             if seen is not None and seen[0] >= least and seen[1] >= least:
                 heavy.append(t)
-        elif kind == "fit" and task_seconds(t) >= least:
-            heavy.append(t)
-    if cuda:
-        return "streams", "a task runs on a CUDA device"
+        elif kind != "source":
+            n_run += 1
+            if task_seconds(t) >= least:
+                heavy.append(t)
     if inside_task():
         return "serial", "inside a task of another run, which already uses the cores"
     limit = f"{MIN_PARALLEL_SECONDS * 1e3:g} ms"
