@@ -26,7 +26,9 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from itertools import pairwise
+from typing import Any
 
 import numpy as np
 
@@ -134,12 +136,12 @@ class Shift:
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         return {"k": self.k}
 
-    def set_params(self, **params: Any) -> "Shift":
+    def set_params(self, **params: Any) -> Shift:
         for key, v in params.items():
             setattr(self, key, v)
         return self
 
-    def fit(self, X: Any, y: Any = None) -> "Shift":
+    def fit(self, X: Any, y: Any = None) -> Shift:
         self.fitted_ = True
         return self
 
@@ -284,7 +286,7 @@ def planning(quick: bool = False) -> dict[str, Any]:
     for shape in ("chain", "fan"):
         r = [x for x in rows if x["shape"] == shape]
         for k in ("compile_us_per_machine", "noop_fit_us_per_machine"):
-            growth[f"{shape}_{k}"] = {f"{b['machines']}/{a['machines']}": b[k] / a[k] for a, b in zip(r, r[1:])}
+            growth[f"{shape}_{k}"] = {f"{b['machines']}/{a['machines']}": b[k] / a[k] for a, b in pairwise(r)}
     small, large = noop_growth(300, 3_000, 5 if quick else 7)
     ratio = large["noop_fit_us_per_machine"] / small["noop_fit_us_per_machine"]
     n_lanes = 20_000 if quick else 100_000

@@ -17,8 +17,9 @@ limit on long chains).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Container
 from hashlib import blake2b
-from typing import TYPE_CHECKING, Any, Callable, Container, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from .nodes import AbstractNode, Node, Source, is_node
 

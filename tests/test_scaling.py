@@ -12,7 +12,8 @@ from sklearn.linear_model import Ridge
 from sklearn.pipeline import make_pipeline
 
 import gpunets as gn
-from gpunets import graph, plan as plan_module
+from gpunets import graph
+from gpunets import plan as plan_module
 from gpunets.executors import explain_auto
 from gpunets.plan import assign_lanes, compile_call, compile_fit
 from tests.helpers import TRANSFORM_CALLS, CountingScaler
@@ -62,10 +63,10 @@ def test_fit_compile_walks_are_linear_in_the_chain(monkeypatch, what):
     for n in (100, 1000):
         out = chain_of_machines(n)
         if what == "compile":
-            work[n] = count_walks(monkeypatch, lambda: compile_fit([out]))
+            work[n] = count_walks(monkeypatch, lambda out=out: compile_fit([out]))
         else:
             out.fit(executor="serial")
-            work[n] = count_walks(monkeypatch, lambda: gn.fit(out, executor="serial"))
+            work[n] = count_walks(monkeypatch, lambda out=out: gn.fit(out, executor="serial"))
         monkeypatch.undo()
     # quadratic walks (one upstream walk per machine) would grow 100x; linear ones 10x
     assert 8 <= work[1000] / work[100] <= 12, work
@@ -229,7 +230,7 @@ def test_training_output_comes_from_fit_transform(executor, data_xy):
 
 
 def test_transform_of_other_inputs_is_not_fused(data_xy):
-    X, y = data_xy
+    X, _ = data_xy
     Xs, Zs = gn.source(X, name="X"), gn.source(X[::-1].copy(), name="Z")
     scale = gn.machine(CountingScaler(tag="other"), Xs)
     out = scale.transform(Zs)          # not its training input: fit, then transform
