@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     from .machines import FittedState, Machine
 
-__all__ = ["fresh_estimator", "fit_estimator", "apply_estimator"]
+__all__ = ["fresh_estimator", "fit_estimator", "fit_transform_estimator", "apply_estimator"]
 
 
 def fresh_estimator(model: Any) -> Any:
@@ -23,10 +23,12 @@ def fresh_estimator(model: Any) -> Any:
     return clone(model, safe=False)
 
 
-def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None) -> tuple[Any, dict[str, Any]]:
+def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None,
+                  method: str = "fit") -> tuple[Any, dict[str, Any]]:
     """Fit the fresh estimator ``est`` on ``values``; return it and where it ran.
 
     Pure apart from fitting ``est`` itself, so it can run on any thread or Dask worker.
+    With ``method="fit_transform"`` the result of ``est.fit_transform`` is in ``info["output"]``.
     """
     from .threadsafety import serialized, unsafe_groups
 
@@ -40,14 +42,24 @@ def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None) -> tu
         if getattr(resolved, "reason", ""):
             info["reason"] = resolved.reason
         with fit_context(resolved), serialized(groups):
-            est.fit(*values)
+            result = getattr(est, method)(*values)
     else:
         with serialized(groups):
-            est.fit(*values)
+            result = getattr(est, method)(*values)
+    if method != "fit":
+        info["output"] = result
     info["seconds"] = time.perf_counter() - start
     shape = getattr(values[0], "shape", None) if values else None
     info["n_rows"] = int(shape[0]) if shape else None
     return est, info
+
+
+def fit_transform_estimator(est: Any, values: tuple[Any, ...],
+                            resolved: Any = None) -> tuple[Any, dict[str, Any], Any]:
+    """Like :func:`fit_estimator` with ``est.fit_transform``: the fitted estimator, where it ran, and the
+    transform of its training input (scikit-learn's contract: ``fit(X, y).transform(X)``)."""
+    est, info = fit_estimator(est, values, resolved, method="fit_transform")
+    return est, info, info.pop("output")
 
 
 def apply_estimator(est: Any, op: str, values: tuple[Any, ...], path: str = "sklearn") -> Any:
