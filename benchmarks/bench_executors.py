@@ -64,6 +64,11 @@ def forest_branches(quick: bool) -> dict[str, Any]:
     for name in runs:
         np.testing.assert_array_equal(preds[name], preds["serial"])
     res = {"rows": n, "trees": trees, "seconds": times}
+    from gpunets.executors import explain_auto
+    from gpunets.plan import compile_fit
+
+    chosen, why = explain_auto(compile_fit([out], force=True, max_lanes=2))
+    res["auto_choice"] = {"value": chosen, "target": "threads", "met": chosen == "threads", "reason": why}
     for name in ("threads", "streams"):
         sp = times["serial"] / times[name]
         res[f"speedup_{name}"] = {"value": sp, "target": ">= 1.7", "met": sp >= 1.7}

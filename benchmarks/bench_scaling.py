@@ -26,6 +26,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -118,6 +120,204 @@ def _plot(xs: list[int], series: dict[str, list[float]], ideal: list[float] | No
     return path
 
 
+# --------------------------------------------------------------------------------------------
+# Planning: compile, no-op fit and lane assignment against the network's size (issue 19)
+# --------------------------------------------------------------------------------------------
+TARGET_NOOP_GROWTH = 1.5     # no-op fit per machine at 3,000 chained machines / at 300
+TARGET_LANES_BYTES = 1024    # lane-assignment peak per node at 100,000 nodes
+
+
+class Shift:
+    """A trivial transformer (fit learns nothing, transform adds its ``k``): planning cost only."""
+
+    def __init__(self, k: float = 0.0) -> None:
+        self.k = k
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        return {"k": self.k}
+
+    def set_params(self, **params: Any) -> Shift:
+        for key, v in params.items():
+            setattr(self, key, v)
+        return self
+
+    def fit(self, X: Any, y: Any = None) -> Shift:
+        self.fitted_ = True
+        return self
+
+    def transform(self, X: Any) -> Any:
+        return X + self.k
+
+
+def _first(*xs: Any) -> Any:
+    return xs[0]
+
+
+def machine_network(shape: str, n: int) -> Any:
+    """``chain``: each machine trains on the previous one's output; ``fan``: ``n`` machines on one source."""
+    X = gn.source(np.zeros((4, 1)), name="X")
+    if shape == "chain":
+        prev: Any = X
+        for _ in range(n):
+            prev = gn.machine(Shift(), prev).transform(prev)
+        return prev
+    return gn.node(_first, *[gn.machine(Shift(k=float(i)), X).transform(X) for i in range(n)])
+
+
+def _per_machine(fn: Callable[[], Any], n: int, repeats: int) -> float:
+    import gc
+
+    best = float("inf")
+    gc.collect()   # what earlier sizes left behind is not charged to this one
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best / n * 1e6
+
+
+def planning_costs(shape: str, n: int, repeats: int) -> dict[str, Any]:
+    """Per-machine µs of compiling a fit of an untrained network, and of a fit that retrains nothing."""
+    from gpunets.plan import compile_fit
+
+    out = machine_network(shape, n)
+    compile_us = _per_machine(lambda: compile_fit([out]), n, repeats)
+    report = gn.fit(out, executor="serial")
+    assert all(a == "train" for a in report.actions.values())
+    noop = gn.fit(out, executor="serial")
+    assert all(a == "skip" for a in noop.actions.values()), "a no-op fit retrained something"
+    noop_us = _per_machine(lambda: gn.fit(out, executor="serial"), n, repeats)
+    return {"shape": shape, "machines": n, "compile_us_per_machine": compile_us, "noop_fit_us_per_machine": noop_us}
+
+
+def noop_growth(small: int, large: int, repeats: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """No-op fits of two chains, timed in turn (interleaved, so that a noisy neighbour slows both alike)."""
+    import gc
+
+    nets = {n: machine_network("chain", n) for n in (small, large)}
+    for net in nets.values():
+        gn.fit(net, executor="serial")
+    best = {n: float("inf") for n in nets}
+    for _ in range(repeats):
+        for n, net in nets.items():
+            gc.collect()
+            t = time.perf_counter()
+            report = gn.fit(net, executor="serial")
+            best[n] = min(best[n], time.perf_counter() - t)
+            assert all(a == "skip" for a in report.actions.values())
+    return tuple({"shape": "chain", "machines": n, "noop_fit_us_per_machine": best[n] / n * 1e6}  # type: ignore
+                 for n in (small, large))
+
+
+def lanes_memory(n: int, shape: str = "chain", workers: int = WORKERS) -> dict[str, Any]:
+    """Peak bytes allocated while assigning lanes to an ``n``-node network (tracemalloc), per node."""
+    import tracemalloc
+
+    from gpunets.plan import assign_lanes, compile_call
+
+    X = gn.source(np.zeros(1), name="X")
+    if shape == "chain":
+        out: Any = X
+        for _ in range(n):
+            out = gn.node(_inc, out)
+    else:
+        out = gn.node(_first, *[gn.node(_inc, X) for _ in range(n)])
+    plan = compile_call([out], {}, max_lanes=workers)
+    tracemalloc.start()
+    try:
+        t = time.perf_counter()
+        lanes = assign_lanes(plan, workers)
+        seconds = time.perf_counter() - t
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return {"shape": shape, "nodes": len(plan.tasks) - 1, "lanes": lanes, "peak_bytes": peak,
+            "bytes_per_node": peak / (len(plan.tasks) - 1), "seconds": seconds}
+
+
+def _inc(x: Any) -> Any:
+    return x + 1
+
+
+def _total(*xs: Any) -> Any:
+    return sum(xs)
+
+
+def auto_vs_serial(quick: bool) -> dict[str, Any]:
+    """``auto`` against ``serial`` on trivial-task networks (best of interleaved repeats; workers=2)."""
+    width, length = (50, 10) if quick else (200, 10)
+    X = gn.source(np.zeros(1), name="X")
+    ends = []
+    for _ in range(width):
+        n: Any = X
+        for _ in range(length - 1):
+            n = gn.node(_inc, n)
+        ends.append(n)
+    nets = {"chains": gn.node(_total, *ends), "fan": gn.node(_total, *[gn.node(_inc, X) for _ in range(width * 10)])}
+    out: dict[str, Any] = {}
+    import gc
+
+    for name, net in nets.items():
+        best = {"serial": float("inf"), "auto": float("inf")}
+        chosen = gn.evaluate(net, executor="auto", workers=WORKERS, trace=True)
+        choices: dict[str, int] = {}
+        for rep in range(9 if quick else 15):
+            for ex in (("serial", "auto") if rep % 2 else ("auto", "serial")):   # interleaved, order alternated
+                gc.collect()
+                t = time.perf_counter()
+                gn.evaluate(net, executor=ex, workers=WORKERS)
+                best[ex] = min(best[ex], time.perf_counter() - t)
+                if ex == "auto":
+                    used = gn.last_trace().executor
+                    choices[used] = choices.get(used, 0) + 1
+        ratio = best["auto"] / best["serial"]
+        out[name] = {"seconds": best, "auto_chose": chosen.trace.executor, "auto_choices": choices,
+                     "reason": chosen.executor_reason,
+                     "auto_vs_serial": {"value": ratio, "target": "<= 1.1", "met": ratio <= 1.1}}
+    return out
+
+
+def planning(quick: bool = False) -> dict[str, Any]:
+    """Per-machine planning costs on chains and fans, their growth, and lane-assignment memory."""
+    sizes = [100, 1_000] if quick else [100, 1_000, 10_000]
+    repeats = 2 if quick else 3
+    rows = [planning_costs(shape, n, repeats) for shape in ("chain", "fan") for n in sizes]
+    growth: dict[str, Any] = {}
+    for shape in ("chain", "fan"):
+        r = [x for x in rows if x["shape"] == shape]
+        for k in ("compile_us_per_machine", "noop_fit_us_per_machine"):
+            growth[f"{shape}_{k}"] = {f"{b['machines']}/{a['machines']}": b[k] / a[k] for a, b in pairwise(r)}
+    small, large = noop_growth(300, 3_000, 5 if quick else 7)
+    ratio = large["noop_fit_us_per_machine"] / small["noop_fit_us_per_machine"]
+    n_lanes = 20_000 if quick else 100_000
+    mem = [lanes_memory(n_lanes, "chain"), lanes_memory(n_lanes, "fan")]
+    res: dict[str, Any] = {
+        "sizes": rows, "growth": growth, "chain_300": small, "chain_3000": large, "lanes": mem,
+        "noop_fit_growth_3000_vs_300": {"value": ratio, "target": f"<= {TARGET_NOOP_GROWTH}",
+                                        "met": ratio <= TARGET_NOOP_GROWTH},
+        "lanes_bytes_per_node": {"value": mem[0]["bytes_per_node"], "target": f"< {TARGET_LANES_BYTES}",
+                                 "met": mem[0]["bytes_per_node"] < TARGET_LANES_BYTES},
+        "auto": auto_vs_serial(quick),
+    }
+    return res
+
+
+def print_planning(res: dict[str, Any]) -> None:
+    for r in res["sizes"]:
+        print(f"planning: {r['shape']:<5} {r['machines']:>6} machines: compile {r['compile_us_per_machine']:8.1f} "
+              f"µs/machine, no-op fit {r['noop_fit_us_per_machine']:8.1f} µs/machine")
+    for k, v in res["growth"].items():
+        print(f"planning: growth of {k}: " + ", ".join(f"{a} -> {b:.2f}x" for a, b in v.items()))
+    g = res["noop_fit_growth_3000_vs_300"]
+    print(f"planning: no-op fit per machine, 3,000 / 300 chained machines: {g['value']:.2f}x (target {g['target']})")
+    for name, a in res["auto"].items():
+        print(f"planning: auto on trivial {name}: {a['auto_vs_serial']['value']:.2f}x serial's time "
+              f"(chose {a['auto_chose']}: {a['reason']})")
+    for m in res["lanes"]:
+        print(f"planning: lanes for a {m['nodes']:,}-node {m['shape']}: peak {m['peak_bytes'] / 1e6:.1f} MB "
+              f"({m['bytes_per_node']:.0f} B/node), {m['seconds']:.2f} s, {m['lanes']} lanes")
+
+
 def run(quick: bool = False, out_dir: str | None = None) -> dict[str, Any]:
     """Both sweeps; returns the figures as a dict (the runner writes the JSON) and saves the two plots."""
     out_dir = out_dir or os.path.join(HERE, "results")
@@ -161,6 +361,7 @@ def run(quick: bool = False, out_dir: str | None = None) -> dict[str, Any]:
         res["targets"] = {"skipped": "one core: no speed-up is possible"}
     res["identical_predictions"] = {"value": res["max_abs_diff_vs_serial"], "target": "== 0",
                                     "met": res["max_abs_diff_vs_serial"] == 0.0}
+    res["planning"] = planning(quick)
     return res
 
 
@@ -168,8 +369,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small sizes (seconds): checks the harness runs")
     p.add_argument("--out", default=os.path.join(HERE, "results", "scaling.json"), help="JSON results file")
+    p.add_argument("--planning", action="store_true", help="only the planning part (no RandomForest sweeps)")
     a = p.parse_args(argv)
     t = time.perf_counter()
+    if a.planning:
+        res = planning(quick=a.quick)
+        print_planning(res)
+        print(f"planning part only, not written to {a.out}: {time.perf_counter() - t:.1f} s")
+        return 0
     res = run(quick=a.quick, out_dir=os.path.dirname(os.path.abspath(a.out)))
     res["seconds_total"] = time.perf_counter() - t
     with open(a.out, "w") as f:
@@ -178,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows:
             sp = ", ".join(f"{k} {v:.2f}x" for k, v in r["speedup"].items())
             print(f"{label:>5}: width {r['width']}, {r['rows']} rows: serial {r['seconds']['serial'] * 1e3:.0f} ms; {sp}")
+    print_planning(res["planning"])
     print(f"wrote {a.out} and {', '.join(res['plots'])} in {res['seconds_total']:.1f} s")
     return 0
 

@@ -30,6 +30,7 @@ _DEFAULTS: dict[str, Any] = {
     "fallback": "warn",   # what a GPU->CPU fallback does: "warn", "raise" or "silent"
     "progress": False,    # show a tqdm progress bar while fitting
     "gpu_memory": "default",  # GPU memory resource, process-wide, set once: "default", "async" or "pool"
+    "thread_unsafe": (),  # estimator classes (or dotted names) fitted and called one at a time
 }
 
 _GLOBAL: dict[str, Any] = dict(_DEFAULTS)
@@ -40,7 +41,7 @@ def get_config() -> dict[str, Any]:
     """Return a copy of the settings in force here.
 
     >>> sorted(get_config())
-    ['device', 'executor', 'fallback', 'gpu_memory', 'progress', 'workers']
+    ['device', 'executor', 'fallback', 'gpu_memory', 'progress', 'thread_unsafe', 'workers']
     """
     local = _LOCAL.get()
     return dict(local if local is not None else _GLOBAL)
@@ -66,6 +67,8 @@ def _validate(changes: dict[str, Any]) -> dict[str, Any]:
     if "progress" in changes and not isinstance(changes["progress"], bool):
         msg = f"progress={changes['progress']!r} must be True or False."
         raise TypeError(msg)
+    if "thread_unsafe" in changes:
+        changes = {**changes, "thread_unsafe": verbs.get("check_thread_unsafe")(changes["thread_unsafe"])}
     if "device" in changes and changes["device"] not in (None, "auto"):
         verbs.get("check_device")(changes["device"])  # Device.parse: raises a ValueError listing the valid forms
     return changes
@@ -101,6 +104,9 @@ class config:
         Default placement, e.g. ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"auto"``.
     fallback : {"warn", "raise", "silent"}, optional
         What happens when work placed on a GPU has to run on the CPU.
+    thread_unsafe : list of classes or dotted names, optional
+        Estimators that are not thread-safe (beyond the built-in registry of
+        :mod:`gpunets.threadsafety`): their fits and calls run one at a time.
 
     Examples
     --------

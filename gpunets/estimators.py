@@ -14,8 +14,9 @@ from sklearn.base import clone
 
 from .data import device_of
 from .models import call_context, fit_context
+from .threadsafety import serialized, unsafe_groups
 
-__all__ = ["fresh_estimator", "fit_estimator", "apply_estimator"]
+__all__ = ["fresh_estimator", "fit_estimator", "fit_transform_estimator", "apply_estimator"]
 
 
 def fresh_estimator(model: Any) -> Any:
@@ -23,25 +24,39 @@ def fresh_estimator(model: Any) -> Any:
     return clone(model, safe=False)
 
 
-def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None) -> tuple[Any, dict[str, Any]]:
+def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None,
+                  method: str = "fit") -> tuple[Any, dict[str, Any]]:
     """Fit the fresh estimator ``est`` on ``values``; return it and where it ran.
 
     Pure apart from fitting ``est`` itself, so it can run on any thread or Dask worker.
+    With ``method="fit_transform"`` the result of ``est.fit_transform`` is in ``info["output"]``.
     """
     start = time.perf_counter()
     info: dict[str, Any] = {"device": "cpu", "path": "sklearn"}
+    groups = unsafe_groups(est)   # estimators with process-wide state fit one at a time
     if resolved is not None:
         info = {"device": str(resolved.device), "path": resolved.path}
         if getattr(resolved, "reason", ""):
             info["reason"] = resolved.reason
-        with fit_context(resolved):
-            est.fit(*values)
+        with fit_context(resolved), serialized(groups):
+            result = getattr(est, method)(*values)
     else:
-        est.fit(*values)
+        with serialized(groups):
+            result = getattr(est, method)(*values)
+    if method != "fit":
+        info["output"] = result
     info["seconds"] = time.perf_counter() - start
     shape = getattr(values[0], "shape", None) if values else None
     info["n_rows"] = int(shape[0]) if shape else None
     return est, info
+
+
+def fit_transform_estimator(est: Any, values: tuple[Any, ...],
+                            resolved: Any = None) -> tuple[Any, dict[str, Any], Any]:
+    """Like :func:`fit_estimator` with ``est.fit_transform``: the fitted estimator, where it ran, and the
+    transform of its training input (scikit-learn's contract: ``fit(X, y).transform(X)``)."""
+    est, info = fit_estimator(est, values, resolved, method="fit_transform")
+    return est, info, info.pop("output")
 
 
 def apply_estimator(est: Any, op: str, values: tuple[Any, ...], path: str = "sklearn") -> Any:
@@ -50,6 +65,14 @@ def apply_estimator(est: Any, op: str, values: tuple[Any, ...], path: str = "skl
     if method is None:
         msg = f"The fitted {type(est).__name__} has no method {op!r}."
         raise AttributeError(msg)
+    groups = unsafe_groups(est, calls=True)
+    if groups:   # declared not thread-safe by the user: its calls run one at a time too
+        with serialized(groups):
+            return _apply(method, values, path)
+    return _apply(method, values, path)
+
+
+def _apply(method: Any, values: tuple[Any, ...], path: str) -> Any:
     if path in ("array_api", "cuml"):
         try:  # the GPU the inputs were moved to is the one the estimator runs on
             dev = next((d for d in map(device_of, values) if d.is_cuda), None)

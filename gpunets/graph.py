@@ -17,6 +17,8 @@ limit on long chains).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Container
+from hashlib import blake2b
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from .nodes import AbstractNode, Node, Source, is_node
@@ -24,13 +26,19 @@ from .nodes import AbstractNode, Node, Source, is_node
 if TYPE_CHECKING:  # pragma: no cover
     from .machines import Machine
 
-__all__ = ["op_nodes", "origins", "all_sources", "upstream_machines", "machine_parents", "all_nodes"]
+__all__ = ["op_nodes", "origins", "all_sources", "upstream_machines", "machine_parents", "all_nodes", "Upstream"]
 
 
-def op_nodes(targets: Sequence[AbstractNode]) -> list[AbstractNode]:
-    """Nodes reached from ``targets`` through operation edges, dependencies first."""
+def op_nodes(targets: Sequence[AbstractNode], done: Container[int] = ()) -> list[AbstractNode]:
+    """Nodes reached from ``targets`` through operation edges, dependencies first.
+
+    Nodes whose uid is in ``done`` are neither entered nor listed (nor is anything
+    reached only through them): a caller that memoises its own walk passes what it has.
+    """
     order: list[AbstractNode] = []
     seen: set[int] = set()
+    if done:
+        seen = {t._uid for t in targets if t._uid in done}
     for t in targets:
         stack: list[tuple[AbstractNode, bool]] = [(t, False)]
         while stack:
@@ -43,7 +51,7 @@ def op_nodes(targets: Sequence[AbstractNode]) -> list[AbstractNode]:
             seen.add(n._uid)
             stack.append((n, True))
             for a in reversed(n.args):
-                if is_node(a) and a._uid not in seen:
+                if is_node(a) and a._uid not in seen and a._uid not in done:
                     stack.append((a, False))
     return order
 
@@ -59,7 +67,8 @@ def all_nodes(targets: Sequence[AbstractNode]) -> list[AbstractNode]:
     seen: set[int] = set()
     pending = list(targets)
     while pending:
-        layer = [n for n in op_nodes(pending) if n._uid not in seen]
+        # Nodes seen in an earlier layer are not walked again: everything below them was listed with them.
+        layer = op_nodes(pending, done=seen)
         pending = []
         for n in layer:
             seen.add(n._uid)
@@ -133,3 +142,112 @@ def machine_parents(m: "Machine") -> tuple["Machine", ...]:
 def machine_sources(m: "Machine") -> tuple[Source, ...]:
     """Sources whose data reaches ``m``'s training data, through any edge."""
     return all_sources(list(m.args))
+
+
+# --- memoised upstream facts (one walk per compile) -------------------------------------------
+
+_LEAF = b""
+
+
+def _digest(*parts: bytes) -> bytes:
+    return blake2b(b"".join(parts), digest_size=16).digest()
+
+
+def _source_stamp(s: Source) -> bytes:
+    """What a source contributes to the stamps of the machines it feeds: its identity and data version."""
+    return _digest(b"s", s._uid.to_bytes(16, "little", signed=True), s._version.to_bytes(8, "little"))
+
+
+def _machine_stamp(m: "Machine", version: int) -> bytes:
+    return _digest(b"m", m._uid.to_bytes(16, "little", signed=True), version.to_bytes(8, "little"))
+
+
+class Upstream:
+    """What feeds each machine's training data, computed once per node and memoised.
+
+    For a machine ``m`` (both answered in time linear in the network, however many
+    machines ask):
+
+    * :meth:`changing`: does a machine whose action is not ``"skip"`` feed ``m``'s
+      training data through operation edges (what :func:`machine_parents` lists)?
+    * :meth:`stamp`: a digest of the versions of those machines and of every
+      source reaching ``m``'s training data through any edge (what
+      :func:`machine_sources` lists).  A network's structure is immutable, so two
+      stamps of one machine are equal exactly when all those versions are
+      (up to a 128-bit hash collision); it replaces a dict of versions, whose size
+      grows with the depth of the network (quadratic on a chain of machines).
+
+    ``action(machine)`` gives each upstream machine's action in the fit being
+    compiled (default: every machine skips, i.e. the current state).  Stamps
+    with ``expected=True`` use the versions machines will have once this fit's
+    fits have committed.
+
+    >>> import numpy as np, gpunets as gn
+    >>> from sklearn.preprocessing import StandardScaler
+    >>> X = gn.source(np.ones((3, 1)), name="X")
+    >>> a = gn.machine(StandardScaler(), X)
+    >>> b = gn.machine(StandardScaler(), a.transform(X))
+    >>> up = Upstream(lambda m: "train" if m is a else "skip")
+    >>> up.changing(b), up.changing(a)
+    (True, False)
+    >>> up.stamp(b) == up.stamp(b, expected=True)
+    False
+    """
+
+    __slots__ = ("action", "memo", "visits")
+
+    def __init__(self, action: "Callable[[Machine], str] | None" = None) -> None:
+        self.action = action if action is not None else (lambda m: "skip")
+        # node uid -> (changing, machines stamp now, machines stamp after this fit, sources stamp)
+        self.memo: dict[int, tuple[bool, bytes, bytes, bytes]] = {}
+        self.visits = 0   # nodes whose facts were computed (each once): the walk's whole cost
+
+    def changing(self, m: "Machine") -> bool:
+        """True if a machine retraining or updating in this fit feeds ``m`` through operation edges."""
+        return any(self._facts(a)[0] for a in m.args)
+
+    def stamp(self, m: "Machine", expected: bool = False) -> bytes:
+        """The digest of the versions of what ``m`` trains on (see the class docstring)."""
+        i = 2 if expected else 1
+        parts: list[bytes] = [b"u"]
+        for a in m.args:
+            f = self._facts(a)
+            parts += (f[i], f[3])
+        return _digest(*parts)
+
+    def _facts(self, n: AbstractNode) -> tuple[bool, bytes, bytes, bytes]:
+        memo = self.memo
+        hit = memo.get(n._uid)
+        if hit is not None:
+            return hit
+        stack: list[tuple[AbstractNode, bool]] = [(n, False)]
+        while stack:
+            x, expanded = stack.pop()
+            if x._uid in memo:
+                continue
+            if not expanded:
+                stack.append((x, True))
+                stack.extend((a, False) for a in _deps(x) if a._uid not in memo)
+                continue
+            memo[x._uid] = self._make(x)
+            self.visits += 1
+        return memo[n._uid]
+
+    def _make(self, x: AbstractNode) -> tuple[bool, bytes, bytes, bytes]:
+        memo = self.memo
+        if isinstance(x, Source):
+            return False, _LEAF, _LEAF, _source_stamp(x)
+        args = [memo[a._uid] for a in x.args if is_node(a)]
+        m = x.machine if isinstance(x, Node) else None
+        if m is None:
+            if len(args) == 1:    # a fixed structure: a one-argument node adds nothing to tell apart
+                return args[0]
+            return (any(f[0] for f in args), _digest(b"n", *[f[1] for f in args]),
+                    _digest(b"n", *[f[2] for f in args]), _digest(b"n", *[f[3] for f in args]))
+        trains = self.action(m) != "skip"
+        now = _machine_stamp(m, m._version)
+        after = _machine_stamp(m, m._version + 1) if trains else now
+        train_args = [memo[a._uid][3] for a in m.args]
+        return (trains or any(f[0] for f in args), _digest(b"o", now, *[f[1] for f in args]),
+                _digest(b"o", after, *[f[2] for f in args]),
+                _digest(b"o", *[f[3] for f in args], b"|", *train_args))

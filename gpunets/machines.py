@@ -42,7 +42,7 @@ from . import verbs
 from .devices import Device, current_placement
 from .estimators import apply_estimator, fresh_estimator
 from .exceptions import NotFittedError
-from .graph import machine_parents, machine_sources
+from .graph import Upstream
 from .nodes import AbstractNode, Node, as_node, is_node
 
 __all__ = ["Machine", "machine", "labels", "OPERATIONS"]
@@ -63,7 +63,7 @@ class PendingFit:
     estimator: Any
     params: dict[str, Any]
     rows_key: Any
-    upstream: dict[Any, int]
+    upstream: bytes
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class FittedState:
     estimator: Any
     params: dict[str, Any]
     rows: Any
-    upstream: dict[Any, int]         # ("machine" | "source", uid) -> its version at fit time
+    upstream: bytes                  # digest of the upstream machines' and sources' versions at fit time
     version: int
     action: str
     seconds: float
@@ -213,29 +213,31 @@ class Machine:
         return verbs.get("fit")(self, rows=rows, force=force, **kw)
 
     # --- the retraining rule -------------------------------------------------------------
-    def _upstream_versions(self) -> dict[int, int]:
-        out: dict[Any, int] = {("machine", m._uid): m._version for m in machine_parents(self)}
-        out.update({("source", s._uid): s._version for s in machine_sources(self)})
-        return out
+    def _upstream_versions(self, upstream: Any = None) -> bytes:
+        """The digest of the current versions of the machines and sources this machine trains on.
 
-    def _decide(self, rows_key: Any, force: bool, upstream_changing: bool) -> str:
+        ``upstream`` is a :class:`gpunets.graph.Upstream` shared by a whole compile (memoised walks).
+        """
+        return (upstream if upstream is not None else Upstream()).stamp(self)
+
+    def _decide(self, rows_key: Any, force: bool, upstream_changing: bool, upstream: Any = None) -> str:
         """What :func:`gpunets.fit` will do with this machine (rules in the module docstring)."""
         if self.frozen:
             return "skip"
         st = self._state
         if st is None or force or upstream_changing or not _same_rows(st.rows, rows_key):
             return "train"
-        if st.upstream != self._upstream_versions():
+        if st.upstream != self._upstream_versions(upstream):
             return "train"
         if not params_equal(st.params, snapshot_params(self.model)):
             return "update"
         return "skip"
 
-    def _prepare_fit(self, action: str, rows_key: Any, upstream: dict[int, int]) -> "PendingFit":
+    def _prepare_fit(self, action: str, rows_key: Any, upstream: bytes) -> "PendingFit":
         """What a fit task needs, taken now (when the plan is compiled), so the task is pure.
 
-        ``upstream`` holds the versions the upstream machines will have once
-        this plan's fits have committed.
+        ``upstream`` is the digest of the versions the upstream machines will have once
+        this plan's fits have committed (:meth:`gpunets.graph.Upstream.stamp`).
         """
         previous = self._state
         if action == "update" and previous is not None and getattr(previous.estimator, "_gn_incremental", False):

@@ -21,7 +21,7 @@ from .plan import compile_call, compile_fit
 from .report import FitReport
 from .trace import Trace
 
-__all__ = ["fit", "evaluate", "Evaluation", "last_trace"]
+__all__ = ["fit", "evaluate", "Evaluation", "last_trace", "remember_costs"]
 
 _LAST_TRACE: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("gpunets_last_trace", default=None)
 
@@ -99,8 +99,25 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
         if bar is not None:
             bar.close()
     _LAST_TRACE.set(run.trace)
+    remember_costs(plan, run.trace)
     run.raise_error()
     return FitReport(plan, run.trace, run.trace.executor)
+
+
+def remember_costs(plan: Any, trace: Trace) -> None:
+    """Keep each operation's last two measured durations on its node, for ``auto``'s next choice.
+
+    (A fit's duration is kept in its machine's state already.)
+    """
+    tasks = plan.tasks
+    timed = [(r[0], r[3] - r[2]) for r in trace._raw]   # the cheap form: no TraceRecord (nor label) built
+    timed += [(tasks[r.key], r.end - r.start) for r in trace._records if 0 <= r.key < len(tasks)]
+    for t, seconds in timed:
+        if t.kind == "eval":
+            # the last two durations: their minimum is the estimate, so one run slowed by a neighbour
+            # (a preempted thread, a GC pause) does not change auto's choice
+            prev = getattr(t.node, "_cost", None)
+            t.node._cost = (prev[1] if prev is not None else seconds, seconds)
 
 
 def _override_placement(device: Any) -> Any:
@@ -126,13 +143,16 @@ def _progress_bar(plan: Any, show: bool) -> tuple[Any, Any]:
 
 @dataclass
 class Evaluation:
-    """The value of an evaluation and its trace."""
+    """The value of an evaluation, its trace, and why its executor was chosen."""
 
     value: Any
     trace: Trace
+    executor_reason: str = ""
 
 
 def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any]) -> dict[int, Any]:
+    if not data and not named:
+        return {}                     # nothing to bind: no walk for the origins
     origins = target.origins
     bindings: dict[int, Any] = {}
     if len(data) > 1:
@@ -201,10 +221,11 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
     with gpu_timing(trace):   # on a GPU the trace shows GPU time (timed CUDA events), not host issue time
         run = ex.run(plan)
     _LAST_TRACE.set(run.trace)
+    remember_costs(plan, run.trace)
     (value,) = run.results()
     if output == "auto":
         value = _like_input(value, plan)
-    return Evaluation(value, run.trace) if trace else value
+    return Evaluation(value, run.trace, plan.executor_reason) if trace else value
 
 
 def _like_input(value: Any, plan: Any) -> Any:

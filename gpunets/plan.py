@@ -31,9 +31,9 @@ from typing import Any, Callable, Sequence
 
 from .data import check_placeable, device_of, installed, n_rows, take_rows, to_device
 from .devices import CPU, Device, check_available, resolve, same_device
-from .estimators import apply_estimator, fit_estimator
+from .estimators import apply_estimator, fit_estimator, fit_transform_estimator
 from .exceptions import NetworkError, NotFittedError
-from .graph import machine_parents, machine_sources, op_nodes, upstream_machines
+from .graph import Upstream, op_nodes, upstream_machines
 from .machines import Machine, labels
 from .models import is_cuml_estimator, resolve_estimator
 from .nodes import AbstractNode, Node, Source, is_node
@@ -78,6 +78,7 @@ class Plan:
     max_lanes: int | None = None        # the cap :meth:`assign_lanes` uses
     consumers: list[list[int]] = field(default_factory=list)
     _n_lanes: int = -1                  # -1: lanes not assigned yet
+    executor_reason: str = ""           # why the executor that ran it was chosen (set by get_executor)
 
     @property
     def n_lanes(self) -> int:
@@ -136,6 +137,7 @@ class _Builder:
         self.fit_key: dict[int, int] = {}
         self.dev: list[Any] = []                       # task key -> Device its value lives on
         self.mach_dev: dict[int, tuple[Any, str]] = {}  # machine uid -> (Device, path) of this plan's fit
+        self.fit_args: dict[int, tuple[Any, int, Any]] = {}  # machine uid -> (estimator, n_args, resolved)
         self.moves: dict[tuple[int, Any, str], int] = {}
         self._placed: dict[Any, Any] = {}
         self._names: dict[Any, str] = {}             # Device -> its string, computed once
@@ -186,9 +188,7 @@ class _Builder:
         key = self.memo.get(n._uid)
         if key is not None:
             return key
-        for x in op_nodes([n]):
-            if x._uid in self.memo:
-                continue
+        for x in op_nodes([n], done=self.memo):   # only the nodes not built yet: linear over a compile
             self.memo[x._uid] = self._make(x)
         return self.memo[n._uid]
 
@@ -226,6 +226,8 @@ class _Builder:
         if m is None:
             fn = x.operation if plain else partial(_call_with_constants, x.operation, tuple(spec))
             return self.add(kind="eval", fn=fn, deps=tuple(deps), node=x, cost=1.0, device=dev)
+        if fk is not None and self._training_output(x, m, fk):
+            return self.add(kind="eval", fn=_training_output, deps=(fk,), node=x, machine=m, cost=1.0, device=dev)
         if fk is not None:
             deps.append(fk)  # the fitted estimator arrives as the last input
             fn = partial(_apply_fitted, x.operation, tuple(spec))
@@ -233,6 +235,23 @@ class _Builder:
             st = m._state
             fn = partial(_apply_state, x.operation, tuple(spec), st.estimator, st.path)
         return self.add(kind="eval", fn=fn, deps=tuple(deps), node=x, machine=m, cost=2.0, device=dev)
+
+    def _training_output(self, x: Node, m: "Machine", fk: int) -> bool:
+        """Is ``x`` ``m.transform`` of ``m``'s own training input, in the plan that fits ``m``?
+
+        Then ``m``'s fit task calls ``fit_transform`` (scikit-learn's contract:
+        the same answer as ``fit(X, y).transform(X)``, often cheaper) and ``x``
+        takes its result instead of transforming the training rows again.
+        """
+        if x.operation != "transform" or len(x._args) != 1 or x._args[0] is not m.args[0]:
+            return False
+        est, n_args, resolved = self.fit_args[m._uid]
+        if not callable(getattr(est, "fit_transform", None)):
+            return False
+        task = self.tasks[fk]
+        if task.fn.func is not _fit_transform_task:
+            task.fn = partial(_fit_transform_task, est, n_args, resolved)
+        return True
 
     def _source_value(self, s: Source) -> Any:
         if s._uid in self.bindings:
@@ -264,7 +283,7 @@ def _apply_state(op: str, spec: tuple[tuple[bool, Any], ...], est: Any, path: st
 
 
 def _apply_fitted(op: str, spec: tuple[tuple[bool, Any], ...], *values: Any) -> Any:
-    est, info = values[-1]
+    est, info = values[-1][:2]       # a fit task's value: (estimator, info[, training output])
     return apply_estimator(est, op, tuple(values[i] if is_dep else i for is_dep, i in spec),
                            info.get("path", "sklearn"))
 
@@ -286,6 +305,18 @@ def _resolve_fit(b: "_Builder", m: "Machine", pending: Any) -> Any:
 
 def _fit_task(est: Any, n_args: int, resolved: Any, *values: Any) -> tuple[Any, dict[str, Any]]:
     return fit_estimator(est, tuple(values[:n_args]), resolved)
+
+
+def _fit_transform_task(est: Any, n_args: int, resolved: Any, *values: Any) -> tuple[Any, dict[str, Any], Any]:
+    return fit_transform_estimator(est, tuple(values[:n_args]), resolved)
+
+
+def _training_output(fitted: tuple[Any, ...]) -> Any:
+    return fitted[2]
+
+
+def _commit_fit(m: "Machine", pending: Any, est: Any, info: dict[str, Any], *output: Any) -> None:
+    m._commit(pending, est, info)
 
 
 def _rows_key(rows: Any) -> Any:
@@ -319,26 +350,25 @@ def compile_fit(targets: Sequence[Any], *, rows: Any = None, force: bool = False
             seen.add(m._uid)
     rows_key = _rows_key(rows)
     actions: dict[Any, str] = {}
+    # One memoised walk answers every machine's questions about its upstream (linear in the network).
+    up = Upstream(lambda p: actions.get(p, "skip"))
     for m in machines:
-        changing = any(actions.get(p, "skip") != "skip" for p in machine_parents(m))
-        actions[m] = m._decide(rows_key, force, changing)
-    expected = {m._uid: m._version + (actions[m] != "skip") for m in machines}
+        actions[m] = m._decide(rows_key, force, up.changing(m), upstream=up)
     b = _Builder(rows=rows, bindings={}, mode="fit")
     # Every source is validated here (no data, rows out of range) before anything runs.
     for m in machines:
         if actions[m] == "skip":
             continue
         pending_deps = [b.node(a) for a in m.args]
-        upstream: dict[Any, int] = {("machine", p._uid): expected.get(p._uid, p._version) for p in machine_parents(m)}
-        upstream.update({("source", s._uid): s._version for s in machine_sources(m)})
-        pending = m._prepare_fit(actions[m], rows_key, upstream)
+        pending = m._prepare_fit(actions[m], rows_key, up.stamp(m, expected=True))
         resolved, dev, path = _resolve_fit(b, m, pending)
         est = resolved.estimator if resolved is not None else pending.estimator
         frames = "array" if path == "array_api" else "auto"
         deps = [b.moved(k, dev, frames) for k in pending_deps]
         b.mach_dev[m._uid] = (dev, path)
+        b.fit_args[m._uid] = (est, len(deps), resolved)
         key = b.add(kind="fit", label=f"fit {m.label}", fn=partial(_fit_task, est, len(deps), resolved),
-                    deps=tuple(deps), machine=m, cost=10.0, commit=partial(m._commit, pending), device=dev)
+                    deps=tuple(deps), machine=m, cost=10.0, commit=partial(_commit_fit, m, pending), device=dev)
         b.fit_key[m._uid] = key
     return Plan("fit", b.tasks, tuple(b.fit_key.values()), actions, max_lanes)
 
@@ -351,34 +381,59 @@ def compile_call(targets: Sequence[AbstractNode], bindings: dict[int, Any], *, r
     return Plan("call", b.tasks, outputs, max_lanes=max_lanes)
 
 
+# How many lanes a task's clock remembers; with more lanes it keeps the latest ancestors (see assign_lanes).
+CLOCK_LIMIT = 64
+
+
 def assign_lanes(plan: Plan, max_lanes: int | None = None) -> int:
     """Tag each runnable task with a lane (GrCUDA's stream-assignment policy).
 
     Source tasks are known before the run and take no lane (``-1``).
+
+    A task other than its parent's first child takes a *free* lane, one whose last
+    task is among its ancestors.  That is answered with a vector clock rather than
+    ancestor sets: each task keeps, for each lane, the latest of its ancestors on
+    that lane (the merge of its dependencies' clocks), and a lane is free exactly
+    when that latest ancestor is the lane's last task.  A clock lives only until
+    every consumer of its task has been placed, and holds at most
+    :data:`CLOCK_LIMIT` lanes (the latest ancestors; with ``max_lanes`` up to
+    that, the answer is exact).  Forgetting an ancestor can only call a free lane
+    busy, which costs concurrency, never correctness: executors order every
+    cross-lane edge (the streams executor waits on the producer's event) and run
+    each lane in plan order.  Memory is bounded by the tasks in flight, not the plan.
     """
     tasks = plan.tasks
-    anc = [0] * len(tasks)            # bitset of runnable ancestors
+    clocks: list[dict[int, int] | None] = [None] * len(tasks)   # lane -> latest ancestor key on it
+    left = [len(c) for c in plan.consumers]                       # consumers not placed yet
     lane_last: list[int] = []         # last task key on each lane
     lane_load: list[float] = []
-    inherited: set[int] = set()       # parents whose first child already took their lane
+    inherited = bytearray(len(tasks))  # parents whose first child already took their lane
     for t in tasks:
         if t.kind == "source":
             continue
-        a = 0
-        for d in t.deps:
-            if tasks[d].kind != "source":
-                a |= anc[d] | (1 << d)
-        anc[t.key] = a
+        clock: dict[int, int] = {}
         lane = -1
         for d in t.deps:
-            if tasks[d].kind != "source" and d not in inherited:
-                inherited.add(d)
-                lane = tasks[d].lane
-                break
+            parent = tasks[d]
+            if parent.kind == "source":
+                continue
+            for ln, k in clocks[d].items():  # type: ignore[union-attr]
+                if clock.get(ln, -1) < k:
+                    clock[ln] = k
+            if clock.get(parent.lane, -1) < d:
+                clock[parent.lane] = d
+            left[d] -= 1
+            if left[d] == 0:
+                clocks[d] = None
+            if lane < 0 and not inherited[d]:
+                inherited[d] = 1
+                lane = parent.lane
+        if len(clock) > CLOCK_LIMIT:  # keep the latest ancestors
+            clock = dict(sorted(clock.items(), key=lambda kv: kv[1])[-CLOCK_LIMIT:])
         if lane < 0:
-            free = [i for i, last in enumerate(lane_last) if (a >> last) & 1]
+            free = [ln for ln, k in clock.items() if lane_last[ln] == k]
             if free:
-                lane = min(free, key=lambda i: lane_load[i])
+                lane = min(free, key=lambda i: (lane_load[i], i))
             elif max_lanes is None or len(lane_last) < max_lanes:
                 lane = len(lane_last)
                 lane_last.append(t.key)
@@ -388,5 +443,7 @@ def assign_lanes(plan: Plan, max_lanes: int | None = None) -> int:
         t.lane = lane
         lane_last[lane] = t.key
         lane_load[lane] += t.cost
+        if left[t.key]:
+            clocks[t.key] = clock
     plan._n_lanes = len(lane_last)
     return plan._n_lanes

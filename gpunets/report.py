@@ -58,6 +58,9 @@ class FitReport:
         One record per task: kind, lane, device, start, end.
     executor : str
         The executor that ran it.
+    executor_reason : str
+        Why: ``"executor='threads'"`` when asked for, or ``auto``'s reason (e.g. the tasks
+        were too short for threads to repay their hand-over).
     labels : dict
         Machine -> readable label.
     """
@@ -68,6 +71,7 @@ class FitReport:
         self.actions = ActionMap(dict(plan.actions), self.labels)
         self.trace = trace
         self.executor = executor
+        self.executor_reason = getattr(plan, "executor_reason", "")
         lanes: dict[Any, Any] = {}
         times: dict[Any, float] = {}
         for r in trace.records:

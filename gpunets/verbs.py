@@ -37,6 +37,7 @@ PROVIDERS: dict[str, str] = {
     "check_executor": "gpunets.executors:check_executor_spec",   # gn.config(executor=...)
     "check_device": "gpunets.devices:Device.parse",              # gn.config(device=...)
     "check_gpu_memory": "gpunets.gpu_memory:check_gpu_memory",   # gn.set_config(gpu_memory=...)
+    "check_thread_unsafe": "gpunets.threadsafety:check_thread_unsafe_setting",   # gn.config(thread_unsafe=...)
     "apply_gpu_memory": "gpunets.gpu_memory:apply_gpu_memory",
 }
 

@@ -96,3 +96,29 @@ class NetModel(BaseEstimator, RegressorMixin):
 
     def predict(self, X):
         return self.net_(X, executor=self.executor, workers=self.workers)
+
+
+class CountingScaler(BaseEstimator, TransformerMixin):
+    """Centre the columns; the fitted estimator counts its own ``fit``/``fit_transform`` calls and
+    ``TRANSFORM_CALLS[tag]`` counts ``transform`` calls (in this process)."""
+
+    def __init__(self, tag="t"):
+        self.tag = tag
+
+    def fit(self, X, y=None):
+        self.mean_ = np.asarray(X, dtype=float).mean(axis=0)
+        self.n_fit_ = getattr(self, "n_fit_", 0) + 1
+        return self
+
+    def fit_transform(self, X, y=None):
+        self.mean_ = np.asarray(X, dtype=float).mean(axis=0)
+        self.n_fit_transform_ = getattr(self, "n_fit_transform_", 0) + 1
+        return np.asarray(X, dtype=float) - self.mean_
+
+    def transform(self, X):
+        with _LOCK:
+            TRANSFORM_CALLS[self.tag] = TRANSFORM_CALLS.get(self.tag, 0) + 1
+        return np.asarray(X, dtype=float) - self.mean_
+
+
+TRANSFORM_CALLS: dict = {}

@@ -138,6 +138,14 @@ class FailOnce(BaseEstimator, RegressorMixin):
         return np.full(len(X), self.mean_)
 
 
+class _AlwaysFails(BaseEstimator, RegressorMixin):
+    def fit(self, X, y):
+        raise RuntimeError("planted failure")
+
+    def predict(self, X):
+        return np.zeros(len(X))
+
+
 class Locky(BaseEstimator, RegressorMixin):
     """Holds a lock, so it cannot be pickled."""
 
@@ -339,6 +347,50 @@ def test_exceptions_are_retried_per_retries(client, tmp_path):
     assert not m2.is_fitted
 
 
+def _run_keys(client):
+    """The keys of gpunets runs the scheduler still knows."""
+    return client.run_on_scheduler(
+        lambda dask_scheduler: sorted(str(k) for k in dask_scheduler.tasks if "gpunets" in str(k)))
+
+
+def _no_run_keys_left(client, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while _run_keys(client) and time.monotonic() < deadline:   # releases reach the scheduler asynchronously
+        time.sleep(0.05)
+    return _run_keys(client) == [] and not any("gpunets" in str(k) for k in client.who_has())
+
+
+def test_failed_fit_leaves_the_users_other_futures_and_no_keys(client, caplog):
+    import logging
+
+    X, y = _xy()
+    held = client.submit(lambda: 41, pure=False)
+    assert held.result(timeout=30) == 41
+    pending = client.submit(time.sleep, 1.0, pure=False)      # still running across the failed fit
+    slow = gn.machine(Sleepy(seconds=0.5), X, y, name="slow")
+    P = gn.node(_cols, slow.predict(X), slow.predict(X), name="P")   # an intermediate depending on a fit
+    top = gn.machine(Ridge(), P, y, name="top")
+    bad = gn.machine(_AlwaysFails(), X, y, name="bad")
+    out = gn.node(_avg, top.predict(P), bad.predict(X))
+    with caplog.at_level(logging.ERROR):
+        with pytest.raises(gn.FitError, match="bad"):
+            out.fit(executor=DaskExecutor(client, retries=0))
+        assert held.result(timeout=30) == 41            # the user's futures are untouched ...
+        assert pending.result(timeout=30) is None
+        assert client.status == "running"
+        assert _no_run_keys_left(client)               # ... and the run left no key behind
+    crashes = [r for r in caplog.records if r.exc_info and r.name.startswith(("distributed.scheduler",
+                                                                               "distributed.core", "asyncio"))]
+    assert not crashes, [r.getMessage() for r in crashes]
+
+
+def test_successful_fit_leaves_no_keys(client):
+    yhat, _ = network()
+    yhat.fit(executor=DaskExecutor(client), force=True)
+    yhat(executor=DaskExecutor(client))
+    assert _no_run_keys_left(client)
+
+
 def test_timeout_does_not_leave_the_client_hanging(client):
     X, y = _xy()
     m = gn.machine(Sleepy(seconds=1.5), X, y, name="slow")
@@ -442,6 +494,52 @@ def test_repr_and_validation():
     with pytest.raises(ValueError, match="timeout"):
         DaskExecutor(timeout=0)
     assert "LocalCluster(n_workers=3)" in repr(DaskExecutor(workers=3))
+
+
+@pytest.mark.parametrize("kwargs, match, exc", [
+    ({"timeout": "a"}, r"timeout='a'.*number of seconds", TypeError),
+    ({"timeout": float("nan")}, r"timeout=nan.*positive, finite", ValueError),
+    ({"timeout": True}, r"timeout=True", TypeError),
+    ({"client": "x"}, r"client=.*the string 'x'.*distributed.Client.*tcp://", TypeError),
+    ({"client": 3}, r"client=.*a int", TypeError),
+    ({"workers": "2"}, r"workers='2'", ValueError),
+    ({"keep_cluster": "no"}, r"keep_cluster='no'.*True or False", TypeError),
+    ({"trace": 1}, r"trace=1.*True or False", TypeError),
+    ({"cluster_kwargs": [("n_workers", 2)]}, r"cluster_kwargs=.*dict", TypeError),
+])
+def test_bad_arguments_fail_at_construction(kwargs, match, exc):
+    with pytest.raises(exc, match=match):
+        DaskExecutor(**kwargs)
+
+
+def test_executor_with_a_client_clones_and_pickles_as_its_address(client):
+    import copy
+    import pickle
+
+    from sklearn.base import clone
+
+    ex = DaskExecutor(client, retries=2, timeout=60)
+    stack = gn.StackingRegressor([("a", Ridge()), ("b", Ridge(alpha=3.0))], cv=3, executor=ex)
+    assert clone(stack).executor.client is client           # a copy uses the same cluster
+    assert copy.deepcopy(ex).client is client
+    again = pickle.loads(pickle.dumps(stack))                 # the live client cannot travel: its address does
+    assert again.executor.client == client.scheduler.address
+    assert (again.executor.retries, again.executor.timeout) == (2, 60)
+    X, y = _xy(60)
+    ref = stack.fit(X.data, y.data).predict(X.data)
+    np.testing.assert_allclose(again.fit(X.data, y.data).predict(X.data), ref, rtol=1e-12)
+    again.executor.close()   # the client it connected from the address (never the user's)
+    assert client.status == "running"
+
+
+def test_a_copy_uses_the_cluster_an_executor_keeps(client):
+    import copy
+
+    ex = DaskExecutor(keep_cluster=True)
+    ex._own = (client, None)   # as after its first run: a LocalCluster it started and keeps
+    twin = copy.deepcopy(ex)
+    assert twin.client is client and twin._own is None   # uses it, does not own it (never closes it)
+    ex._own = None
 
 
 # ------------------------------------------------------------------------------------------

@@ -247,3 +247,31 @@ def test_classifier_bad_stack_method(clf_data):
     X, y = clf_data
     with pytest.raises(ValueError, match="does not implement the method"):
         gn.StackingClassifier([("nb", GaussianNB())], stack_method="decision_function").fit(X, y)
+
+
+def _liblinear_estimators():
+    from sklearn.svm import LinearSVR
+
+    # liblinear's dual solvers shuffle with one process-wide random state: fitted concurrently
+    # on threads, the members' coefficients depend on how the fits interleave
+    return [(f"svr{i}", LinearSVR(C=c, dual=True, max_iter=50, tol=1e-8, random_state=i))
+            for i, c in enumerate([0.1, 1.0, 10.0])]
+
+
+def test_non_thread_safe_members_give_the_serial_and_sklearn_result(reg_data, executor):
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    X, y = reg_data
+    X = np.repeat(X, 8, axis=0)
+    y = np.repeat(y, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        ref = ske.StackingRegressor(_liblinear_estimators(), cv=4).fit(X, y).predict(X)
+        serial = gn.StackingRegressor(_liblinear_estimators(), cv=4, executor="serial").fit(X, y).predict(X)
+        np.testing.assert_allclose(serial, ref, rtol=1e-12)
+        for ex in (executor, "auto", "threads", "streams"):   # every executor, the default included
+            for _ in range(2):
+                other = gn.StackingRegressor(_liblinear_estimators(), cv=4, executor=ex, workers=2).fit(X, y)
+                np.testing.assert_allclose(other.predict(X), serial, rtol=1e-12, err_msg=str(ex))

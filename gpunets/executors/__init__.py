@@ -16,7 +16,7 @@ from .streams import StreamsExecutor
 from .threads import ThreadsExecutor
 
 __all__ = ["Executor", "SerialExecutor", "ThreadsExecutor", "StreamsExecutor", "get_executor", "check_executor_spec", "choose_auto",
-           "EXECUTOR_NAMES"]
+           "explain_auto", "task_seconds", "EXECUTOR_NAMES", "MIN_PARALLEL_SECONDS"]
 
 EXECUTOR_NAMES = ("auto", "serial", "threads", "streams", "dask")
 
@@ -37,14 +37,20 @@ def check_executor_spec(spec: Any) -> Any:
 def get_executor(spec: Any = None, workers: int | None = None, plan: Any = None) -> Executor:
     """Turn ``"serial"``, ``"threads"``, ``"streams"``, ``"dask"``, ``"auto"`` or an executor into an executor."""
 
+    given = spec is not None
     if spec is None:
         spec = get_config()["executor"]
     if workers is None:
         workers = get_config()["workers"]
+    asked = "executor=" if given else "the configured executor "
     if _is_executor_object(check_executor_spec(spec)):
+        _explain(plan, f"{asked}{spec!r}")
         return spec
     if spec == "auto":
-        spec = choose_auto(plan) if plan is not None else "serial"
+        spec, why = explain_auto(plan) if plan is not None else ("serial", "no plan to judge")
+        _explain(plan, f"auto: {why}")
+    else:
+        _explain(plan, f"{asked}{spec!r}")
     if spec == "serial":
         return SerialExecutor()
     if spec == "threads":
@@ -56,17 +62,79 @@ def get_executor(spec: Any = None, workers: int | None = None, plan: Any = None)
     return DaskExecutor(workers=workers)
 
 
-def choose_auto(plan: Any) -> str:
-    """``auto``: ``streams`` if any task is on a CUDA device, else ``threads`` when the
-    plan has at least two independent branches with enough work (two fits, or
-    many tasks), else ``serial``.  Inside a task of another run ``auto`` is
-    ``serial``: the outer run already uses the cores."""
-    if any(str(t.device).startswith("cuda") for t in plan.tasks):
-        return "streams"
+def _explain(plan: Any, reason: str) -> None:
+    if plan is not None:
+        plan.executor_reason = reason
+
+
+# A task shorter than this gains nothing on another thread: handing it over costs tens of µs, and short
+# Python tasks hold the GIL (measured on 2 cores: threads 1.6-2.9x slower than serial on trivial tasks).
+MIN_PARALLEL_SECONDS = 1e-3
+
+
+def task_seconds(task: Any) -> float:
+    """The measured or estimated duration of ``task``, in seconds.
+
+    A fit: its machine's last fit time, or :data:`MIN_PARALLEL_SECONDS` for a machine
+    never trained (unknown: assumed worth a thread).  An operation: the shorter of its
+    durations in the last two runs that computed it (see
+    :func:`gpunets.network.remember_costs`), else 0 (assumed trivial).  A move: 0.
+    """
+    if task.kind == "fit":
+        st = task.machine._state if task.machine is not None else None
+        return st.seconds if st is not None and st.seconds > 0 else MIN_PARALLEL_SECONDS
+    if task.kind == "eval":
+        seen = getattr(task.node, "_cost", None)
+        return min(seen) if seen is not None else 0.0
+    return 0.0
+
+
+def explain_auto(plan: Any) -> tuple[str, str]:
+    """``auto``'s choice for ``plan`` and why.
+
+    ``streams`` if any task is on a CUDA device.  Inside a task of another run,
+    ``serial``: the outer run already uses the cores.  Else ``threads`` when at
+    least two tasks on different lanes (independent branches) are each expected to
+    take :data:`MIN_PARALLEL_SECONDS` or more (:func:`task_seconds`: measured in
+    earlier runs, or estimated), since only then can concurrency repay the hand-over
+    between threads; otherwise ``serial``.
+
+    >>> import numpy as np, gpunets as gn
+    >>> from gpunets.plan import compile_call
+    >>> X = gn.source(np.ones(3), name="X")
+    >>> explain_auto(compile_call([gn.mean(*[X + i for i in range(100)])], {}, max_lanes=2))[0]
+    'serial'
+    """
+    tasks = plan.tasks
+    if any(str(d).startswith("cuda") for d in {t.device for t in tasks}):
+        return "streams", "a task runs on a CUDA device"
+    heavy: list[Any] = []
+    n_run, least = 0, MIN_PARALLEL_SECONDS
+    for t in tasks:   # one cheap pass: auto must cost next to nothing beside a trivial task
+        kind = t.kind
+        if kind == "eval":
+            n_run += 1
+            seen = getattr(t.node, "_cost", None)
+            if seen is not None and seen[0] >= least and seen[1] >= least:
+                heavy.append(t)
+        elif kind != "source":
+            n_run += 1
+            if task_seconds(t) >= least:
+                heavy.append(t)
     if inside_task():
-        return "serial"
-    n_fit = sum(1 for t in plan.tasks if t.kind == "fit")
-    n_run = sum(1 for t in plan.tasks if t.kind != "source")
-    if plan.n_lanes >= 2 and (n_fit >= 2 or n_run >= 64):
-        return "threads"
-    return "serial"
+        return "serial", "inside a task of another run, which already uses the cores"
+    limit = f"{MIN_PARALLEL_SECONDS * 1e3:g} ms"
+    if len(heavy) < 2:
+        return "serial", (f"{len(heavy)} of {n_run} tasks expected to take {limit} or more: "
+                          "too short for threads to repay their hand-over")
+    plan.n_lanes  # noqa: B018 - assigns the lanes (on first use)
+    lanes = {t.lane for t in heavy}
+    if len(lanes) < 2:
+        return "serial", f"the {len(heavy)} tasks of {limit} or more are on one branch (nothing to overlap)"
+    return "threads", (f"{len(heavy)} tasks expected to take {limit} or more, "
+                       f"on {len(lanes)} independent branches")
+
+
+def choose_auto(plan: Any) -> str:
+    """``auto``'s choice for ``plan``: ``"streams"``, ``"threads"`` or ``"serial"`` (see :func:`explain_auto`)."""
+    return explain_auto(plan)[0]

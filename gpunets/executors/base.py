@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextvars
+import copy
+import inspect
 import os
 from typing import Any
 
@@ -54,9 +56,40 @@ class Executor:
 
     Subclasses implement :meth:`run`, which creates a
     :class:`gpunets.scheduler.Run`, drives it to its end and returns it.
+
+    An executor is a parameter of composites and stacks, so it copies and
+    pickles as what it was made from: ``copy.deepcopy`` (and so
+    ``sklearn.base.clone``) and ``pickle`` rebuild it from its constructor
+    arguments, never copying the locks, threads or connections of its runs.
     """
 
     name = "executor"
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Executor":
+        self = super().__new__(cls)
+        self._init_args = (args, kwargs)   # what it was made from: copies and pickles rebuild from it
+        return self
+
+    def _constructor_args(self, for_pickle: bool) -> dict[str, Any]:
+        """The constructor arguments by name (subclasses turn live resources into what rebuilds them)."""
+        args, kwargs = getattr(self, "_init_args", ((), {}))
+        bound = inspect.signature(type(self).__init__).bind(None, *args, **kwargs)
+        named = dict(bound.arguments)
+        named.pop(next(iter(named)))   # self
+        return named
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self._constructor_args(for_pickle=True)))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "Executor":
+        named = self._constructor_args(for_pickle=False)
+        shared = self._shared_args()
+        copied = {k: (v if k in shared else copy.deepcopy(v, memo)) for k, v in named.items()}
+        return type(self)(**copied)
+
+    def _shared_args(self) -> tuple[str, ...]:
+        """Constructor arguments a copy shares instead of copying (e.g. a Dask client)."""
+        return ()
 
     def __init__(self, workers: int | None = None) -> None:
         if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
@@ -69,3 +102,8 @@ class Executor:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(workers={self.workers})"
+
+
+def _rebuild(cls: type, named: dict[str, Any]) -> Executor:
+    """Unpickle an executor: make it again from its constructor arguments."""
+    return cls(**named)

@@ -25,7 +25,9 @@ dies while running a task makes the scheduler run it on another worker, up to
 the scheduler's ``distributed.scheduler.allowed-failures`` (set to
 ``retries`` on a cluster this executor starts), then the run fails with an
 error naming the task.  ``timeout`` bounds a run; on expiry the outstanding
-work is cancelled and the run fails naming the unfinished tasks.
+work is released and the run fails naming the unfinished tasks.  A run only ever
+releases its own keys (never ``client.cancel``), so a failure leaves the user's
+other futures on the same client untouched and no key of the run behind.
 
 ``dask`` and ``distributed`` are imported only in this module, and only when
 an executor is created (``pip install "gpunets[dask]"``).
@@ -46,6 +48,7 @@ from typing import Any, Callable
 from ..exceptions import EvaluationError, FitError, wrap_exception
 from ..scheduler import Run
 from ..trace import TraceRecord
+from ._args import check_flag, check_mapping, check_seconds
 from .base import Executor, task_context
 
 __all__ = ["DaskExecutor", "gpu_owners", "require_distributed", "INSTALL_HINT"]
@@ -199,8 +202,11 @@ class DaskExecutor(Executor):
 
     Parameters
     ----------
-    client : distributed.Client, optional
-        The cluster to use; never closed by this executor.  Without one, a
+    client : distributed.Client or str, optional
+        The cluster to use; never closed by this executor.  A scheduler
+        address (``"tcp://host:8786"``) connects on first use (the default
+        client if it is connected there); a pickled executor carries its
+        client's address, not the live client.  Without one, a
         run inside a task on a Dask worker (a composite or stacking model with
         ``executor="dask"`` fitted by an outer Dask run) uses that worker's
         client and secedes from its thread pool while it waits; any other run
@@ -214,7 +220,7 @@ class DaskExecutor(Executor):
         a cluster this executor starts, how many times a task whose worker died
         is run again elsewhere (``distributed.scheduler.allowed-failures``).
     timeout : float, optional
-        Seconds a run may take before its outstanding tasks are cancelled and
+        Seconds a run may take before its outstanding tasks are released and
         it fails naming them (default: no limit).
     keep_cluster : bool
         Keep a ``LocalCluster`` this executor starts until :meth:`close` (or
@@ -243,21 +249,24 @@ class DaskExecutor(Executor):
     def __init__(self, client: Any = None, *, workers: int | None = None, retries: int = 1,
                  timeout: float | None = None, keep_cluster: bool = False, trace: bool = True,
                  cluster_kwargs: dict[str, Any] | None = None) -> None:
-        require_distributed()
+        _, distributed = require_distributed()
+        owner = "DaskExecutor"
+        _check_client(client, distributed)
         super().__init__(workers)
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
             msg = f"retries={retries!r} must be an integer >= 0."
             raise ValueError(msg)
-        if timeout is not None and not timeout > 0:
-            msg = f"timeout={timeout!r} must be a positive number of seconds or None (no limit)."
-            raise ValueError(msg)
+        check_seconds("timeout", timeout, owner, "no limit")
+        check_flag("keep_cluster", keep_cluster, owner)
+        check_flag("trace", trace, owner)
+        cluster_kwargs = check_mapping("cluster_kwargs", cluster_kwargs, owner, "LocalCluster arguments")
         self.client = client
         self.workers = workers or 2
         self.retries = retries
         self.timeout = timeout
         self.keep_cluster = keep_cluster
         self.trace = trace
-        self.cluster_kwargs = dict(cluster_kwargs or {})
+        self.cluster_kwargs = cluster_kwargs
         self._own: tuple[Any, Any] | None = None     # (client, cluster) started here and kept
         self._own_lock = threading.Lock()
         self.last_cluster: Any = None                # the cluster of the last run started here (tests)
@@ -276,12 +285,14 @@ class DaskExecutor(Executor):
 
     def _acquire(self) -> tuple[Any, Callable[[], None] | None]:
         """The client for a run and, for a cluster started just for it, how to close it."""
-        if self.client is not None:
+        if self.client is not None and not isinstance(self.client, str):
             return self.client, None
         with self._own_lock:
             if self._own is not None:
                 return self._own[0], None
         nested = _worker_client()
+        if isinstance(self.client, str) and nested is None:
+            return self._connect(self.client), None
         if nested is not None:
             # a run inside a task on a Dask worker (a composite or stacking model fitted with
             # executor="dask" by an outer Dask run): use the worker's client and secede from its
@@ -300,6 +311,33 @@ class DaskExecutor(Executor):
             return client, None
         return client, lambda: _close(client, cluster)
 
+    def _connect(self, address: str) -> Any:
+        """A client of the scheduler at ``address``: the default client if it is one, else a new one kept."""
+        current = _default_client()
+        if current is not None and _address_of(current) == address:
+            return current
+        _, distributed = require_distributed()
+        with self._own_lock:
+            if self._own is None:
+                self._own = (distributed.Client(address, set_as_default=False), None)
+                _register_atexit(self)
+            return self._own[0]
+
+    def _constructor_args(self, for_pickle: bool) -> dict[str, Any]:
+        named = super()._constructor_args(for_pickle)
+        client = named.get("client")
+        if for_pickle and client is not None and not isinstance(client, str):
+            named["client"] = _address_of(client)   # the live client cannot travel: its scheduler's address does
+        if not for_pickle and client is None:
+            with self._own_lock:
+                own = self._own
+            if own is not None:   # a copy (e.g. clone in a grid search) uses the cluster this one keeps
+                named["client"] = own[0]
+        return named
+
+    def _shared_args(self) -> tuple[str, ...]:
+        return ("client",)   # a copy uses the same cluster
+
     def close(self) -> None:
         """Close the ``LocalCluster`` this executor started and kept (never a client it was given)."""
         with self._own_lock:
@@ -315,7 +353,8 @@ class DaskExecutor(Executor):
         self.close()
 
     def __repr__(self) -> str:
-        where = "client" if self.client is not None else f"LocalCluster(n_workers={self.workers})"
+        where = ("client" if self.client is not None and not isinstance(self.client, str)
+                 else repr(self.client) if self.client is not None else f"LocalCluster(n_workers={self.workers})")
         return f"DaskExecutor({where}, retries={self.retries})"
 
     # --- a run ----------------------------------------------------------------------------
@@ -463,16 +502,21 @@ class DaskExecutor(Executor):
             names = ", ".join(t.label for t in pending[:5]) + (" ..." if len(pending) > 5 else "")
             timeout = self.timeout
             msg = (f"{_describe(pending[0])} did not finish on Dask within timeout={timeout}s "
-                   f"(unfinished: {names}); the run's outstanding tasks were cancelled.")
+                   f"(unfinished: {names}); the run's outstanding tasks were released.")
             _set_error(run, pending[0].key, msg, TimeoutError(msg))
         except _cancelled_errors(distributed):
             lost = True
-        except BaseException as e:  # KeyboardInterrupt: stop, cancel, re-raise
+        except BaseException as e:  # KeyboardInterrupt: stop, release, re-raise
             run.abort(e)
-            client.cancel(futures)
             raise
-        if run.error is not None or lost:
-            client.cancel(futures)
+        finally:
+            # Release this attempt's own keys (never client.cancel: distributed's cancel walks the
+            # dependents of a cancelled key and asserts that some client wants each of them, which
+            # fails for a run's intermediates and drops the whole client, cancelling every other
+            # future the user holds on it).  A key no client wants any more is forgotten by the
+            # scheduler, and a task still running for it is stopped on its worker.
+            _release(futures)
+            _release(refs[k] for k in needed)
         return lost
 
     def _placement(self, client: Any, tasks: list[Any]) -> dict[int, tuple[list[str], int]]:
@@ -527,6 +571,15 @@ def _completed(distributed: Any, client: Any, futures: list[Any], deadline: floa
         yield from distributed.as_completed(futures, loop=client.loop, timeout=left)
     except TimeoutError:
         raise _TimeoutSignal from None
+
+
+def _release(futures: Any) -> None:
+    """Drop this client's wants on ``futures`` (each ``Future.release()``; idempotent)."""
+    for f in futures:
+        try:
+            f.release()
+        except Exception:  # noqa: BLE001, S110 - a client already closed: nothing is held any more
+            pass
 
 
 def _cancelled_errors(distributed: Any) -> tuple[type[BaseException], ...]:
@@ -590,7 +643,29 @@ def _close(client: Any, cluster: Any) -> None:
     try:
         client.close()
     finally:
-        cluster.close()
+        if cluster is not None:
+            cluster.close()
+
+
+_ADDRESS_SCHEMES = ("tcp://", "tls://", "inproc://", "ucx://", "ws://", "wss://")
+
+
+def _check_client(client: Any, distributed: Any) -> None:
+    """A ``distributed.Client``, a scheduler address such as ``"tcp://10.0.0.5:8786"``, or None."""
+    if client is None or isinstance(client, distributed.Client):
+        return
+    if isinstance(client, str) and client.startswith(_ADDRESS_SCHEMES) and len(client.split("://", 1)[1]) > 0:
+        return
+    what = f"the string {client!r}" if isinstance(client, str) else f"a {type(client).__name__}"
+    msg = (f"DaskExecutor(client=...) got {what}: expected a distributed.Client, a scheduler address "
+           f"starting with one of {list(_ADDRESS_SCHEMES)} (e.g. 'tcp://127.0.0.1:8786'), or None "
+           "(the default client, else a LocalCluster started for the run). "
+           "Pass the client itself: gn.DaskExecutor(distributed.Client(...)).")
+    raise TypeError(msg)
+
+
+def _address_of(client: Any) -> str:
+    return client.scheduler.address
 
 
 _KEPT: "weakref.WeakSet[DaskExecutor]" = weakref.WeakSet()

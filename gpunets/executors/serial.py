@@ -29,7 +29,8 @@ class SerialExecutor(Executor):
     name = "serial"
 
     def __init__(self, workers: int | None = None) -> None:
-        super().__init__(1)
+        super().__init__(workers)   # checked, then ignored: one thread
+        self.workers = 1
 
     def run(self, plan: Any, on_task_done: Any = None) -> Run:
         if wants_cuda(plan):

@@ -37,6 +37,7 @@ from ..exceptions import StreamOrderError
 from ..gpu_memory import ensure_gpu_memory
 from ..scheduler import Run
 from . import pool
+from ._args import check_callable, check_delays, check_flag, check_optional_flag, check_seed
 from .base import Executor, gpu_timing_requested, task_context
 
 __all__ = ["StreamsExecutor", "EmulatedBackend", "CudaBackend", "StreamChecker", "wants_cuda", "run_on_cuda",
@@ -584,6 +585,13 @@ class StreamsExecutor(Executor):
                  delays: tuple[float, float] | None = None, seed: int | None = None, check: bool = False,
                  stream: str = "ptds", skip_wait: Callable[[Any, Any], bool] | None = None,
                  timing: bool | None = None) -> None:
+        owner = "StreamsExecutor"
+        check_optional_flag("emulate", emulate, owner, "emulate only where no GPU is used")
+        delays = check_delays(delays, owner)
+        check_seed(seed, owner)
+        check_flag("check", check, owner)
+        check_callable("skip_wait", skip_wait, owner, "skip_wait(consumer_task, producer_task) -> bool")
+        check_optional_flag("timing", timing, owner, "time GPU tasks only when the run is traced")
         super().__init__(workers)
         if stream not in ("ptds", "new"):
             msg = f"stream={stream!r}: use 'ptds' (per-thread default stream) or 'new' (non-blocking stream)."

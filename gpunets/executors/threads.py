@@ -17,10 +17,12 @@ readers' events complete.  Its trace says so (``threads (on CUDA streams)``).
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any
 
 from ..scheduler import Run
 from . import pool
+from ._args import check_flag
 from .base import Executor, default_workers, task_context
 from .streams import run_on_cuda, wants_cuda
 
@@ -36,22 +38,79 @@ class _NoLimit:
 
 
 _CONTROLLER: list[Any] = [None, -1]   # a cached threadpoolctl controller and len(sys.modules) when made
+_NATIVE_LOCK = threading.Lock()
+
+
+def _controller() -> Any:
+    """A threadpoolctl controller, cached and rebuilt only after new modules were imported."""
+    from threadpoolctl import ThreadpoolController
+
+    with _NATIVE_LOCK:
+        if _CONTROLLER[0] is None or _CONTROLLER[1] != len(sys.modules):
+            _CONTROLLER[0] = ThreadpoolController()
+            _CONTROLLER[1] = len(sys.modules)
+        return _CONTROLLER[0]
+
+
+class _SharedLimit:
+    """A process-wide limit held by every run inside it: the first to enter limits, the last to leave restores.
+
+    BLAS thread pools are process-wide, so runs that overlap in time (two
+    threads each running a network) share one limit: a run entering while
+    another holds it lowers the cap if it needs a lower one, never raises it,
+    and only the last run to leave restores the limits found by the first.
+    """
+
+    _held: dict[str | None, list[Any]] = {}   # user_api -> [count, limiter of the first entrant, cap]
+
+    def __init__(self, n: int, user_api: str | None) -> None:
+        self.n, self.user_api = n, user_api
+
+    def __enter__(self) -> None:
+        with _NATIVE_LOCK:
+            held = self._held.get(self.user_api)
+            if held is None:
+                self._held[self.user_api] = [1, None, self.n]
+            else:
+                held[0] += 1
+        ctl = _controller()
+        with _NATIVE_LOCK:
+            held = self._held[self.user_api]
+            if held[1] is None:
+                held[1] = ctl.select(user_api=self.user_api).limit(limits=self.n)
+            elif self.n < held[2]:
+                held[2] = self.n
+                ctl.select(user_api=self.user_api).limit(limits=self.n)   # lower only; the first limiter restores
+        return None
+
+    def __exit__(self, *a: object) -> None:
+        with _NATIVE_LOCK:
+            held = self._held[self.user_api]
+            held[0] -= 1
+            if held[0] == 0:
+                del self._held[self.user_api]
+                if held[1] is not None:
+                    held[1].restore_original_limits()
 
 
 def limit_native_threads(n: int, user_api: str | None = None) -> Any:
     """A threadpoolctl limit of ``n`` native threads (a no-op if threadpoolctl is missing).
 
-    Finding the native libraries is the slow part of threadpoolctl (milliseconds),
-    so the controller is cached and rebuilt only after new modules were imported.
+    ``user_api="blas"`` pools are process-wide: the limit is shared by the runs
+    that overlap in time and restored by the last one to end (see
+    :class:`_SharedLimit`).  Other pools (OpenMP) are limited per thread.
+    Finding the native libraries is the slow part of threadpoolctl
+    (milliseconds), so the controller is cached and rebuilt only after new
+    modules were imported.
     """
     try:
-        from threadpoolctl import ThreadpoolController
+        import threadpoolctl  # noqa: F401
     except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
         return _NoLimit()
-    if _CONTROLLER[0] is None or _CONTROLLER[1] != len(sys.modules):
-        _CONTROLLER[0] = ThreadpoolController()
-        _CONTROLLER[1] = len(sys.modules)
-    return _CONTROLLER[0].limit(limits=n, user_api=user_api)
+    if user_api == "blas":
+        return _SharedLimit(n, user_api)
+    ctl = _controller()   # a limiter restores every library it holds: hold only those of user_api
+    return (ctl if user_api is None else ctl.select(user_api=user_api)).limit(limits=n)
 
 
 class ThreadsExecutor(Executor):
@@ -66,6 +125,7 @@ class ThreadsExecutor(Executor):
     name = "threads"
 
     def __init__(self, workers: int | None = None, limit_native: bool = True) -> None:
+        check_flag("limit_native", limit_native, "ThreadsExecutor")
         super().__init__(workers)
         self.limit_native = limit_native
 
