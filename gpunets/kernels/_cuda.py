@@ -160,7 +160,7 @@ _KERNELS = {"mean": _k_mean, "wmean": _k_wmean, "sum": _k_sum, "min": _k_min, "m
 NUMERIC_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                   "float32", "float64")
 #: The dtypes each kernel is launched with: ``vote`` votes integer labels, and integer codes of any other labels.
-KERNEL_DTYPES = {name: NUMERIC_DTYPES for name in _KERNELS}
+KERNEL_DTYPES: dict[str, tuple[str, ...]] = {name: NUMERIC_DTYPES for name in _KERNELS}
 KERNEL_DTYPES["vote"] = tuple(d for d in NUMERIC_DTYPES if np.dtype(d).kind in "iu")
 
 
@@ -173,6 +173,7 @@ def launch_types(name: str, dtype: Any, k: int) -> tuple:
     dtype = np.dtype(dtype)
     ndim = 2 if name == "hstack" else 1
     arrays = tuple(np.zeros((1,) * ndim, dtype) for _ in range(k))
+    args: tuple[Any, ...]
     if name == "mean":
         args = (float(k), np.zeros(1, V.mean_dtype(dtype)))
     elif name == "wmean":
