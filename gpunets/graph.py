@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable, Sequence
 
+from .exceptions import CycleError
 from .nodes import AbstractNode, Node, Source, is_node
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -83,6 +84,7 @@ def _topo(nodes: Iterable[AbstractNode]) -> list[AbstractNode]:
     nodes = list(nodes)
     order: list[AbstractNode] = []
     done: set[int] = set()
+    active: set[int] = set()          # expanded, not finished: reaching one again closes a cycle
     for t in nodes:
         stack: list[tuple[AbstractNode, bool]] = [(t, False)]
         while stack:
@@ -90,15 +92,47 @@ def _topo(nodes: Iterable[AbstractNode]) -> list[AbstractNode]:
             if expanded:
                 if n._uid not in done:
                     done.add(n._uid)
+                    active.discard(n._uid)
                     order.append(n)
                 continue
             if n._uid in done:
                 continue
+            if n._uid in active:
+                raise CycleError(_cycle_message(n))
+            active.add(n._uid)
             stack.append((n, True))
             for a in reversed(_deps(n)):
                 if a._uid not in done:
                     stack.append((a, False))
     return order
+
+
+def _cycle_message(start: AbstractNode) -> str:
+    """Name a cycle through ``start`` (only on the error path: graphlib finds it)."""
+    import graphlib
+
+    graph: dict[int, list[int]] = {}
+    by_uid: dict[int, AbstractNode] = {}
+    pending = [start]
+    while pending:
+        n = pending.pop()
+        if n._uid in graph:
+            continue
+        by_uid[n._uid] = n
+        deps = _deps(n)
+        graph[n._uid] = [a._uid for a in deps]
+        pending.extend(deps)
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+        cycle = [start._uid, start._uid]
+    except graphlib.CycleError as e:
+        cycle = list(e.args[1])
+    names = " -> ".join(by_uid[u]._short() for u in reversed(cycle))
+    machines = sorted({by_uid[u].machine.label for u in cycle if getattr(by_uid[u], "machine", None) is not None})
+    return (f"The network has a cycle: {names} (each depends on the next through an operation or a "
+            f"machine's training arguments). It was closed by reassigning a machine's args "
+            f"(machines on the cycle: {machines}); give the machine training arguments that do not depend "
+            "on its own operations.")
 
 
 def all_sources(targets: Sequence[AbstractNode]) -> tuple[Source, ...]:
