@@ -47,7 +47,7 @@ __all__ = ["Machine", "machine", "OPERATIONS"]
 OPERATIONS = ("predict", "predict_proba", "predict_log_proba", "decision_function", "transform",
               "inverse_transform", "fit_transform", "score")
 
-# Unique across processes (a random base), so that identities survive pickling and never collide.
+# Unique across processes (a random base), so that identities never collide; a copy gets a new one.
 _uids = itertools.count(random.getrandbits(40) << 22)
 
 
@@ -70,7 +70,7 @@ class FittedState:
     estimator: Any
     params: dict[str, Any]
     rows: Any
-    upstream: dict[Any, int]         # ("machine" | "source", uid) -> its version at fit time
+    upstream: dict[Any, Any]         # ("machine", machine) -> version, ("source", source) -> (version, fingerprint)
     version: int
     action: str
     seconds: float
@@ -126,6 +126,15 @@ class Machine:
         self._state: FittedState | None = None
         self._version = 0
         self.n_fits = 0
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore a copy (deepcopy, unpickling) under a new identity.
+
+        Fitted states name their upstream machines and sources by object, so a
+        copied network's states point at the copied upstream objects.
+        """
+        self.__dict__.update(state)
+        self._uid = next(_uids)
 
     # --- identity & display --------------------------------------------------------------
     @property
@@ -219,8 +228,8 @@ class Machine:
     def _upstream_versions(self) -> dict[int, int]:
         from .graph import machine_parents, machine_sources
 
-        out: dict[Any, int] = {("machine", m._uid): m._version for m in machine_parents(self)}
-        out.update({("source", s._uid): s._version for s in machine_sources(self)})
+        out: dict[Any, Any] = {("machine", m): m._version for m in machine_parents(self)}
+        out.update({("source", s): s._version for s in machine_sources(self)})
         return out
 
     def _decide(self, rows_key: Any, force: bool, upstream_changing: bool) -> str:

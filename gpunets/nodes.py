@@ -46,7 +46,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["AbstractNode", "Source", "Node", "source", "node", "is_node"]
 
-# Unique across processes (a random base), so that identities survive pickling and never collide.
+# Unique across processes (a random base), so that identities never collide.  A copy (``copy.deepcopy``,
+# ``pickle``) is a new node with a new identity: it must never be mistaken for its original in one graph.
 _uids = itertools.count(random.getrandbits(40) << 22)
 
 
@@ -60,6 +61,13 @@ class AbstractNode:
 
     __array_ufunc__ = None  # so that ``np.float64(2) * node`` defers to Node.__rmul__
     __slots__ = ("_uid", "name", "__weakref__")
+
+    def __setstate__(self, state: Any) -> None:
+        """Restore a copy (deepcopy, unpickling) under a new identity."""
+        d, slots = state if isinstance(state, tuple) else (state, None)
+        for k, v in {**(d or {}), **(slots or {})}.items():
+            object.__setattr__(self, k, v)
+        self._uid = next(_uids)
 
     # --- graph -------------------------------------------------------------------
     @property

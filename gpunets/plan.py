@@ -344,8 +344,8 @@ def compile_fit(targets: Sequence[Any], *, rows: Any = None, force: bool = False
         if actions[m] == "skip":
             continue
         pending_deps = [b.node(a) for a in m.args]
-        upstream: dict[Any, int] = {("machine", p._uid): expected.get(p._uid, p._version) for p in machine_parents(m)}
-        upstream.update({("source", s._uid): s._version for s in machine_sources(m)})
+        upstream: dict[Any, Any] = {("machine", p): expected.get(p._uid, p._version) for p in machine_parents(m)}
+        upstream.update({("source", s): s._version for s in machine_sources(m)})
         pending = m._prepare_fit(actions[m], rows_key, upstream)
         resolved, dev, path = _resolve_fit(b, m, pending)
         est = resolved.estimator if resolved is not None else pending.estimator

@@ -43,3 +43,35 @@ def test_a_cycle_made_by_reassigning_args_is_named_not_a_hang(executor, data):
     assert isinstance(e.value, ValueError) and "scale" in str(e.value)
     with pytest.raises(gn.CycleError):
         _ = p.machines
+
+
+# --- 5. copies have their own identity ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_network_is_not_its_original(executor, data, how):
+    X, y = data
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    orig = gn.machine(Ridge(), Xs, ys).predict(Xs)
+    cp = copy.deepcopy(orig) if how == "deepcopy" else pickle.loads(pickle.dumps(orig))
+    cp.origins[0].data = 2 * X          # the copy's own source
+    report = gn.fit(orig, cp)
+    assert sorted(report.actions.values()) == ["train", "train"]   # both trained
+    both = gn.hstack(orig, cp)()
+    np.testing.assert_allclose(both[:, 0], orig())
+    np.testing.assert_allclose(both[:, 1], cp())
+    assert not np.allclose(both[:, 0], both[:, 1])
+
+
+def test_an_unpickled_fitted_network_keeps_its_states_consistent(executor, data):
+    X, y = data
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    scale = gn.machine(StandardScaler(), Xs)
+    W = scale.transform(Xs)
+    out = gn.machine(Ridge(), W, ys).predict(W)
+    out.fit()
+    back = pickle.loads(pickle.dumps(out))
+    assert set(actions(back.fit()).values()) == {"skip"}     # nothing to retrain: the states came along
+    np.testing.assert_allclose(back(), out())
+    back.machines[0].model.with_mean = False
+    assert actions(back.fit()) == {"StandardScaler": "update", "Ridge": "train"}
+    assert set(actions(out.fit()).values()) == {"skip"}     # the original is untouched
