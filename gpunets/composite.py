@@ -14,8 +14,9 @@ Fitting (``fit(X, y)``):
    ``feature_names_in_``, ``classes_`` for classifiers, NaN/inf, sparse);
 2. ``network(X, y)`` is called on sources named ``"X"`` and ``"y"`` holding the
    data (pandas input is passed on as given, other input as validated);
-3. when the data are the same as at the previous fit (identity, else
-   equality), the machines of the new graph adopt the fitted state of the
+3. when the data are the same as at the previous fit (by content: a
+   fingerprint taken at the previous fit, so data changed in place count as
+   new, see :mod:`gpunets.fingerprint`), the machines of the new graph adopt the fitted state of the
    machines of the previous graph whose training inputs are the same
    (:mod:`gpunets._composite_ops`), so the core's retraining rules apply:
    unchanged machines skip, a component with new parameters or replaced by
@@ -89,6 +90,7 @@ class NetworkState:
     machines: tuple[Machine, ...]
     names: dict[int, str]                      # id(machine) -> component name or label
     plain_params: dict[str, Any] = field(default_factory=dict)
+    fingerprints: dict[str, Any] = field(default_factory=dict)   # of ``data``, taken at the fit
 
 
 def _is_estimator(v: Any) -> bool:
@@ -322,6 +324,13 @@ class Composite(BaseEstimator):
         return self
 
     def _gn_fit_network(self, X: Any, y: Any, fit_params: dict[str, Any]) -> None:
+        from .fingerprint import scope
+
+        with scope():   # the data are fingerprinted once, here and by the core's retraining rules
+            self._gn_fit_network_scoped(X, y, fit_params)
+
+    def _gn_fit_network_scoped(self, X: Any, y: Any, fit_params: dict[str, Any]) -> None:
+        from .fingerprint import fingerprint
         from .network import fit as gn_fit
 
         old: NetworkState | None = self.__dict__.get("_gn_state")
@@ -332,8 +341,8 @@ class Composite(BaseEstimator):
                 data[k] = v
             else:
                 extra[k] = v
-        same = old is not None and old.data.keys() == data.keys() and all(
-            same_value(old.data[k], v) for k, v in data.items())
+        fps = {k: fingerprint(v) for k, v in data.items()}
+        same = old is not None and old.fingerprints == fps
         if same:
             sources = dict(old.sources)
         else:
@@ -352,7 +361,7 @@ class Composite(BaseEstimator):
         opts = self._gn_run_options()
         report = gn_fit(*outputs.values(), **opts)
         _relabel(report, names)
-        self._gn_state = NetworkState(sources, data, outputs, machines, names, plain)
+        self._gn_state = NetworkState(sources, data, outputs, machines, names, plain, fps)
         self.fit_report_ = report
         self._gn_after_fit(self._gn_state)
 

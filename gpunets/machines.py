@@ -11,7 +11,8 @@ machine upstream of the target, dependencies first:
 
 1. a frozen machine (``freeze()``) always skips;
 2. an untrained machine, ``force=True``, ``rows`` different from its last fit,
-   new data in an upstream source, or an upstream machine that retrained
+   new data in an upstream source (replaced, or changed in place: compared
+   by :mod:`fingerprint <gpunets.fingerprint>`), or an upstream machine that retrained
    (in this call or since this machine's last fit) → ``"train"``;
 3. its own model's hyperparameters changed since its last fit (nested
    estimators' parameters included) → ``"update"``;
@@ -229,7 +230,7 @@ class Machine:
         from .graph import machine_parents, machine_sources
 
         out: dict[Any, Any] = {("machine", m): m._version for m in machine_parents(self)}
-        out.update({("source", s): s._version for s in machine_sources(self)})
+        out.update({("source", s): source_state(s) for s in machine_sources(self)})
         return out
 
     def _decide(self, rows_key: Any, force: bool, upstream_changing: bool) -> str:
@@ -300,6 +301,13 @@ class Machine:
         if isinstance(extra, dict):
             base["components"] = extra
         return base
+
+
+def source_state(s: Source) -> tuple[int, Any]:
+    """What a fit records of a source: its version (data replaced) and its data's fingerprint (changed in place)."""
+    from .fingerprint import fingerprint
+
+    return s._version, fingerprint(s._data)
 
 
 def _n_rows(x: Any) -> int | None:

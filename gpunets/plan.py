@@ -313,7 +313,14 @@ def _rows_key(rows: Any) -> Any:
 def compile_fit(targets: Sequence[Any], *, rows: Any = None, force: bool = False,
                 max_lanes: int | None = None) -> Plan:
     """The plan that trains every machine upstream of ``targets`` (nodes or machines)."""
-    from .machines import Machine
+    from .fingerprint import scope
+
+    with scope():   # each source's data is fingerprinted once per fit
+        return _compile_fit(targets, rows=rows, force=force, max_lanes=max_lanes)
+
+
+def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: int | None) -> Plan:
+    from .machines import Machine, source_state
 
     nodes: list[AbstractNode] = []
     extra: list[Machine] = []
@@ -345,7 +352,7 @@ def compile_fit(targets: Sequence[Any], *, rows: Any = None, force: bool = False
             continue
         pending_deps = [b.node(a) for a in m.args]
         upstream: dict[Any, Any] = {("machine", p): expected.get(p._uid, p._version) for p in machine_parents(m)}
-        upstream.update({("source", s): s._version for s in machine_sources(m)})
+        upstream.update({("source", s): source_state(s) for s in machine_sources(m)})
         pending = m._prepare_fit(actions[m], rows_key, upstream)
         resolved, dev, path = _resolve_fit(b, m, pending)
         est = resolved.estimator if resolved is not None else pending.estimator

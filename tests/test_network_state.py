@@ -75,3 +75,45 @@ def test_an_unpickled_fitted_network_keeps_its_states_consistent(executor, data)
     back.machines[0].model.with_mean = False
     assert actions(back.fit()) == {"StandardScaler": "update", "Ridge": "train"}
     assert set(actions(out.fit()).values()) == {"skip"}     # the original is untouched
+
+
+# --- 1. data changed in place are seen ---------------------------------------------------------------------
+
+def test_a_stack_refit_on_data_changed_in_place_learns_the_new_data(executor, data):
+    from sklearn.ensemble import StackingRegressor as SkStack
+
+    X, y = (a.copy() for a in data)
+    members = [("ridge", Ridge()), ("lr", LinearRegression())]
+    stack = gn.StackingRegressor(members, final_estimator=LinearRegression(), cv=3).fit(X, y)
+    X *= 10
+    y *= -1
+    stack.fit(X, y)
+    assert set(stack.fit_report_.actions.values()) == {"train"}
+    expected = SkStack(members, final_estimator=LinearRegression(), cv=3).fit(X, y).predict(X)
+    np.testing.assert_allclose(stack.predict(X), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_a_bare_network_retrains_on_source_data_changed_in_place(executor, data):
+    X, y = (a.copy() for a in data)
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    ridge = gn.machine(Ridge(), Xs, ys)
+    p = ridge.predict(Xs)
+    p.fit()
+    assert actions(p.fit()) == {"Ridge": "skip"}
+    Xs.data *= 10
+    assert actions(p.fit()) == {"Ridge": "train"}
+    np.testing.assert_allclose(ridge.estimator_.coef_, Ridge().fit(10 * data[0], y).coef_)
+    ys.data[0] += 1.0
+    assert actions(p.fit()) == {"Ridge": "train"}
+    assert actions(p.fit()) == {"Ridge": "skip"}
+
+
+def test_a_composite_refit_on_a_frame_given_a_new_column_in_place(executor, data):
+    X, y = data
+    frame = pd.DataFrame(X, columns=["a", "b", "c"])
+    stack = gn.StackingRegressor([("ridge", Ridge())], final_estimator=LinearRegression(), cv=3).fit(frame, y)
+    frame["d"] = 2.0 * frame["a"]
+    stack.fit(frame, y)
+    assert set(stack.fit_report_.actions.values()) == {"train"}
+    assert stack.n_features_in_ == 4
+    assert stack.predict(frame).shape == (len(y),)
