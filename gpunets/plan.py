@@ -142,6 +142,8 @@ class _Builder:
         self.moves: dict[tuple[int, Any, str], int] = {}
         self._placed: dict[Any, Any] = {}
         self._names: dict[Any, str] = {}             # Device -> its string, computed once
+        self.states: dict[int, Any] = {}             # machine uid -> the fitted state this plan uses
+        self.stale: list[tuple[Any, list[Any]]] = []  # (machine, upstream machines it is out of step with)
 
     def placed(self, spec: Any, what: "str | Callable[[], str]") -> Any:
         """The device ``spec`` resolves to here (explicit, block, config), after the availability check.
@@ -205,12 +207,15 @@ class _Builder:
         frames = "auto"
         if m is not None:
             fk = self.fit_key.get(m._uid)
-            if fk is None and not m.is_fitted:
+            st = m._state             # read once: a fit in another thread may replace it
+            if fk is None and st is None:
                 raise NotFittedError(m._not_fitted_message() + f" (needed by node {x._short()})")
             if fk is not None:
                 dev, path = self.mach_dev[m._uid]
             else:
-                dev, path = Device.parse(m._state.device), m._state.path
+                if self.mode == "call" and m._uid not in self.states:
+                    self._check_in_step(m, st)
+                dev, path = Device.parse(st.device), st.path
             if path == "array_api":
                 frames = "array"
         else:
@@ -233,9 +238,42 @@ class _Builder:
             deps.append(fk)  # the fitted estimator arrives as the last input
             fn = partial(_apply_fitted, x.operation, tuple(spec))
         else:
-            st = m._state
             fn = partial(_apply_state, x.operation, tuple(spec), st.estimator, st.path)
         return self.add(kind="eval", fn=fn, deps=tuple(deps), node=x, machine=m, cost=2.0, device=dev)
+
+    def _check_in_step(self, m: Any, st: Any) -> None:
+        """Record ``m``'s state for this call; note it if an upstream machine was retrained since ``m``'s fit.
+
+        Compared with the states this call uses (taken in dependency order), else the current ones: a call
+        never mixes the states of two fits (MLJ's rule).  Frozen machines keep their state on purpose.
+        """
+        self.states[m._uid] = st
+        if m.frozen:
+            return
+        behind = []
+        for (kind, p), version in st.upstream.items():
+            if kind != "machine":
+                continue
+            used = self.states.get(p._uid)
+            now = used.version if used is not None else p._version
+            if now != version:
+                behind.append(p)
+        if behind:
+            self.stale.append((m, behind))
+
+    def raise_if_stale(self) -> None:
+        if not self.stale:
+            return
+        from .report import labels
+
+        ms = [m for m, _ in self.stale] + [p for _, ps in self.stale for p in ps]
+        lab = labels(list(dict.fromkeys(ms)))
+        parts = [f"{lab[m]} (trained before {', '.join(lab[p] for p in ps)} retrained)" for m, ps in self.stale]
+        msg = (f"Machines out of step with their upstream machines: {'; '.join(parts)}. Their fitted states "
+               "come from different fits (a fit failed part-way, or is running in another thread), so the "
+               "network's answer would mix them. Call fit() on the node to bring them in step (only they and "
+               "what depends on them retrain), or wait for the running fit to finish.")
+        raise NotFittedError(msg)
 
     def _source_value(self, s: Source) -> Any:
         from .data import n_rows, take_rows
@@ -370,6 +408,7 @@ def compile_call(targets: Sequence[AbstractNode], bindings: dict[int, Any], *, r
     """The plan that evaluates ``targets`` with origins replaced by ``bindings`` (source uid -> data)."""
     b = _Builder(rows=rows, bindings=bindings, mode="call")
     outputs = tuple(b.node(t) for t in targets)
+    b.raise_if_stale()
     return Plan("call", b.tasks, outputs, max_lanes=max_lanes)
 
 

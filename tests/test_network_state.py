@@ -117,3 +117,73 @@ def test_a_composite_refit_on_a_frame_given_a_new_column_in_place(executor, data
     assert set(stack.fit_report_.actions.values()) == {"train"}
     assert stack.n_features_in_ == 4
     assert stack.predict(frame).shape == (len(y),)
+
+
+# --- 3. a call never mixes fitted states ----------------------------------------------------------------------
+
+def _scaled_ridge(X, y):
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    scale = gn.machine(StandardScaler(), Xs, name="scale")
+    W = scale.transform(Xs)
+    ridge = gn.machine(Ridge(), W, ys, name="ridge")
+    return Xs, ys, scale, ridge, ridge.predict(W)
+
+
+def test_after_a_failed_fit_a_call_names_the_machines_out_of_step(executor, data):
+    X, y = data
+    Xs, ys, scale, _, _ = _scaled_ridge(X, y)
+    W = scale.transform(Xs)
+    bad_model = Counting(tag="stale")
+    bad = gn.machine(bad_model, W, ys, name="bad")
+    out = bad.predict(W)
+    out.fit()
+    before = out()
+    Xs.data = 3 * X + 1            # everything retrains ...
+    bad_model.fail = True          # ... and `bad` fails after `scale` retrained
+    with pytest.raises(gn.FitError):
+        out.fit()
+    with pytest.raises(gn.NotFittedError, match=r"out of step.*bad \(trained before scale retrained\)"):
+        out()
+    bad_model.fail = False
+    assert actions(out.fit()) == {"scale": "skip", "bad": "train"}
+    after = out()
+    assert after.shape == before.shape
+
+
+def test_a_call_while_another_thread_refits_sees_one_fit_or_a_clear_error(executor, data):
+    X, y = data
+    XA, yA, XB, yB = X, y, 5 * X[::-1] + 3, -y[::-1]
+    Xs, ys, _, _, out = _scaled_ridge(XA, yA)
+    Xtest = X[:7]
+    answers = []
+    for Xd, yd in ((XA, yA), (XB, yB)):
+        Xs.data, ys.data = Xd, yd
+        out.fit()
+        answers.append(out(Xtest))
+    assert not np.allclose(answers[0], answers[1])
+    stop, errors = threading.Event(), []
+
+    def refit():
+        try:
+            for i in range(20):
+                Xs.data, ys.data = ((XA, yA), (XB, yB))[i % 2]
+                out.fit()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            stop.set()
+
+    t = threading.Thread(target=refit)
+    t.start()
+    seen = {"fit": 0, "error": 0}
+    while not stop.is_set():
+        try:
+            got = out(Xtest)
+        except gn.NotFittedError as e:
+            assert "out of step" in str(e)
+            seen["error"] += 1
+            continue
+        assert any(np.allclose(got, a, rtol=1e-12, atol=1e-12) for a in answers), "a call mixed two fits"
+        seen["fit"] += 1
+    t.join()
+    assert not errors and seen["fit"] > 0
