@@ -380,15 +380,18 @@ class Composite(BaseEstimator):
             raise AttributeError(msg)
         Xv = self._gn_validate_call(X, op)
         node = st.outputs[op]
-        named = {"X": Xv} if any(s.name == "X" for s in node.origins) else {}
+        origins = node.origins
+        named = {"X": Xv} if any(s.name == "X" for s in origins) else {}
+        keep = tuple(s.name for s in origins if s.name not in (None, "X")) if named else ()
         opts = self._gn_run_options()
         if opts["device"] is not None:
             from .config import config
             from .devices import override_placement
 
             with config(device=opts["device"]), override_placement(opts["device"]):
-                return evaluate(node, executor=opts["executor"], workers=opts["workers"], **named)
-        return evaluate(node, executor=opts["executor"], workers=opts["workers"], **named)
+                return evaluate(node, executor=opts["executor"], workers=opts["workers"], keep_training=keep,
+                                **named)
+        return evaluate(node, executor=opts["executor"], workers=opts["workers"], keep_training=keep, **named)
 
     @available_if(_has_operation("predict"))
     def predict(self, X: Any) -> Any:

@@ -135,8 +135,11 @@ class Evaluation:
     trace: Trace
 
 
-def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any]) -> dict[int, Any]:
+def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any],
+              keep_training: Sequence[str] = ()) -> dict[int, Any]:
     origins = target.origins
+    if isinstance(keep_training, str):
+        keep_training = (keep_training,)
     bindings: dict[int, Any] = {}
     if len(data) > 1:
         msg = (f"{target!r} takes new data for one origin positionally, got {len(data)} values; "
@@ -173,7 +176,25 @@ def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any]) 
                 msg = f"Data for origin {name!r} was given twice (positionally and by name)."
                 raise TypeError(msg)
             bindings[found[0]._uid] = value
+    if keep_training:
+        valid = sorted({s.name for s in origins if s.name is not None})
+        unknown = [k for k in keep_training if k not in valid]
+        if unknown:
+            msg = (f"keep_training={tuple(keep_training)!r}: {target!r} has no origin named {unknown}. "
+                   f"Valid names are: {valid}.")
+            raise NetworkError(msg)
     if bindings:
+        missing = [s for s in origins if s._uid not in bindings and s.name not in keep_training]
+        if missing:
+            names = [s.label for s in missing]
+            unnamed = any(s.name is None for s in missing)
+            hint = (" An unnamed source cannot receive new data by name: create it with gn.source(data, name=...)."
+                    if unnamed else "")
+            msg = (f"New data were given for some origins of {target!r} but not for {names}: the call would "
+                   f"mix the new rows with these sources' training data. Pass new data for every origin, e.g. "
+                   f"node({', '.join(f'{s.label}=...' for s in origins)}), or say which sources keep their "
+                   f"training data: keep_training={tuple(names)!r}.{hint}")
+            raise NetworkError(msg)
         from .data import check_placeable
 
         labels = {s._uid: s.label for s in origins}
@@ -183,10 +204,13 @@ def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any]) 
 
 
 def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any = None,
-             workers: int | None = None, output: str = "auto", trace: bool = False, **named: Any) -> Any:
+             workers: int | None = None, output: str = "auto", trace: bool = False,
+             keep_training: Sequence[str] = (), **named: Any) -> Any:
     """Evaluate ``target``: ``target()``, ``target(Xnew)``, ``target(X=...)``, ``target(rows=r)``.
 
-    With ``trace=True`` return an :class:`Evaluation` holding the value and the trace.
+    With ``trace=True`` return an :class:`Evaluation` holding the value and the trace.  When new data
+    are given for some origins, every origin must be given new data, except the sources named in
+    ``keep_training``, which keep their own data.
 
     >>> import numpy as np, gpunets as gn
     >>> X = gn.source(np.ones(2), name="X")
@@ -202,7 +226,7 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
     if output not in ("auto", "device"):
         msg = f"output={output!r}: use 'auto' (the type family given) or 'device' (where it was computed)."
         raise ValueError(msg)
-    bindings = _bindings(target, data, named)
+    bindings = _bindings(target, data, named, keep_training)
     plan = compile_call([target], bindings, rows=rows, max_lanes=_max_lanes(executor, workers))
     ex = get_executor(executor, workers, plan)
     run = ex.run(plan)

@@ -97,7 +97,7 @@ class AbstractNode:
 
     # --- calling and fitting ----------------------------------------------------------
     def __call__(self, *data: Any, rows: Any = None, executor: Any = None, workers: int | None = None,
-                 output: str = "auto", **named: Any) -> Any:
+                 output: str = "auto", keep_training: Sequence[str] = (), **named: Any) -> Any:
         """Evaluate the node: ``n()``, ``n(rows=r)``, ``n(Xnew)`` or ``n(X=Xnew)``.
 
         Parameters
@@ -111,12 +111,16 @@ class AbstractNode:
         output : {"auto", "device"}
             ``"auto"`` returns values in the type family the caller gave
             (pandas in, pandas out); ``"device"`` returns them where they were computed.
+        keep_training : sequence of str, optional
+            Origins (by source name) that keep their own data when others are given new data;
+            without it, new data for some origins and not others is an error.
         **named : array-like
             New data for origins, by source name.
         """
         from .network import evaluate
 
-        return evaluate(self, *data, rows=rows, executor=executor, workers=workers, output=output, **named)
+        return evaluate(self, *data, rows=rows, executor=executor, workers=workers, output=output,
+                        keep_training=keep_training, **named)
 
     def fit(self, rows: Any = None, force: bool = False, *, executor: Any = None, workers: int | None = None,
             device: Any = None, progress: bool | None = None) -> "FitReport":

@@ -187,3 +187,17 @@ def test_a_call_while_another_thread_refits_sees_one_fit_or_a_clear_error(execut
         seen["fit"] += 1
     t.join()
     assert not errors and seen["fit"] > 0
+
+
+# --- 4. partial new data ----------------------------------------------------------------------------------
+
+def test_new_data_for_some_origins_only_is_refused_unless_kept(executor):
+    A = gn.source(np.arange(4.0), name="A")
+    B = gn.source(np.full(4, 10.0), name="B")
+    q = A + B
+    with pytest.raises(gn.NetworkError, match=r"not for \['B'\].*keep_training=\('B',\)"):
+        q(A=np.ones(4))
+    assert q(A=np.ones(4), keep_training=("B",)).tolist() == [11.0] * 4
+    assert q(A=np.ones(4), B=np.zeros(4)).tolist() == [1.0] * 4
+    with pytest.raises(gn.NetworkError, match=r"no origin named \['C'\]"):
+        q(A=np.ones(4), keep_training=("C",))
