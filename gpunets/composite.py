@@ -25,7 +25,9 @@ Fitting (``fit(X, y)``):
    its :class:`~gpunets.FitReport` is kept as ``fit_report_``.
 
 New data retrain everything.  A failed fit leaves the previous network (and
-predictions) in place.
+predictions) in place, and every fitted attribute (``n_features_in_``,
+``feature_names_in_``, ``classes_``, ...) as it was: they are committed
+together, only when the fit succeeds.
 
 Which operations a composite has is decided by its network: ``hasattr(model,
 "predict_proba")`` is true exactly when the dict returned by ``network`` has
@@ -319,8 +321,14 @@ class Composite(BaseEstimator):
         self
         """
         self._gn_check_params(X, y)
-        Xo, yo = self._gn_validate_fit(X, y)
-        self._gn_fit_network(Xo, yo, fit_params)
+        saved = dict(self.__dict__)   # fitted attributes are committed together, only if the fit succeeds
+        try:
+            Xo, yo = self._gn_validate_fit(X, y)
+            self._gn_fit_network(Xo, yo, fit_params)
+        except BaseException:
+            self.__dict__.clear()
+            self.__dict__.update(saved)
+            raise
         return self
 
     def _gn_fit_network(self, X: Any, y: Any, fit_params: dict[str, Any]) -> None:

@@ -37,8 +37,8 @@ def get_executor(spec: Any = None, workers: int | None = None, plan: Any = None)
     """Turn ``"serial"``, ``"threads"``, ``"streams"``, ``"dask"``, ``"auto"`` or an executor into an executor."""
     from ..config import get_config
 
-    if spec is None:
-        spec = get_config()["executor"]
+    if spec is None or (spec == "auto" and not inside_task()):
+        spec = get_config()["executor"]   # "auto": the configured default, else chosen per plan
     if workers is None:
         workers = get_config()["workers"]
     if _is_executor_object(check_executor_spec(spec)):
