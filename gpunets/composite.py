@@ -101,7 +101,10 @@ def _is_estimator(v: Any) -> bool:
 
 def _has_operation(op: str):
     def check(self: "Composite") -> bool:
-        return op in self._gn_available_operations()
+        if op in self._gn_available_operations():
+            return True
+        self._gn_explain_missing(op)   # may raise the component's own error, chained by available_if
+        return False
 
     check.__name__ = f"has_{op}"
     return check
@@ -224,6 +227,9 @@ class Composite(BaseEstimator):
                 raise TypeError(msg)
             out[op] = node
         return out
+
+    def _gn_explain_missing(self, op: str) -> None:
+        """Hook: raise the ``AttributeError`` of the component that lacks ``op`` (subclasses)."""
 
     def _gn_available_operations(self) -> tuple[str, ...]:
         st = self.__dict__.get("_gn_state")

@@ -45,6 +45,9 @@ from .nodes import AbstractNode, Node, Source, as_node, is_node
 
 __all__ = ["Machine", "machine", "OPERATIONS"]
 
+#: How many past fit actions a machine's report keeps (``n_fits`` counts them all).
+HISTORY_LENGTH = 100
+
 OPERATIONS = ("predict", "predict_proba", "predict_log_proba", "decision_function", "transform",
               "inverse_transform", "fit_transform", "score")
 
@@ -108,11 +111,7 @@ class Machine:
             raise TypeError(msg)
         nodes = []
         for i, a in enumerate(args):
-            if not is_node(a) and (callable(a) or isinstance(a, (str, bytes))):
-                msg = (f"argument {i} of machine({type(model).__name__}, ...) is {a!r} of type "
-                       f"{type(a).__name__}: expected a node or data (NumPy, pandas, CuPy or cuDF). "
-                       "Wrap data in gn.source(data) or pass a node.")
-                raise TypeError(msg)
+            _check_argument(a, f"argument {i} of machine({type(model).__name__}, ...)")
             nodes.append(as_node(a, what=f"argument {i} of machine {type(model).__name__}", position=i))
         self._uid = next(_uids)
         self.model = model
@@ -165,6 +164,8 @@ class Machine:
             raise AttributeError(msg)
         if not args:
             args = self.args[:1]
+        for i, a in enumerate(args):
+            _check_argument(a, f"argument {i} of {self.label}.{op}(...)")
         nodes = [as_node(a, what=f"argument {i} of {self.label}.{op}", position=i) for i, a in enumerate(args)]
         return Node(op, nodes, machine=self, name=name, device=self.device)
 
@@ -264,7 +265,7 @@ class Machine:
     def _commit(self, pending: "PendingFit", est: Any, info: dict[str, Any]) -> None:
         """Install the result of a successful fit (called on the client, in the scheduler)."""
         previous = self._state
-        hist = (previous.history if previous else ()) + (pending.action,)
+        hist = ((previous.history if previous else ()) + (pending.action,))[-HISTORY_LENGTH:]
         self._state = FittedState(est, pending.params, pending.rows_key, pending.upstream, self._version + 1,
                                   pending.action, info.get("seconds", 0.0), info.get("device", "cpu"),
                                   info.get("path", "sklearn"), info.get("n_rows"), hist)
@@ -308,6 +309,13 @@ def source_state(s: Source) -> tuple[int, Any]:
     from .fingerprint import fingerprint
 
     return s._version, fingerprint(s._data)
+
+
+def _check_argument(a: Any, what: str) -> None:
+    if not is_node(a) and (callable(a) or isinstance(a, (str, bytes))):
+        msg = (f"{what} is {a!r} of type {type(a).__name__}: expected a node or data (NumPy, pandas, CuPy "
+               "or cuDF). Wrap data in gn.source(data) or pass a node.")
+        raise TypeError(msg)
 
 
 def _n_rows(x: Any) -> int | None:

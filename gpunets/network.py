@@ -10,7 +10,7 @@ import contextvars
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .exceptions import NetworkError
+from .exceptions import FitError, NetworkError
 from .nodes import AbstractNode, Source, is_node
 from .plan import compile_call, compile_fit
 from .trace import Trace
@@ -87,6 +87,9 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
     if not targets:
         msg = "gn.fit needs at least one node or machine to fit, e.g. gn.fit(yhat)."
         raise TypeError(msg)
+    from .config import check_run_options
+
+    check_run_options(executor=executor, workers=workers, progress=progress, force=force)
     if device is not None:
         with config(device=device), _override_placement(device):
             return fit(*targets, rows=rows, force=force, executor=executor, workers=workers, progress=progress)
@@ -94,14 +97,30 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
     ex = get_executor(executor, workers, plan)
     show = get_config()["progress"] if progress is None else progress
     bar, callback = _progress_bar(plan, show)
+    before = {m: m._version for m in plan.actions}
     try:
         run = ex.run(plan, on_task_done=callback)
     finally:
         if bar is not None:
             bar.close()
     _LAST_TRACE.set(run.trace)
-    run.raise_error()
+    try:
+        run.raise_error()
+    except FitError as e:
+        _say_what_will_retrain(e, plan, before)
+        raise
     return FitReport(plan, run.trace, run.trace.executor)
+
+
+def _say_what_will_retrain(err: BaseException, plan: Any, before: dict[Any, int]) -> None:
+    """Append to a fit's error exactly which machines the next fit retrains: those this one did not commit."""
+    if not getattr(err, "_gn_task_named", False) or getattr(err, "_gn_retrain_said", False) or not err.args:
+        return
+    left = [plan.machine_label(m) for m, a in plan.actions.items() if a != "skip" and m._version == before[m]]
+    if left:
+        err.args = (f"{err.args[0]} The next fit() retrains exactly: {', '.join(left)} (the failed machine and "
+                    "those that had not trained yet in this fit).",) + err.args[1:]
+        err._gn_retrain_said = True
 
 
 def _override_placement(device: Any) -> Any:
@@ -223,9 +242,9 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
     if not is_node(target):
         msg = f"evaluate needs a node, got {target!r} of type {type(target).__name__}."
         raise TypeError(msg)
-    if output not in ("auto", "device"):
-        msg = f"output={output!r}: use 'auto' (the type family given) or 'device' (where it was computed)."
-        raise ValueError(msg)
+    from .config import check_run_options
+
+    check_run_options(executor=executor, workers=workers, output=output, trace=trace)
     bindings = _bindings(target, data, named, keep_training)
     plan = compile_call([target], bindings, rows=rows, max_lanes=_max_lanes(executor, workers))
     ex = get_executor(executor, workers, plan)

@@ -51,6 +51,10 @@ __all__ = ["AbstractNode", "Source", "Node", "source", "node", "is_node"]
 _uids = itertools.count(random.getrandbits(40) << 22)
 
 
+#: Keywords of ``node(...)`` calls; a source cannot take one as its name.
+CALL_KEYWORDS = ("rows", "executor", "workers", "output", "keep_training", "trace")
+
+
 def is_node(x: object) -> bool:
     """True for a :class:`Source` or :class:`Node`."""
     return isinstance(x, AbstractNode)
@@ -226,6 +230,11 @@ class Source(AbstractNode):
         if name is not None and not isinstance(name, str):
             msg = f"source name must be a string, got {name!r} of type {type(name).__name__}."
             raise TypeError(msg)
+        if name in CALL_KEYWORDS:
+            msg = (f"source name {name!r} is a keyword of node calls ({', '.join(CALL_KEYWORDS)}), so new data "
+                   f"could never be passed for it by name (node({name}=...)). Choose another name, e.g. "
+                   f"{name + '_data'!r}.")
+            raise ValueError(msg)
         self._uid = next(_uids)
         self.name = name
         self._version = 0

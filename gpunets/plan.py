@@ -340,12 +340,41 @@ def _fit_task(est: Any, n_args: int, resolved: Any, *values: Any) -> tuple[Any, 
     return fit_estimator(est, tuple(values[:n_args]), resolved)
 
 
-def _rows_key(rows: Any) -> Any:
-    if rows is None or isinstance(rows, slice):
-        return rows
+def _rows_key(rows: Any, n: int | None = None) -> Any:
+    """The rows a fit trains on, by value: ``slice(0, 10)``, ``np.arange(10)`` and a mask give one key.
+
+    With ``n`` (the number of rows of the data) rows become sorted-as-given positions, and all rows
+    become None; without it (no data known) a slice stays a slice.
+    """
+    if rows is None:
+        return None
     import numpy as np
 
-    return np.asarray(rows).copy()
+    if n is None:
+        return rows if isinstance(rows, slice) else np.asarray(rows).copy()
+    if isinstance(rows, slice):
+        idx = np.arange(n)[rows]
+    else:
+        r = np.asarray(rows)
+        idx = np.flatnonzero(r) if r.dtype == bool else np.where(r < 0, r + n, r).astype(np.int64, copy=False)
+    idx = np.asarray(idx, dtype=np.int64)
+    if idx.shape == (n,) and bool((idx == np.arange(n)).all()):
+        return None
+    return idx
+
+
+def _n_rows_of(machines: Sequence[Any]) -> int | None:
+    """The number of rows of the first source with data that the machines train on."""
+    from .data import n_rows
+
+    for m in machines:
+        for s in machine_sources(m):
+            if s._data is not None:
+                try:
+                    return n_rows(s._data)
+                except Exception:  # noqa: BLE001 - a value without rows: compare rows as given
+                    return None
+    return None
 
 
 def compile_fit(targets: Sequence[Any], *, rows: Any = None, force: bool = False,
@@ -377,7 +406,7 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
         if m._uid not in seen:
             machines.append(m)
             seen.add(m._uid)
-    rows_key = _rows_key(rows)
+    rows_key = _rows_key(rows, _n_rows_of(machines) if rows is not None else None)
     actions: dict[Any, str] = {}
     for m in machines:
         changing = any(actions.get(p, "skip") != "skip" for p in machine_parents(m))
