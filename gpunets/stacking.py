@@ -413,7 +413,8 @@ class StackingClassifier(ClassifierMixin, _BaseStacking):
     Parameters
     ----------
     estimators : list of (str, estimator)
-        Base classifiers; an estimator may be ``"drop"``.
+        Base classifiers (regressors are accepted too, as in scikit-learn: they
+        contribute ``predict`` on the encoded labels); an estimator may be ``"drop"``.
     final_estimator : estimator, default=None
         Default :class:`~sklearn.linear_model.LogisticRegression`.
     cv : int, splitter or iterable, default=None
