@@ -343,8 +343,8 @@ def _fit_task(est: Any, n_args: int, resolved: Any, *values: Any) -> tuple[Any, 
 def _rows_key(rows: Any, n: int | None = None) -> Any:
     """The rows a fit trains on, by value: ``slice(0, 10)``, ``np.arange(10)`` and a mask give one key.
 
-    With ``n`` (the number of rows of the data) rows become sorted-as-given positions, and all rows
-    become None; without it (no data known) a slice stays a slice.
+    With ``n`` (the number of rows of the data) rows become positions, in the order given; without it
+    (no data known) a slice stays a slice.  ``rows=None`` stays distinct from every row listed (MLJ's rule).
     """
     if rows is None:
         return None
@@ -357,10 +357,7 @@ def _rows_key(rows: Any, n: int | None = None) -> Any:
     else:
         r = np.asarray(rows)
         idx = np.flatnonzero(r) if r.dtype == bool else np.where(r < 0, r + n, r).astype(np.int64, copy=False)
-    idx = np.asarray(idx, dtype=np.int64)
-    if idx.shape == (n,) and bool((idx == np.arange(n)).all()):
-        return None
-    return idx
+    return np.asarray(idx, dtype=np.int64)
 
 
 def _n_rows_of(machines: Sequence[Any]) -> int | None:

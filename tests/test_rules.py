@@ -90,8 +90,9 @@ def test_the_same_rows_in_another_form_do_not_retrain(executor, data):
     assert m.fit(rows=np.arange(30) < 10).actions[m] == "skip"
     assert m.fit(rows=list(range(10))).actions[m] == "skip"
     assert m.fit(rows=slice(0, 11)).actions[m] == "train"
-    assert m.fit(rows=slice(None)).actions[m] == "train"   # every row: the same as no rows
-    assert m.fit().actions[m] == "skip"
+    assert m.fit(rows=slice(None)).actions[m] == "train"
+    assert m.fit(rows=np.ones(30, dtype=bool)).actions[m] == "skip"
+    assert m.fit().actions[m] == "train"   # no rows is not a list of rows (MLJ's rule)
 
 
 def test_fit_history_is_bounded(data):
