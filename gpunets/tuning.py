@@ -66,9 +66,36 @@ class _Failed:
 
 
 def _take(value: Any, rows: np.ndarray) -> Any:
+    """``value`` at ``rows``: gpunets' type-aware selection, scikit-learn's for lists and the like."""
     from .data import take_rows
 
-    return take_rows(value, rows)
+    if value is None:
+        return None
+    try:
+        return take_rows(value, rows)
+    except TypeError:
+        from sklearn.utils import _safe_indexing
+
+        return _safe_indexing(value, rows)
+
+
+def _take_pairwise(value: Any, rows: np.ndarray, columns: np.ndarray) -> Any:
+    """Rows of a precomputed kernel, restricted to the training columns (scikit-learn's ``_safe_split``)."""
+    return _take(value, rows)[:, columns]
+
+
+def _as_node(value: Any, name: str) -> Any:
+    """A source for data gpunets can place; the data itself (a constant) for lists and other sequences."""
+    from .data import check_placeable
+    from .nodes import source
+
+    if value is None:
+        return None
+    try:
+        check_placeable(value, what=name, device="cpu")
+    except TypeError:
+        return value
+    return source(value, name=name)
 
 
 def _fit_step(est: Any, last: bool, fit_params: dict[str, Any], X: Any, y: Any) -> tuple[Any, Any, float]:
@@ -326,7 +353,8 @@ class _NetworkSearch(BaseSearchCV):
         from sklearn.metrics._scorer import _MultimetricScorer
 
         from .network import evaluate
-        from .nodes import node, source
+        from .nodes import node
+        from sklearn.utils import get_tags
 
         steps = [None if params else _steps(s) for s in specs]
         if any(s is None for s in steps):
@@ -336,12 +364,15 @@ class _NetworkSearch(BaseSearchCV):
         report = SearchReport(fits={n: 0 for n in names}, naive={n: len(specs) * len(splits) for n in names})
         n_scores = tuple(scorers._scorers) if isinstance(scorers, _MultimetricScorer) else None
         train_score = bool(self.return_train_score)
-        Xs = source(X, name="X")
-        ys = None if y is None else source(y, name="y")
+        Xs, ys = _as_node(X, "X"), _as_node(y, "y")
+        pairwise = get_tags(self.estimator).input_tags.pairwise
         score_nodes = []
         folds = []
         for train, test in splits:
-            Xtr, Xte = node(_take, Xs, train), node(_take, Xs, test)
+            if pairwise:
+                Xtr, Xte = node(_take_pairwise, Xs, train, train), node(_take_pairwise, Xs, test, train)
+            else:
+                Xtr, Xte = node(_take, Xs, train), node(_take, Xs, test)
             ytr = None if ys is None else node(_take, ys, train)
             yte = None if ys is None else node(_take, ys, test)
             fp = _check_method_params(X, params=params, indices=train)
