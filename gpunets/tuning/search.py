@@ -8,6 +8,8 @@ fitting every (candidate, fold) pair on its own, the search builds one network:
 
 * the estimator is cut into *steps*: the steps of a scikit-learn
   :class:`~sklearn.pipeline.Pipeline`, else the estimator as one step;
+  a gpunets composite or stack is searched through its own network
+  (its machines merged across candidates the same way);
 * in each fold, step ``i`` of two candidates is **one fit** when steps
   ``0..i`` are equal: same class and same hyperparameters of each step
   (``get_params(deep=False)``, estimator-valued parameters compared
@@ -39,215 +41,20 @@ from __future__ import annotations
 
 import numbers
 import time
-import traceback
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from sklearn.base import _fit_context, clone, is_classifier
 from sklearn.model_selection import ParameterGrid, ParameterSampler, check_cv
 from sklearn.model_selection._search import BaseSearchCV
-from sklearn.model_selection._validation import (_insert_error_scores, _score,
-                                                 _warn_or_raise_about_fit_failures)
-from sklearn.pipeline import Pipeline
+from sklearn.model_selection._validation import _insert_error_scores, _warn_or_raise_about_fit_failures
 from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.validation import _check_method_params, indexable
 
+from . import tasks
+from .report import SearchReport
+
 __all__ = ["GridSearchCV", "RandomizedSearchCV", "SearchReport"]
-
-
-# --- the values flowing through the search network (module level, so they pickle for Dask) -------------
-
-class _Failed:
-    """A fit or a score that raised: the exception and its traceback, passed downstream instead of a value."""
-
-    def __init__(self, error: BaseException, tb: str, seconds: float = 0.0) -> None:
-        self.error, self.tb, self.seconds = error, tb, seconds
-
-
-def _take(value: Any, rows: np.ndarray) -> Any:
-    """``value`` at ``rows``: gpunets' type-aware selection, scikit-learn's for lists and the like."""
-    from .data import take_rows
-
-    if value is None:
-        return None
-    try:
-        return take_rows(value, rows)
-    except TypeError:
-        from sklearn.utils import _safe_indexing
-
-        return _safe_indexing(value, rows)
-
-
-def _take_pairwise(value: Any, rows: np.ndarray, columns: np.ndarray) -> Any:
-    """Rows of a precomputed kernel, restricted to the training columns (scikit-learn's ``_safe_split``)."""
-    return _take(value, rows)[:, columns]
-
-
-def _as_node(value: Any, name: str) -> Any:
-    """A source for data gpunets can place; the data itself (a constant) for lists and other sequences."""
-    from .data import check_placeable
-    from .nodes import source
-
-    if value is None:
-        return None
-    try:
-        check_placeable(value, what=name, device="cpu")
-    except TypeError:
-        return value
-    return source(value, name=name)
-
-
-def _fit_step(est: Any, last: bool, fit_params: dict[str, Any], X: Any, y: Any) -> tuple[Any, Any, float]:
-    """Fit one step: ``(fitted, transformed training rows or None, seconds)``, as Pipeline's fit does."""
-    if isinstance(X, _Failed):
-        return X, X, 0.0
-    start = time.perf_counter()
-    try:
-        if last:
-            est.fit(X, **fit_params) if y is None else est.fit(X, y, **fit_params)
-            out = None
-        elif hasattr(est, "fit_transform"):
-            out = est.fit_transform(X, y, **fit_params)
-        else:
-            out = est.fit(X, y, **fit_params).transform(X)
-    except Exception as e:  # noqa: BLE001 - reported by candidate through error_score
-        failed = _Failed(e, traceback.format_exc(), time.perf_counter() - start)
-        return failed, failed, failed.seconds
-    return est, out, time.perf_counter() - start
-
-
-def _fitted(step: tuple[Any, Any, float]) -> Any:
-    return step[0]
-
-
-def _transformed(step: tuple[Any, Any, float]) -> Any:
-    return step[1]
-
-
-def _seconds(step: tuple[Any, Any, float]) -> float:
-    return step[2]
-
-
-def _transform(est: Any, X: Any) -> Any:
-    if isinstance(est, _Failed):
-        return est
-    if isinstance(X, _Failed):
-        return X
-    try:
-        return est.transform(X)
-    except Exception as e:  # noqa: BLE001
-        return _Failed(e, traceback.format_exc())
-
-
-def _score_one(scorer: Any, error_score: Any, train: bool, n_test: int, n_scores: tuple[str, ...] | None,
-               est: Any, X_test: Any, y_test: Any, X_train: Any, y_train: Any, *seconds: float) -> dict[str, Any]:
-    """One entry of scikit-learn's ``_fit_and_score`` output for one (candidate, fold)."""
-    fit_time = float(sum(seconds))
-    failed = next((v for v in (est, X_test, X_train) if isinstance(v, _Failed)), None)
-    out: dict[str, Any] = {"n_test_samples": n_test, "fit_time": fit_time}
-    if failed is not None:
-        err = error_score if n_scores is None else {name: error_score for name in n_scores}
-        out.update(fit_error=failed.tb, test_scores=err, score_time=0.0, _error=failed.error)
-        if train:
-            out["train_scores"] = err
-        return out
-    start = time.perf_counter()
-    try:
-        out["test_scores"] = _score(est, X_test, y_test, scorer, {}, error_score)
-        if train:
-            out["train_scores"] = _score(est, X_train, y_train, scorer, {}, error_score)
-    except Exception as e:  # noqa: BLE001 - error_score="raise": raised by the search, by candidate
-        err = error_score if n_scores is None else {name: error_score for name in n_scores}
-        out.update(fit_error=traceback.format_exc(), test_scores=err, score_time=0.0, _error=e)
-        if train:
-            out["train_scores"] = err
-        return out
-    out["score_time"] = time.perf_counter() - start
-    out["fit_error"] = None
-    return out
-
-
-def _collect(*outs: dict[str, Any]) -> list[dict[str, Any]]:
-    return list(outs)
-
-
-# --- comparing steps --------------------------------------------------------------------------------------------
-
-def _is_estimator(v: Any) -> bool:
-    return not isinstance(v, type) and callable(getattr(v, "get_params", None))
-
-
-def step_key(v: Any) -> Any:
-    """A hashable summary of a step: class and ``get_params(deep=False)``, estimators recursively.
-
-    >>> from sklearn.linear_model import Ridge
-    >>> step_key(Ridge(alpha=2.0)) == step_key(Ridge(alpha=2.0)), step_key(Ridge()) == step_key(Ridge(alpha=2.0))
-    (True, False)
-    """
-    if _is_estimator(v):
-        params = v.get_params(deep=False)
-        return ("estimator", type(v), tuple(sorted((k, step_key(p)) for k, p in params.items())))
-    if isinstance(v, (list, tuple)):
-        return (type(v), tuple(step_key(x) for x in v))
-    if isinstance(v, dict):
-        return (dict, tuple(sorted((repr(k), step_key(x)) for k, x in v.items())))
-    if isinstance(v, np.ndarray):
-        return ("array", v.dtype.str, v.shape, v.tobytes())
-    try:
-        hash(v)
-    except TypeError:
-        return ("object", id(v))  # unhashable, unknown: never shared
-    if isinstance(v, float) and v != v:
-        return ("nan",)
-    return (type(v), v)
-
-
-def _steps(est: Any) -> list[tuple[str, Any]] | None:
-    """The steps of a plain (memory-free) Pipeline, passthrough steps dropped; None for other estimators."""
-    if type(est) is not Pipeline:
-        return None
-    steps = [(name, s) for name, s in est.steps if s is not None and s != "passthrough"]
-    if not steps or steps[-1][0] != est.steps[-1][0]:
-        return None  # a passthrough final step: search the pipeline as one step
-    return steps
-
-
-# --- the report ----------------------------------------------------------------------------------------------
-
-@dataclass
-class SearchReport:
-    """Step fits done by the search against those a candidate-by-candidate search would do.
-
-    Attributes
-    ----------
-    fits : dict
-        ``{step label: fits done}`` over every fold (the refit excluded).
-    naive : dict
-        ``{step label: candidates × folds}``: what a search fitting each candidate on its own would do.
-    transforms : int
-        Test-row transforms done by shared steps (a candidate-by-candidate search does one per
-        step, candidate and fold).
-    seconds : float
-        Wall time of the search network.
-    """
-
-    fits: dict[str, int] = field(default_factory=dict)
-    naive: dict[str, int] = field(default_factory=dict)
-    transforms: int = 0
-    seconds: float = 0.0
-
-    @property
-    def total(self) -> tuple[int, int]:
-        """``(fits done, fits a candidate-by-candidate search would do)``."""
-        return sum(self.fits.values()), sum(self.naive.values())
-
-    def __repr__(self) -> str:
-        done, naive = self.total
-        lines = [f"SearchReport ({done} fits instead of {naive}, {self.seconds:.3f} s)",
-                 f"  {'step':<24} {'fits':>6} {'naive':>6}"]
-        lines += [f"  {k:<24} {self.fits[k]:>6} {self.naive[k]:>6}" for k in self.fits]
-        return "\n".join(lines)
 
 
 # --- the searches ----------------------------------------------------------------------------------------------
@@ -352,72 +159,46 @@ class _NetworkSearch(BaseSearchCV):
                      scorers: Any, params: dict[str, Any]) -> tuple[list[dict[str, Any]], SearchReport]:
         from sklearn.metrics._scorer import _MultimetricScorer
 
-        from .network import evaluate
-        from .nodes import node
         from sklearn.utils import get_tags
 
-        steps = [None if params else _steps(s) for s in specs]
-        if any(s is None for s in steps):
-            label = type(self.estimator).__name__
-            steps = [[(label, s)] for s in specs]
-        names = [n for n, _ in steps[0]]
+        from ..network import evaluate
+        from ..nodes import node
+        from .networks import CompositeFold, StepsFold, fold_data, is_composite, pipeline_steps
+
+        composite = not params and all(is_composite(s) for s in specs)
+        steps = None if composite else [None if params else pipeline_steps(s) for s in specs]
+        if steps is not None and any(s is None for s in steps):
+            steps = [[(type(self.estimator).__name__, s)] for s in specs]
+        names = [] if steps is None else [n for n, _ in steps[0]]
         report = SearchReport(fits={n: 0 for n in names}, naive={n: len(specs) * len(splits) for n in names})
         n_scores = tuple(scorers._scorers) if isinstance(scorers, _MultimetricScorer) else None
+        score_args = (scorers, self.error_score, n_scores)
         train_score = bool(self.return_train_score)
-        Xs, ys = _as_node(X, "X"), _as_node(y, "y")
+        Xs, ys = tasks.as_node(X, "X"), tasks.as_node(y, "y")
         pairwise = get_tags(self.estimator).input_tags.pairwise
         score_nodes = []
-        folds = []
         for train, test in splits:
-            if pairwise:
-                Xtr, Xte = node(_take_pairwise, Xs, train, train), node(_take_pairwise, Xs, test, train)
+            if composite:
+                fold: Any = CompositeFold(report, fold_data(X, y, train, test), score_args, train_score)
             else:
-                Xtr, Xte = node(_take, Xs, train), node(_take, Xs, test)
-            ytr = None if ys is None else node(_take, ys, train)
-            yte = None if ys is None else node(_take, ys, test)
-            fp = _check_method_params(X, params=params, indices=train)
-            folds.append((Xtr, Xte, ytr, yte, fp, len(test)))
-        for Xtr, Xte, ytr, yte, fp, n_test in folds:
-            shared: dict[Any, tuple[Any, Any, Any, Any]] = {}
-            per_candidate = []
-            for cand_steps in steps:
-                key: Any = ()
-                up_train, up_test, up_score = Xtr, Xte, Xtr   # fit input, test rows, train rows for scoring
-                times = []
-                fitted = None
-                for i, (name, est) in enumerate(cand_steps):
-                    last = i == len(cand_steps) - 1
-                    key = (key, step_key(est))
-                    hit = shared.get(key)
-                    if hit is None:
-                        step = node(_fit_step, clone(est), last, fp if last else {}, up_train, ytr)
-                        fitted = node(_fitted, step)
-                        report.fits[name] += 1
-                        if last:
-                            hit = (fitted, None, None, node(_seconds, step), None)
-                        else:
-                            report.transforms += 1
-                            hit = (fitted, node(_transformed, step), node(_transform, fitted, up_test),
-                                   node(_seconds, step),
-                                   node(_transform, fitted, up_score) if train_score else None)
-                        shared[key] = hit
-                    fitted, up_train, next_test, t, next_score = hit
-                    times.append(t)
-                    if not last:
-                        up_test, up_score = next_test, next_score
-                per_candidate.append(node(_score_one, scorers, self.error_score, train_score, n_test, n_scores,
-                                          fitted, up_test, yte, up_score if train_score else None,
-                                          ytr if train_score else None, *times))
-            score_nodes.append(per_candidate)
+                if pairwise:
+                    Xtr, Xte = node(tasks.take_pairwise, Xs, train, train), node(tasks.take_pairwise, Xs, test, train)
+                else:
+                    Xtr, Xte = node(tasks.take, Xs, train), node(tasks.take, Xs, test)
+                ytr = None if ys is None else node(tasks.take, ys, train)
+                yte = None if ys is None else node(tasks.take, ys, test)
+                fp = _check_method_params(X, params=params, indices=train)
+                fold = StepsFold(report, (Xtr, Xte, ytr, yte, len(test)), fp, score_args, train_score)
+            score_nodes.append([fold.candidate(s) for s in (specs if composite else steps)])
         # scikit-learn's order: candidate-major, fold-minor
         ordered = [score_nodes[f][c] for c in range(len(specs)) for f in range(len(splits))]
-        target = node(_collect, *ordered)
+        target = node(tasks.collect, *ordered)
         opts = {"executor": None if self.executor == "auto" else self.executor, "workers": self.workers}
         start = time.perf_counter()
         device = self.device
         if device is not None and device != "auto":
-            from .config import config
-            from .devices import override_placement
+            from ..config import config
+            from ..devices import override_placement
 
             with config(device=device), override_placement(device):
                 outs = evaluate(target, output="device", **opts)
