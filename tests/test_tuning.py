@@ -259,3 +259,26 @@ def _xfail(estimator):
 ], expected_failed_checks=_xfail)
 def test_sklearn_estimator_checks(estimator, check):
     check(estimator)
+
+
+def test_composite_machines_shared_across_candidates(executor, reg_data):
+    X, y = reg_data
+    est = Averaged(Ridge(), LinearRegression())
+    grid = {"first__alpha": [0.1, 1.0, 10.0]}
+    s = gn.GridSearchCV(est, grid, cv=3, executor=executor, return_train_score=True).fit(X, y)
+    assert s.search_report_.fits == {"Ridge": 9, "LinearRegression": 3}
+    assert s.search_report_.naive == {"Ridge": 9, "LinearRegression": 9}
+    serial = gn.GridSearchCV(est, grid, cv=3, executor="serial", return_train_score=True).fit(X, y)
+    for k in ("mean_test_score", "split0_test_score", "mean_train_score"):
+        np.testing.assert_array_equal(s.cv_results_[k], serial.cv_results_[k])
+
+
+def test_stack_shares_untouched_base_models(reg_data):
+    X, y = reg_data
+    est = gn.StackingRegressor([("ridge", Ridge()), ("tree", DecisionTreeRegressor(max_depth=2, random_state=0))],
+                               final_estimator=LinearRegression(), cv=3, executor="serial")
+    s = gn.GridSearchCV(est, {"ridge__alpha": [0.5, 5.0]}, cv=2).fit(X, y)
+    fits, naive = s.search_report_.fits, s.search_report_.naive
+    assert fits["tree"] * 2 == naive["tree"]        # the tree does not change: fitted once per fold
+    assert fits["ridge"] == naive["ridge"]
+    assert s.search_report_.total[0] < s.search_report_.total[1]
