@@ -222,6 +222,7 @@ def test_unknown_parameter_lists_valid_ones(reg_data):
     (lambda: gn.RandomizedSearchCV(Ridge(), {"alpha": 3}), "not iterable or a distribution"),
     (lambda: gn.RandomizedSearchCV(Ridge(), {"alpha": [1.0]}, n_iter=0), "n_iter"),
     (lambda: gn.GridSearchCV(Ridge(), {"alpha": [1.0]}, scoring="accuracyy"), "scoring"),
+    (lambda: gn.GridSearchCV(Ridge(), {"alpha": [1.0]}, executor="bogus"), "not an executor"),
 ])
 def test_bad_input_before_any_fit(make, match, reg_data):
     X, y = reg_data
@@ -282,3 +283,26 @@ def test_stack_shares_untouched_base_models(reg_data):
     assert fits["tree"] * 2 == naive["tree"]        # the tree does not change: fitted once per fold
     assert fits["ridge"] == naive["ridge"]
     assert s.search_report_.total[0] < s.search_report_.total[1]
+
+
+class TrackedScaler(CountingScaler):
+    """A scaler whose fitted copies are tracked by weak reference."""
+
+    ALIVE: "weakref.WeakSet" = None
+
+    def fit(self, X, y=None):
+        TrackedScaler.ALIVE.add(self)
+        return super().fit(X, y)
+
+
+def test_fitted_copies_are_released(reg_data):
+    import gc
+    import weakref
+
+    X, y = reg_data
+    TrackedScaler.ALIVE = weakref.WeakSet()
+    est = Pipeline([("scale", TrackedScaler()), ("ridge", Ridge())])
+    s = gn.GridSearchCV(est, {"scale__with_mean": [True, False], "ridge__alpha": [1.0, 2.0]}, cv=3).fit(X, y)
+    gc.collect()
+    assert s.search_report_.fits["scale"] == 6
+    assert list(TrackedScaler.ALIVE) == [s.best_estimator_.named_steps["scale"]]  # only the refit's

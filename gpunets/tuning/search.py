@@ -106,6 +106,9 @@ class _NetworkSearch(BaseSearchCV):
             msg = (f"{type(self).__name__} has no candidate to evaluate: the parameter grid is empty. "
                    "Hint: give at least one value per parameter, e.g. {'alpha': [0.1, 1.0]}.")
             raise ValueError(msg)
+        from ..executors import check_executor_spec
+
+        check_executor_spec(self.executor)  # a bad executor fails now, not after the folds are built
         base = clone(self.estimator)
         specs = [clone(base).set_params(**clone(p, safe=False)) for p in candidates]  # unknown names raise here
         cv = check_cv(self.cv, y, classifier=is_classifier(self.estimator))
@@ -116,7 +119,15 @@ class _NetworkSearch(BaseSearchCV):
                    f"splits, got {len(splits)}")
             raise ValueError(msg)
 
-        outs, report = self._run_network(specs, X, y, splits, scorers, params)
+        device = self.device
+        if device is not None and device != "auto":
+            from ..config import config
+            from ..devices import override_placement
+
+            with config(device=device), override_placement(device):  # nodes take their placement when built
+                outs, report = self._run_network(specs, X, y, splits, scorers, params)
+        else:
+            outs, report = self._run_network(specs, X, y, splits, scorers, params)
         self.search_report_ = report
         if self.error_score == "raise":
             first = next((o for o in outs if o.get("_error") is not None), None)
@@ -195,15 +206,7 @@ class _NetworkSearch(BaseSearchCV):
         target = node(tasks.collect, *ordered)
         opts = {"executor": None if self.executor == "auto" else self.executor, "workers": self.workers}
         start = time.perf_counter()
-        device = self.device
-        if device is not None and device != "auto":
-            from ..config import config
-            from ..devices import override_placement
-
-            with config(device=device), override_placement(device):
-                outs = evaluate(target, output="device", **opts)
-        else:
-            outs = evaluate(target, output="device", **opts)
+        outs = evaluate(target, output="device", **opts)
         report.seconds = time.perf_counter() - start
         return outs, report
 

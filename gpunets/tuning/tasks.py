@@ -61,9 +61,12 @@ def as_node(value: Any, name: str) -> Any:
 
 def fit_step(est: Any, last: bool, fit_params: dict[str, Any], X: Any, y: Any) -> tuple[Any, Any, float]:
     """Fit one step: ``(fitted, transformed training rows or None, seconds)``, as Pipeline's fit does."""
+    from sklearn.base import clone
+
     if isinstance(X, Failed):
         return X, X, 0.0
     start = time.perf_counter()
+    est = clone(est)  # the plan keeps the specification; the fitted copy is dropped once no score needs it
     try:
         if last:
             est.fit(X, **fit_params) if y is None else est.fit(X, y, **fit_params)
@@ -190,9 +193,11 @@ def fit_model(est: Any, *values: Any) -> Any:
     failed = _first_failed(values)
     if failed is not None:
         return failed
+    from sklearn.base import clone
+
     start = time.perf_counter()
     try:
-        return est.fit(*values)
+        return clone(est).fit(*values)
     except Exception as e:  # noqa: BLE001 - reported by candidate
         return Failed(e, traceback.format_exc(), time.perf_counter() - start)
 
