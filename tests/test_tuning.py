@@ -188,6 +188,8 @@ def test_failing_candidate_error_score_nan(reg_data):
         ours = gn.GridSearchCV(FailingRidge(), grid, cv=3, return_train_score=True).fit(X, y)
     assert_same_search(ours, theirs)
     assert np.isnan(ours.cv_results_["mean_test_score"][1])
+    assert ours.search_report_.errors == {1: ({"alpha": -1.0}, "ValueError: negative alpha")}
+    assert "candidate 1 {'alpha': -1.0} failed: ValueError: negative alpha" in repr(ours.search_report_)
     assert ours.best_params_ in ({"alpha": 1.0}, {"alpha": 3.0})
 
 
@@ -306,3 +308,17 @@ def test_fitted_copies_are_released(reg_data):
     gc.collect()
     assert s.search_report_.fits["scale"] == 6
     assert list(TrackedScaler.ALIVE) == [s.best_estimator_.named_steps["scale"]]  # only the refit's
+
+
+def test_failing_composite_candidate(reg_data):
+    X, y = reg_data
+    est = Averaged(FailingRidge(), LinearRegression())
+    grid = {"first__alpha": [1.0, -1.0]}
+    with pytest.warns(FitFailedWarning, match="negative alpha"):
+        theirs = skms.GridSearchCV(est, grid, cv=3).fit(X, y)
+    with pytest.warns(FitFailedWarning, match="negative alpha"):
+        ours = gn.GridSearchCV(est, grid, cv=3).fit(X, y)
+    assert_same_search(ours, theirs)
+    assert list(ours.search_report_.errors) == [1]
+    with pytest.raises(ValueError, match="negative alpha"):
+        gn.GridSearchCV(est, grid, cv=3, error_score="raise").fit(X, y)

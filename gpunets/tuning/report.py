@@ -22,12 +22,16 @@ class SearchReport:
         step, candidate and fold).
     seconds : float
         Wall time of the search network.
+    errors : dict
+        ``{candidate index: (its parameters, the last line of its first error)}`` for every candidate
+        that failed on some fold (its scores are ``error_score``).
     """
 
     fits: dict[str, int] = field(default_factory=dict)
     naive: dict[str, int] = field(default_factory=dict)
     transforms: int = 0
     seconds: float = 0.0
+    errors: dict = field(default_factory=dict)
 
     @property
     def total(self) -> tuple[int, int]:
@@ -39,4 +43,5 @@ class SearchReport:
         lines = [f"SearchReport ({done} fits instead of {naive}, {self.seconds:.3f} s)",
                  f"  {'step':<24} {'fits':>6} {'naive':>6}"]
         lines += [f"  {k:<24} {self.fits[k]:>6} {self.naive[k]:>6}" for k in self.fits]
+        lines += [f"  candidate {i} {params} failed: {err}" for i, (params, err) in self.errors.items()]
         return "\n".join(lines)

@@ -133,8 +133,11 @@ class _NetworkSearch(BaseSearchCV):
             first = next((o for o in outs if o.get("_error") is not None), None)
             if first is not None:
                 raise first["_error"]
-        for o in outs:
+        for i, o in enumerate(outs):
             o.pop("_error", None)
+            c = i // self.n_splits_
+            if o["fit_error"] is not None and c not in report.errors:
+                report.errors[c] = (candidates[c], o["fit_error"].strip().splitlines()[-1])
         _warn_or_raise_about_fit_failures(outs, self.error_score)
         if callable(self.scoring):
             _insert_error_scores(outs, self.error_score)
