@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import pickle
 import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -290,7 +291,7 @@ def test_stack_shares_untouched_base_models(reg_data):
 class TrackedScaler(CountingScaler):
     """A scaler whose fitted copies are tracked by weak reference."""
 
-    ALIVE: "weakref.WeakSet" = None
+    ALIVE: weakref.WeakSet | None = None
 
     def fit(self, X, y=None):
         TrackedScaler.ALIVE.add(self)
@@ -299,7 +300,6 @@ class TrackedScaler(CountingScaler):
 
 def test_fitted_copies_are_released(reg_data):
     import gc
-    import weakref
 
     X, y = reg_data
     TrackedScaler.ALIVE = weakref.WeakSet()

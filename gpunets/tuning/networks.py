@@ -24,7 +24,7 @@ from ..nodes import AbstractNode, Node, Source, node
 from . import tasks
 from .report import SearchReport
 
-__all__ = ["pipeline_steps", "StepsFold", "CompositeFold", "is_composite"]
+__all__ = ["CompositeFold", "StepsFold", "is_composite", "pipeline_steps"]
 
 
 def pipeline_steps(est: Any) -> list[tuple[str, Any]] | None:
@@ -130,10 +130,11 @@ class CompositeFold:
                     0.0, self.yte, self.ytr if self.train_score else None, *values)
 
     # --- copying a candidate's network into the search network, hash-consed ---------------------
-    def _intern(self, key: Any, make: Any) -> AbstractNode:
+    def _intern(self, key: Any, fn: Any, *args: Any) -> AbstractNode:
+        """The node ``key`` names, made as ``node(fn, *args)`` the first time."""
         hit = self.memo.get(key)
         if hit is None:
-            hit = self.memo[key] = make()
+            hit = self.memo[key] = node(fn, *args)
         return hit
 
     def _arg(self, a: Any, env: dict[int, AbstractNode], keys: list[Any]) -> Any:
@@ -163,10 +164,10 @@ class CompositeFold:
             if x.machine is not None:
                 fit = self._machine(x.machine)
                 self.copies[k] = self._intern(("op", x.operation, fit._uid, tuple(keys)),
-                                              lambda: node(tasks.apply_op, x.operation, fit, *args))
+                                              tasks.apply_op, x.operation, fit, *args)
             else:
                 self.copies[k] = self._intern(("fn", tasks.fn_key(x.operation), tuple(keys)),
-                                              lambda: node(tasks.call_fn, x.operation, *args))
+                                              tasks.call_fn, x.operation, *args)
         return self.copies[ckey]
 
     def _machine(self, m: Any) -> AbstractNode:
@@ -174,11 +175,9 @@ class CompositeFold:
         args = [self._arg(a, {}, keys) for a in m.args]
         key = ("machine", tasks.step_key(m.model), tuple(keys))
 
-        def make() -> AbstractNode:
+        if key not in self.memo:
             self.report.fits[m.label] = self.report.fits.get(m.label, 0) + 1
-            return node(tasks.fit_model, clone(m.model), *args)
-
-        return self._intern(key, make)
+        return self._intern(key, tasks.fit_model, clone(m.model), *args)
 
 
 def _op_order(n: AbstractNode) -> list[AbstractNode]:

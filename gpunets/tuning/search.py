@@ -47,7 +47,10 @@ import numpy as np
 from sklearn.base import _fit_context, clone, is_classifier
 from sklearn.model_selection import ParameterGrid, ParameterSampler, check_cv
 from sklearn.model_selection._search import BaseSearchCV
-from sklearn.model_selection._validation import _insert_error_scores, _warn_or_raise_about_fit_failures
+from sklearn.model_selection._validation import (
+    _insert_error_scores,
+    _warn_or_raise_about_fit_failures,
+)
 from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.validation import _check_method_params, indexable
 
@@ -81,7 +84,7 @@ class _NetworkSearch(BaseSearchCV):
         evaluate_candidates(self._candidates())
 
     @_fit_context(prefer_skip_nested_validation=False)
-    def fit(self, X: Any, y: Any = None, **params: Any) -> "_NetworkSearch":
+    def fit(self, X: Any, y: Any = None, **params: Any) -> _NetworkSearch:
         """Run every candidate on every fold as one network, then refit the best on all rows.
 
         Parameters
@@ -172,12 +175,17 @@ class _NetworkSearch(BaseSearchCV):
     def _run_network(self, specs: list[Any], X: Any, y: Any, splits: list[tuple[np.ndarray, np.ndarray]],
                      scorers: Any, params: dict[str, Any]) -> tuple[list[dict[str, Any]], SearchReport]:
         from sklearn.metrics._scorer import _MultimetricScorer
-
         from sklearn.utils import get_tags
 
         from ..network import evaluate
         from ..nodes import node
-        from .networks import CompositeFold, StepsFold, fold_data, is_composite, pipeline_steps
+        from .networks import (
+            CompositeFold,
+            StepsFold,
+            fold_data,
+            is_composite,
+            pipeline_steps,
+        )
 
         composite = not params and all(is_composite(s) for s in specs)
         steps = None if composite else [None if params else pipeline_steps(s) for s in specs]

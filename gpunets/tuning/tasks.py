@@ -6,7 +6,6 @@ Module-level functions so that the network pickles (Dask).  A fit or score that 
 
 from __future__ import annotations
 
-import numbers
 import time
 import traceback
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import numpy as np
 from sklearn.model_selection._validation import _score
 
-__all__ = ["Failed", "step_key", "fn_key", "Replay"]
+__all__ = ["Failed", "Replay", "fn_key", "step_key"]
 
 
 # --- the values flowing through the search network (module level, so they pickle for Dask) -------------
@@ -162,7 +161,7 @@ def step_key(v: Any) -> Any:
         hash(v)
     except TypeError:
         return ("object", id(v))  # unhashable, unknown: never shared
-    if isinstance(v, float) and v != v:
+    if isinstance(v, float) and np.isnan(v):
         return ("nan",)
     return (type(v), v)
 
