@@ -62,6 +62,8 @@ _LAZY = {
     "CompositeTransformer": ("gpunets.composite", "CompositeTransformer"),
     "StackingRegressor": ("gpunets.stacking", "StackingRegressor"),
     "StackingClassifier": ("gpunets.stacking", "StackingClassifier"),
+    "GridSearchCV": ("gpunets.tuning", "GridSearchCV"),
+    "RandomizedSearchCV": ("gpunets.tuning", "RandomizedSearchCV"),
 }
 _LAZY_MODULES = ("testing", "kernels", "data", "models", "plan", "scheduler", "graph")
 

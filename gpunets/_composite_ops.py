@@ -162,13 +162,20 @@ def adopt_states(new: Iterable[Any], mapping: dict[int, Any]) -> None:
     """Give each matched new machine the identity and fitted state of its old twin.
 
     The old machines are left untouched (a fitted state is immutable), so the
-    previous network stays usable if the new fit fails.
+    previous network stays usable if the new fit fails.  A state names its
+    upstream machines by object: the adopted state names their new twins.
     """
+    from dataclasses import replace
+
+    twin = {id(o): n for n in new if (o := mapping.get(id(n))) is not None}
     for m in new:
         o = mapping.get(id(m))
         if o is None:
             continue
         m._uid = o._uid
-        m._state = o._state
+        st = o._state
+        if st is not None:
+            st = replace(st, parents=tuple((twin.get(id(p), p), v) for p, v in st.parents))
+        m._state = st
         m._version = o._version
         m.n_fits = o.n_fits

@@ -14,8 +14,9 @@ Fitting (``fit(X, y)``):
    ``feature_names_in_``, ``classes_`` for classifiers, NaN/inf, sparse);
 2. ``network(X, y)`` is called on sources named ``"X"`` and ``"y"`` holding the
    data (pandas input is passed on as given, other input as validated);
-3. when the data are the same as at the previous fit (identity, else
-   equality), the machines of the new graph adopt the fitted state of the
+3. when the data are the same as at the previous fit (by content: a
+   fingerprint taken at the previous fit, so data changed in place count as
+   new, see :mod:`gpunets.fingerprint`), the machines of the new graph adopt the fitted state of the
    machines of the previous graph whose training inputs are the same
    (:mod:`gpunets._composite_ops`), so the core's retraining rules apply:
    unchanged machines skip, a component with new parameters or replaced by
@@ -24,7 +25,9 @@ Fitting (``fit(X, y)``):
    its :class:`~gpunets.FitReport` is kept as ``fit_report_``.
 
 New data retrain everything.  A failed fit leaves the previous network (and
-predictions) in place.
+predictions) in place, and every fitted attribute (``n_features_in_``,
+``feature_names_in_``, ``classes_``, ...) as it was: they are committed
+together, only when the fit succeeds.
 
 Which operations a composite has is decided by its network: ``hasattr(model,
 "predict_proba")`` is true exactly when the dict returned by ``network`` has
@@ -73,6 +76,7 @@ from ._composite_ops import adopt_states, match_machines, same_value
 from .config import config
 from .devices import override_placement
 from .executors import get_executor
+from .fingerprint import fingerprint, scope
 from .graph import upstream_machines
 from .machines import Machine, labels
 from .network import evaluate
@@ -97,6 +101,7 @@ class NetworkState:
     machines: tuple[Machine, ...]
     names: dict[int, str]                      # id(machine) -> component name or label
     plain_params: dict[str, Any] = field(default_factory=dict)
+    fingerprints: dict[str, Any] = field(default_factory=dict)   # of ``data``, taken at the fit
 
 
 def _is_estimator(v: Any) -> bool:
@@ -105,7 +110,10 @@ def _is_estimator(v: Any) -> bool:
 
 def _has_operation(op: str):
     def check(self: "Composite") -> bool:
-        return op in self._gn_available_operations()
+        if op in self._gn_available_operations():
+            return True
+        self._gn_explain_missing(op)   # may raise the component's own error, chained by available_if
+        return False
 
     check.__name__ = f"has_{op}"
     return check
@@ -227,6 +235,9 @@ class Composite(BaseEstimator):
             out[op] = node
         return out
 
+    def _gn_explain_missing(self, op: str) -> None:
+        """Hook: raise the ``AttributeError`` of the component that lacks ``op`` (subclasses)."""
+
     def _gn_available_operations(self) -> tuple[str, ...]:
         st = self.__dict__.get("_gn_state")
         if st is not None:
@@ -319,11 +330,21 @@ class Composite(BaseEstimator):
         self
         """
         self._gn_check_params(X, y)
-        Xo, yo = self._gn_validate_fit(X, y)
-        self._gn_fit_network(Xo, yo, fit_params)
+        saved = dict(self.__dict__)   # fitted attributes are committed together, only if the fit succeeds
+        try:
+            Xo, yo = self._gn_validate_fit(X, y)
+            self._gn_fit_network(Xo, yo, fit_params)
+        except BaseException:
+            self.__dict__.clear()
+            self.__dict__.update(saved)
+            raise
         return self
 
     def _gn_fit_network(self, X: Any, y: Any, fit_params: dict[str, Any]) -> None:
+        with scope():   # the data are fingerprinted once, here and by the core's retraining rules
+            self._gn_fit_network_scoped(X, y, fit_params)
+
+    def _gn_fit_network_scoped(self, X: Any, y: Any, fit_params: dict[str, Any]) -> None:
         old: NetworkState | None = self.__dict__.get("_gn_state")
         data = {"X": X, "y": y}
         extra: dict[str, Any] = {}
@@ -332,8 +353,8 @@ class Composite(BaseEstimator):
                 data[k] = v
             else:
                 extra[k] = v
-        same = old is not None and old.data.keys() == data.keys() and all(
-            same_value(old.data[k], v) for k, v in data.items())
+        fps = {k: fingerprint(v) for k, v in data.items()}
+        same = old is not None and old.fingerprints == fps
         if same:
             sources = dict(old.sources)
         else:
@@ -350,7 +371,7 @@ class Composite(BaseEstimator):
         opts = self._gn_run_options()
         report = gn_fit(*outputs.values(), **opts)
         _relabel(report, names)
-        self._gn_state = NetworkState(sources, data, outputs, machines, names, plain)
+        self._gn_state = NetworkState(sources, data, outputs, machines, names, plain, fps)
         self.fit_report_ = report
         self._gn_after_fit(self._gn_state)
 
@@ -367,12 +388,15 @@ class Composite(BaseEstimator):
             raise AttributeError(msg)
         Xv = self._gn_validate_call(X, op)
         node = st.outputs[op]
-        named = {"X": Xv} if any(s.name == "X" for s in node.origins) else {}
+        origins = node.origins
+        named = {"X": Xv} if any(s.name == "X" for s in origins) else {}
+        keep = tuple(s.name for s in origins if s.name not in (None, "X")) if named else ()
         opts = self._gn_run_options()
         if opts["device"] is not None:
             with config(device=opts["device"]), override_placement(opts["device"]):
-                return evaluate(node, executor=opts["executor"], workers=opts["workers"], **named)
-        return evaluate(node, executor=opts["executor"], workers=opts["workers"], **named)
+                return evaluate(node, executor=opts["executor"], workers=opts["workers"], keep_training=keep,
+                                **named)
+        return evaluate(node, executor=opts["executor"], workers=opts["workers"], keep_training=keep, **named)
 
     @available_if(_has_operation("predict"))
     def predict(self, X: Any) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 
 from . import verbs
 
-__all__ = ["config", "get_config", "set_config", "FALLBACK_POLICIES"]
+__all__ = ["config", "get_config", "set_config", "check_run_options", "FALLBACK_POLICIES"]
 
 FALLBACK_POLICIES = ("warn", "raise", "silent")
 
@@ -56,22 +56,45 @@ def _validate(changes: dict[str, Any]) -> dict[str, Any]:
         msg = (f"fallback={changes['fallback']!r} is not a fallback policy; "
                f"use one of {list(FALLBACK_POLICIES)}.")
         raise ValueError(msg)
-    workers = changes.get("workers")
-    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
-        msg = f"workers={workers!r} must be a positive integer or None (the number of cores)."
-        raise ValueError(msg)
-    if "executor" in changes:
-        verbs.get("check_executor")(changes["executor"])   # the executors and devices live above config
+    check_run_options(**{k: v for k, v in changes.items() if k in ("workers", "executor", "progress")})
     if "gpu_memory" in changes:
         verbs.get("check_gpu_memory")(changes["gpu_memory"])
-    if "progress" in changes and not isinstance(changes["progress"], bool):
-        msg = f"progress={changes['progress']!r} must be True or False."
-        raise TypeError(msg)
     if "thread_unsafe" in changes:
         changes = {**changes, "thread_unsafe": verbs.get("check_thread_unsafe")(changes["thread_unsafe"])}
     if "device" in changes and changes["device"] not in (None, "auto"):
         verbs.get("check_device")(changes["device"])  # Device.parse: raises a ValueError listing the valid forms
     return changes
+
+
+def check_run_options(**options: Any) -> None:
+    """Check the arguments shared by ``gn.config``, ``fit`` and calls: one rule for each, one message.
+
+    ``None`` means "the configured default" and is always accepted.
+
+    >>> check_run_options(workers=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: workers=0 must be a positive integer or None (the number of cores).
+    """
+    for name, value in options.items():
+        if value is None:
+            continue
+        if name == "workers":
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                msg = f"workers={value!r} must be a positive integer or None (the number of cores)."
+                raise ValueError(msg)
+        elif name == "executor":
+            verbs.get("check_executor")(value)   # the executors live above config
+        elif name in ("progress", "force", "trace"):
+            if not isinstance(value, bool):
+                msg = f"{name}={value!r} must be True or False."
+                raise TypeError(msg)
+        elif name == "output":
+            if value not in ("auto", "device"):
+                msg = f"output={value!r}: use 'auto' (the type family given) or 'device' (where it was computed)."
+                raise ValueError(msg)
+        else:  # pragma: no cover - a programming error
+            raise TypeError(f"unknown run option {name!r}")
 
 
 def set_config(**changes: Any) -> None:

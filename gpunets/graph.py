@@ -21,6 +21,8 @@ from collections.abc import Callable, Container
 from hashlib import blake2b
 from typing import TYPE_CHECKING, Iterable, Sequence
 
+from .exceptions import CycleError
+from .fingerprint import fingerprint
 from .nodes import AbstractNode, Node, Source, is_node
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -92,6 +94,7 @@ def _topo(nodes: Iterable[AbstractNode]) -> list[AbstractNode]:
     nodes = list(nodes)
     order: list[AbstractNode] = []
     done: set[int] = set()
+    active: set[int] = set()          # expanded, not finished: reaching one again closes a cycle
     for t in nodes:
         stack: list[tuple[AbstractNode, bool]] = [(t, False)]
         while stack:
@@ -99,15 +102,47 @@ def _topo(nodes: Iterable[AbstractNode]) -> list[AbstractNode]:
             if expanded:
                 if n._uid not in done:
                     done.add(n._uid)
+                    active.discard(n._uid)
                     order.append(n)
                 continue
             if n._uid in done:
                 continue
+            if n._uid in active:
+                raise CycleError(_cycle_message(n))
+            active.add(n._uid)
             stack.append((n, True))
             for a in reversed(_deps(n)):
                 if a._uid not in done:
                     stack.append((a, False))
     return order
+
+
+def _cycle_message(start: AbstractNode) -> str:
+    """Name a cycle through ``start`` (only on the error path: graphlib finds it)."""
+    import graphlib
+
+    graph: dict[int, list[int]] = {}
+    by_uid: dict[int, AbstractNode] = {}
+    pending = [start]
+    while pending:
+        n = pending.pop()
+        if n._uid in graph:
+            continue
+        by_uid[n._uid] = n
+        deps = _deps(n)
+        graph[n._uid] = [a._uid for a in deps]
+        pending.extend(deps)
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+        cycle = [start._uid, start._uid]
+    except graphlib.CycleError as e:
+        cycle = list(e.args[1])
+    names = " -> ".join(by_uid[u]._short() for u in reversed(cycle))
+    machines = sorted({by_uid[u].machine.label for u in cycle if getattr(by_uid[u], "machine", None) is not None})
+    return (f"The network has a cycle: {names} (each depends on the next through an operation or a "
+            f"machine's training arguments). It was closed by reassigning a machine's args "
+            f"(machines on the cycle: {machines}); give the machine training arguments that do not depend "
+            "on its own operations.")
 
 
 def all_sources(targets: Sequence[AbstractNode]) -> tuple[Source, ...]:
@@ -154,12 +189,16 @@ def _digest(*parts: bytes) -> bytes:
 
 
 def _source_stamp(s: Source) -> bytes:
-    """What a source contributes to the stamps of the machines it feeds: its identity and data version."""
-    return _digest(b"s", s._uid.to_bytes(16, "little", signed=True), s._version.to_bytes(8, "little"))
+    """What a source contributes to the stamps of the machines it feeds: its data's version and content.
+
+    Stamps name no object ids (the structure they are built along tells
+    sources apart), so a copied or unpickled network keeps its stamps.
+    """
+    return _digest(b"s", s._version.to_bytes(8, "little"), repr(fingerprint(s._data)).encode())
 
 
 def _machine_stamp(m: "Machine", version: int) -> bytes:
-    return _digest(b"m", m._uid.to_bytes(16, "little", signed=True), version.to_bytes(8, "little"))
+    return _digest(b"m", version.to_bytes(8, "little"))
 
 
 class Upstream:
@@ -194,13 +233,14 @@ class Upstream:
     False
     """
 
-    __slots__ = ("action", "memo", "visits")
+    __slots__ = ("action", "memo", "visits", "nearest")
 
     def __init__(self, action: "Callable[[Machine], str] | None" = None) -> None:
         self.action = action if action is not None else (lambda m: "skip")
         # node uid -> (changing, machines stamp now, machines stamp after this fit, sources stamp)
         self.memo: dict[int, tuple[bool, bytes, bytes, bytes]] = {}
         self.visits = 0   # nodes whose facts were computed (each once): the walk's whole cost
+        self.nearest: dict[int, tuple["Machine", ...]] = {}   # node uid -> nearest machines through op edges
 
     def changing(self, m: "Machine") -> bool:
         """True if a machine retraining or updating in this fit feeds ``m`` through operation edges."""
@@ -214,6 +254,43 @@ class Upstream:
             f = self._facts(a)
             parts += (f[i], f[3])
         return _digest(*parts)
+
+    def parents(self, m: "Machine", expected: bool = False) -> tuple[tuple["Machine", int], ...]:
+        """The nearest machines feeding ``m``'s training data through operation edges, with their versions.
+
+        What a fitted state records so that a call can tell that a state was trained on an upstream
+        state other than the one the call uses (never mixing two fits).  With ``expected=True`` the
+        versions are those the machines will have once this fit's fits have committed.
+        """
+        seen: dict[int, "Machine"] = {}
+        for a in m.args:
+            for p in self._nearest(a):
+                seen.setdefault(p._uid, p)
+        bump = (lambda p: int(self.action(p) != "skip")) if expected else (lambda p: 0)
+        return tuple((p, p._version + bump(p)) for p in seen.values())
+
+    def _nearest(self, n: AbstractNode) -> tuple["Machine", ...]:
+        memo = self.nearest
+        stack: list[tuple[AbstractNode, bool]] = [(n, False)]
+        while stack:
+            x, expanded = stack.pop()
+            if x._uid in memo:
+                continue
+            m = x.machine if isinstance(x, Node) else None
+            if isinstance(x, Source) or m is not None:
+                memo[x._uid] = (m,) if m is not None else ()
+                continue
+            if not expanded:
+                stack.append((x, True))
+                stack.extend((a, False) for a in x.args if is_node(a) and a._uid not in memo)
+                continue
+            out: dict[int, "Machine"] = {}
+            for a in x.args:
+                if is_node(a):
+                    for p in memo[a._uid]:
+                        out.setdefault(p._uid, p)
+            memo[x._uid] = tuple(out.values())
+        return memo[n._uid]
 
     def _facts(self, n: AbstractNode) -> tuple[bool, bytes, bytes, bytes]:
         memo = self.memo

@@ -11,7 +11,8 @@ machine upstream of the target, dependencies first:
 
 1. a frozen machine (``freeze()``) always skips;
 2. an untrained machine, ``force=True``, ``rows`` different from its last fit,
-   new data in an upstream source, or an upstream machine that retrained
+   new data in an upstream source (replaced, or changed in place: compared
+   by :mod:`fingerprint <gpunets.fingerprint>`), or an upstream machine that retrained
    (in this call or since this machine's last fit) → ``"train"``;
 3. its own model's hyperparameters changed since its last fit (nested
    estimators' parameters included) → ``"update"``;
@@ -42,15 +43,19 @@ from . import verbs
 from .devices import Device, current_placement
 from .estimators import apply_estimator, fresh_estimator
 from .exceptions import NotFittedError
+from .fingerprint import fingerprint
 from .graph import Upstream
-from .nodes import AbstractNode, Node, as_node, is_node
+from .nodes import AbstractNode, Node, Source, as_node, is_node
 
 __all__ = ["Machine", "machine", "labels", "OPERATIONS"]
+
+#: How many past fit actions a machine's report keeps (``n_fits`` counts them all).
+HISTORY_LENGTH = 100
 
 OPERATIONS = ("predict", "predict_proba", "predict_log_proba", "decision_function", "transform",
               "inverse_transform", "fit_transform", "score")
 
-# Unique across processes (a random base), so that identities survive pickling and never collide.
+# Unique across processes (a random base), so that identities never collide; a copy gets a new one.
 _uids = itertools.count(random.getrandbits(40) << 22)
 
 
@@ -64,6 +69,7 @@ class PendingFit:
     params: dict[str, Any]
     rows_key: Any
     upstream: bytes
+    parents: tuple[tuple["Machine", int], ...] = ()   # nearest upstream machines and their versions after this fit
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,7 @@ class FittedState:
     estimator: Any
     params: dict[str, Any]
     rows: Any
-    upstream: bytes                  # digest of the upstream machines' and sources' versions at fit time
+    upstream: bytes                  # digest of the upstream machines' versions and sources' versions and contents
     version: int
     action: str
     seconds: float
@@ -81,6 +87,9 @@ class FittedState:
     path: str = "sklearn"
     n_rows: int | None = None
     history: tuple[str, ...] = field(default=())
+    # the nearest upstream machines (by object, so a copied network's states name the copies) and the
+    # versions this state was trained on: what a call checks so that it never mixes two fits' states
+    parents: tuple[tuple["Machine", int], ...] = field(default=())
 
 
 class Machine:
@@ -108,11 +117,7 @@ class Machine:
             raise TypeError(msg)
         nodes = []
         for i, a in enumerate(args):
-            if not is_node(a) and (callable(a) or isinstance(a, (str, bytes))):
-                msg = (f"argument {i} of machine({type(model).__name__}, ...) is {a!r} of type "
-                       f"{type(a).__name__}: expected a node or data (NumPy, pandas, CuPy or cuDF). "
-                       "Wrap data in gn.source(data) or pass a node.")
-                raise TypeError(msg)
+            _check_argument(a, f"argument {i} of machine({type(model).__name__}, ...)")
             nodes.append(as_node(a, what=f"argument {i} of machine {type(model).__name__}", position=i))
         self._uid = next(_uids)
         self.model = model
@@ -127,6 +132,15 @@ class Machine:
         self._state: FittedState | None = None
         self._version = 0
         self.n_fits = 0
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore a copy (deepcopy, unpickling) under a new identity.
+
+        Fitted states name their upstream machines and sources by object, so a
+        copied network's states point at the copied upstream objects.
+        """
+        self.__dict__.update(state)
+        self._uid = next(_uids)
 
     # --- identity & display --------------------------------------------------------------
     @property
@@ -154,6 +168,8 @@ class Machine:
             raise AttributeError(msg)
         if not args:
             args = self.args[:1]
+        for i, a in enumerate(args):
+            _check_argument(a, f"argument {i} of {self.label}.{op}(...)")
         nodes = [as_node(a, what=f"argument {i} of {self.label}.{op}", position=i) for i, a in enumerate(args)]
         return Node(op, nodes, machine=self, name=name, device=self.device)
 
@@ -217,6 +233,7 @@ class Machine:
         """The digest of the current versions of the machines and sources this machine trains on.
 
         ``upstream`` is a :class:`gpunets.graph.Upstream` shared by a whole compile (memoised walks).
+        Sources contribute their version and their data's fingerprint, so data changed in place is seen.
         """
         return (upstream if upstream is not None else Upstream()).stamp(self)
 
@@ -233,7 +250,8 @@ class Machine:
             return "update"
         return "skip"
 
-    def _prepare_fit(self, action: str, rows_key: Any, upstream: bytes) -> "PendingFit":
+    def _prepare_fit(self, action: str, rows_key: Any, upstream: bytes,
+                     parents: tuple[tuple["Machine", int], ...] = ()) -> "PendingFit":
         """What a fit task needs, taken now (when the plan is compiled), so the task is pure.
 
         ``upstream`` is the digest of the versions the upstream machines will have once
@@ -244,15 +262,15 @@ class Machine:
             est = previous.estimator._gn_updated_copy(self.model)
         else:
             est = fresh_estimator(self.model)
-        return PendingFit(self, action, est, snapshot_params(self.model), rows_key, upstream)
+        return PendingFit(self, action, est, snapshot_params(self.model), rows_key, upstream, parents)
 
     def _commit(self, pending: "PendingFit", est: Any, info: dict[str, Any]) -> None:
         """Install the result of a successful fit (called on the client, in the scheduler)."""
         previous = self._state
-        hist = (previous.history if previous else ()) + (pending.action,)
+        hist = ((previous.history if previous else ()) + (pending.action,))[-HISTORY_LENGTH:]
         self._state = FittedState(est, pending.params, pending.rows_key, pending.upstream, self._version + 1,
                                   pending.action, info.get("seconds", 0.0), info.get("device", "cpu"),
-                                  info.get("path", "sklearn"), info.get("n_rows"), hist)
+                                  info.get("path", "sklearn"), info.get("n_rows"), hist, pending.parents)
         self._version += 1
         self.n_fits += 1
 
@@ -284,6 +302,18 @@ class Machine:
         if isinstance(extra, dict):
             base["components"] = extra
         return base
+
+
+def source_state(s: Source) -> tuple[int, Any]:
+    """What a fit records of a source: its version (data replaced) and its data's fingerprint (changed in place)."""
+    return s._version, fingerprint(s._data)
+
+
+def _check_argument(a: Any, what: str) -> None:
+    if not is_node(a) and (callable(a) or isinstance(a, (str, bytes))):
+        msg = (f"{what} is {a!r} of type {type(a).__name__}: expected a node or data (NumPy, pandas, CuPy "
+               "or cuDF). Wrap data in gn.source(data) or pass a node.")
+        raise TypeError(msg)
 
 
 def _n_rows(x: Any) -> int | None:

@@ -10,10 +10,10 @@ import contextvars
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .config import config, get_config
+from .config import check_run_options, config, get_config
 from .data import check_placeable, device_of, to_host_like
 from .devices import override_placement
-from .exceptions import NetworkError
+from .exceptions import FitError, NetworkError
 from .executors import get_executor
 from .executors.base import default_workers, gpu_timing
 from .nodes import AbstractNode, Source, is_node
@@ -86,6 +86,7 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
     if not targets:
         msg = "gn.fit needs at least one node or machine to fit, e.g. gn.fit(yhat)."
         raise TypeError(msg)
+    check_run_options(executor=executor, workers=workers, progress=progress, force=force)
     if device is not None:
         with config(device=device), _override_placement(device):
             return fit(*targets, rows=rows, force=force, executor=executor, workers=workers, progress=progress)
@@ -93,6 +94,7 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
     ex = get_executor(executor, workers, plan)
     show = get_config()["progress"] if progress is None else progress
     bar, callback = _progress_bar(plan, show)
+    before = {m: m._version for m in plan.actions}
     try:
         run = ex.run(plan, on_task_done=callback)
     finally:
@@ -100,8 +102,23 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
             bar.close()
     _LAST_TRACE.set(run.trace)
     remember_costs(plan, run.trace)
-    run.raise_error()
+    try:
+        run.raise_error()
+    except FitError as e:
+        _say_what_will_retrain(e, plan, before)
+        raise
     return FitReport(plan, run.trace, run.trace.executor)
+
+
+def _say_what_will_retrain(err: BaseException, plan: Any, before: dict[Any, int]) -> None:
+    """Append to a fit's error exactly which machines the next fit retrains: those this one did not commit."""
+    if not getattr(err, "_gn_task_named", False) or getattr(err, "_gn_retrain_said", False) or not err.args:
+        return
+    left = [plan.machine_label(m) for m, a in plan.actions.items() if a != "skip" and m._version == before[m]]
+    if left:
+        err.args = (f"{err.args[0]} The next fit() retrains exactly: {', '.join(left)} (the failed machine and "
+                    "those that had not trained yet in this fit).",) + err.args[1:]
+        err._gn_retrain_said = True
 
 
 def remember_costs(plan: Any, trace: Trace) -> None:
@@ -150,10 +167,13 @@ class Evaluation:
     executor_reason: str = ""
 
 
-def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any]) -> dict[int, Any]:
+def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any],
+              keep_training: Sequence[str] = ()) -> dict[int, Any]:
     if not data and not named:
         return {}                     # nothing to bind: no walk for the origins
     origins = target.origins
+    if isinstance(keep_training, str):
+        keep_training = (keep_training,)
     bindings: dict[int, Any] = {}
     if len(data) > 1:
         msg = (f"{target!r} takes new data for one origin positionally, got {len(data)} values; "
@@ -190,7 +210,25 @@ def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any]) 
                 msg = f"Data for origin {name!r} was given twice (positionally and by name)."
                 raise TypeError(msg)
             bindings[found[0]._uid] = value
+    if keep_training:
+        valid = sorted({s.name for s in origins if s.name is not None})
+        unknown = [k for k in keep_training if k not in valid]
+        if unknown:
+            msg = (f"keep_training={tuple(keep_training)!r}: {target!r} has no origin named {unknown}. "
+                   f"Valid names are: {valid}.")
+            raise NetworkError(msg)
     if bindings:
+        missing = [s for s in origins if s._uid not in bindings and s.name not in keep_training]
+        if missing:
+            names = [s.label for s in missing]
+            unnamed = any(s.name is None for s in missing)
+            hint = (" An unnamed source cannot receive new data by name: create it with gn.source(data, name=...)."
+                    if unnamed else "")
+            msg = (f"New data were given for some origins of {target!r} but not for {names}: the call would "
+                   f"mix the new rows with these sources' training data. Pass new data for every origin, e.g. "
+                   f"node({', '.join(f'{s.label}=...' for s in origins)}), or say which sources keep their "
+                   f"training data: keep_training={tuple(names)!r}.{hint}")
+            raise NetworkError(msg)
         labels = {s._uid: s.label for s in origins}
         for uid, value in bindings.items():
             check_placeable(value, what=f"the data given for source {labels[uid]!r}", device="cpu")
@@ -198,10 +236,13 @@ def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any]) 
 
 
 def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any = None,
-             workers: int | None = None, output: str = "auto", trace: bool = False, **named: Any) -> Any:
+             workers: int | None = None, output: str = "auto", trace: bool = False,
+             keep_training: Sequence[str] = (), **named: Any) -> Any:
     """Evaluate ``target``: ``target()``, ``target(Xnew)``, ``target(X=...)``, ``target(rows=r)``.
 
-    With ``trace=True`` return an :class:`Evaluation` holding the value and the trace.
+    With ``trace=True`` return an :class:`Evaluation` holding the value and the trace.  When new data
+    are given for some origins, every origin must be given new data, except the sources named in
+    ``keep_training``, which keep their own data.
 
     >>> import numpy as np, gpunets as gn
     >>> X = gn.source(np.ones(2), name="X")
@@ -212,10 +253,8 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
     if not is_node(target):
         msg = f"evaluate needs a node, got {target!r} of type {type(target).__name__}."
         raise TypeError(msg)
-    if output not in ("auto", "device"):
-        msg = f"output={output!r}: use 'auto' (the type family given) or 'device' (where it was computed)."
-        raise ValueError(msg)
-    bindings = _bindings(target, data, named)
+    check_run_options(executor=executor, workers=workers, output=output, trace=trace)
+    bindings = _bindings(target, data, named, keep_training)
     plan = compile_call([target], bindings, rows=rows, max_lanes=_max_lanes(executor, workers))
     ex = get_executor(executor, workers, plan)
     with gpu_timing(trace):   # on a GPU the trace shows GPU time (timed CUDA events), not host issue time

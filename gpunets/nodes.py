@@ -47,7 +47,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["AbstractNode", "Source", "Node", "source", "node", "is_node"]
 
-# Unique across processes (a random base), so that identities survive pickling and never collide.
+# Unique across processes (a random base), so that identities never collide.  A copy (``copy.deepcopy``,
+# ``pickle``) is a new node with a new identity: it must never be mistaken for its original in one graph.
 _uids = itertools.count(random.getrandbits(40) << 22)
 
 
@@ -55,6 +56,10 @@ def _graph() -> Any:
     from . import graph  # lazy: graph.py builds on this module's classes (same layer)
 
     return graph
+
+
+#: Keywords of ``node(...)`` calls; a source cannot take one as its name.
+CALL_KEYWORDS = ("rows", "executor", "workers", "output", "keep_training", "trace")
 
 
 def is_node(x: object) -> bool:
@@ -69,6 +74,13 @@ class AbstractNode:
     __slots__ = ("_uid", "name", "__weakref__")
     _uid: int
     name: str | None
+
+    def __setstate__(self, state: Any) -> None:
+        """Restore a copy (deepcopy, unpickling) under a new identity."""
+        d, slots = state if isinstance(state, tuple) else (state, None)
+        for k, v in {**(d or {}), **(slots or {})}.items():
+            object.__setattr__(self, k, v)
+        self._uid = next(_uids)
 
     # --- graph -------------------------------------------------------------------
     @property
@@ -92,7 +104,7 @@ class AbstractNode:
 
     # --- calling and fitting ----------------------------------------------------------
     def __call__(self, *data: Any, rows: Any = None, executor: Any = None, workers: int | None = None,
-                 output: str = "auto", **named: Any) -> Any:
+                 output: str = "auto", keep_training: Sequence[str] = (), **named: Any) -> Any:
         """Evaluate the node: ``n()``, ``n(rows=r)``, ``n(Xnew)`` or ``n(X=Xnew)``.
 
         Parameters
@@ -106,10 +118,14 @@ class AbstractNode:
         output : {"auto", "device"}
             ``"auto"`` returns values in the type family the caller gave
             (pandas in, pandas out); ``"device"`` returns them where they were computed.
+        keep_training : sequence of str, optional
+            Origins (by source name) that keep their own data when others are given new data;
+            without it, new data for some origins and not others is an error.
         **named : array-like
             New data for origins, by source name.
         """
-        return verbs.get("evaluate")(self, *data, rows=rows, executor=executor, workers=workers, output=output, **named)
+        return verbs.get("evaluate")(self, *data, rows=rows, executor=executor, workers=workers, output=output,
+                                     keep_training=keep_training, **named)
 
     def fit(self, rows: Any = None, force: bool = False, *, executor: Any = None, workers: int | None = None,
             device: Any = None, progress: bool | None = None) -> "FitReport":
@@ -207,6 +223,11 @@ class Source(AbstractNode):
         if name is not None and not isinstance(name, str):
             msg = f"source name must be a string, got {name!r} of type {type(name).__name__}."
             raise TypeError(msg)
+        if name in CALL_KEYWORDS:
+            msg = (f"source name {name!r} is a keyword of node calls ({', '.join(CALL_KEYWORDS)}), so new data "
+                   f"could never be passed for it by name (node({name}=...)). Choose another name, e.g. "
+                   f"{name + '_data'!r}.")
+            raise ValueError(msg)
         self._uid = next(_uids)
         self.name = name
         self._version = 0

@@ -40,11 +40,15 @@ def _check_weights(weights: Any, k: int, fname: str) -> tuple[float, ...] | None
     if is_node(weights):
         msg = f"gn.{fname}: weights must be numbers known when the network is built, not a node."
         raise TypeError(msg)
-    w = tuple(float(x) for x in weights)
-    if len(w) != k:
-        msg = f"gn.{fname} got {k} branches but {len(w)} weights; give one weight per branch."
+    from .kernels._validate import check_weights  # lazy: the kernels package imports numba
+
+    if isinstance(weights, (str, bytes)) or not hasattr(weights, "__len__"):
+        msg = f"gn.{fname}: weights must be a sequence of {k} numbers (one per branch), got {weights!r}."
+        raise TypeError(msg)
+    if len(weights) != k:
+        msg = f"gn.{fname} got {k} branches but {len(weights)} weights; give one weight per branch."
         raise ValueError(msg)
-    return w
+    return check_weights(weights, k, f"gn.{fname}", nonzero_sum=fname == "mean")
 
 
 def _unwrap(values: Sequence[Any]) -> tuple[list[Any], Any, str]:
@@ -139,7 +143,10 @@ def max(*nodes: Any, name: str | None = None, device: Any = None) -> Node:  # no
 
 def var(*nodes: Any, ddof: int = 0, name: str | None = None, device: Any = None) -> Node:
     """Elementwise variance across the branches (``ddof=0``)."""
-    return _node("var", _branches(nodes, "var"), name, device, ddof=ddof)
+    from .kernels._validate import check_ddof  # lazy: the kernels package imports numba
+
+    nodes = _branches(nodes, "var")
+    return _node("var", nodes, name, device, ddof=check_ddof(ddof, len(nodes)))
 
 
 _ = builtins  # the builtins stay reachable as builtins.sum etc. inside this module

@@ -33,7 +33,8 @@ from .data import check_placeable, device_of, installed, n_rows, take_rows, to_d
 from .devices import CPU, Device, check_available, resolve, same_device
 from .estimators import apply_estimator, fit_estimator, fit_transform_estimator
 from .exceptions import NetworkError, NotFittedError
-from .graph import Upstream, op_nodes, upstream_machines
+from .fingerprint import scope
+from .graph import Upstream, machine_sources, op_nodes, upstream_machines
 from .machines import Machine, labels
 from .models import is_cuml_estimator, resolve_estimator
 from .nodes import AbstractNode, Node, Source, is_node
@@ -141,6 +142,8 @@ class _Builder:
         self.moves: dict[tuple[int, Any, str], int] = {}
         self._placed: dict[Any, Any] = {}
         self._names: dict[Any, str] = {}             # Device -> its string, computed once
+        self.states: dict[int, Any] = {}             # machine uid -> the fitted state this plan uses
+        self.stale: list[tuple[Any, list[Any]]] = []  # (machine, upstream machines it is out of step with)
 
     def placed(self, spec: Any, what: "str | Callable[[], str]") -> Any:
         """The device ``spec`` resolves to here (explicit, block, config), after the availability check.
@@ -202,12 +205,15 @@ class _Builder:
         frames = "auto"
         if m is not None:
             fk = self.fit_key.get(m._uid)
-            if fk is None and not m.is_fitted:
+            st = m._state             # read once: a fit in another thread may replace it
+            if fk is None and st is None:
                 raise NotFittedError(m._not_fitted_message() + f" (needed by node {x._short()})")
             if fk is not None:
                 dev, path = self.mach_dev[m._uid]
             else:
-                dev, path = Device.parse(m._state.device), m._state.path
+                if self.mode == "call" and m._uid not in self.states:
+                    self._check_in_step(m, st)
+                dev, path = Device.parse(st.device), st.path
             if path == "array_api":
                 frames = "array"
         else:
@@ -232,7 +238,6 @@ class _Builder:
             deps.append(fk)  # the fitted estimator arrives as the last input
             fn = partial(_apply_fitted, x.operation, tuple(spec))
         else:
-            st = m._state
             fn = partial(_apply_state, x.operation, tuple(spec), st.estimator, st.path)
         return self.add(kind="eval", fn=fn, deps=tuple(deps), node=x, machine=m, cost=2.0, device=dev)
 
@@ -252,6 +257,36 @@ class _Builder:
         if task.fn.func is not _fit_transform_task:
             task.fn = partial(_fit_transform_task, est, n_args, resolved)
         return True
+
+    def _check_in_step(self, m: Any, st: Any) -> None:
+        """Record ``m``'s state for this call; note it if an upstream machine was retrained since ``m``'s fit.
+
+        Compared with the states this call uses (taken in dependency order), else the current ones: a call
+        never mixes the states of two fits (MLJ's rule).  Frozen machines keep their state on purpose.
+        """
+        self.states[m._uid] = st
+        if m.frozen:
+            return
+        behind = []
+        for p, version in st.parents:
+            used = self.states.get(p._uid)
+            now = used.version if used is not None else p._version
+            if now != version:
+                behind.append(p)
+        if behind:
+            self.stale.append((m, behind))
+
+    def raise_if_stale(self) -> None:
+        if not self.stale:
+            return
+        ms = [m for m, _ in self.stale] + [p for _, ps in self.stale for p in ps]
+        lab = labels(list(dict.fromkeys(ms)))
+        parts = [f"{lab[m]} (trained before {', '.join(lab[p] for p in ps)} retrained)" for m, ps in self.stale]
+        msg = (f"Machines out of step with their upstream machines: {'; '.join(parts)}. Their fitted states "
+               "come from different fits (a fit failed part-way, or is running in another thread), so the "
+               "network's answer would mix them. Call fit() on the node to bring them in step (only they and "
+               "what depends on them retrain), or wait for the running fit to finish.")
+        raise NotFittedError(msg)
 
     def _source_value(self, s: Source) -> Any:
         if s._uid in self.bindings:
@@ -319,17 +354,46 @@ def _commit_fit(m: "Machine", pending: Any, est: Any, info: dict[str, Any], *out
     m._commit(pending, est, info)
 
 
-def _rows_key(rows: Any) -> Any:
-    if rows is None or isinstance(rows, slice):
-        return rows
+def _rows_key(rows: Any, n: int | None = None) -> Any:
+    """The rows a fit trains on, by value: ``slice(0, 10)``, ``np.arange(10)`` and a mask give one key.
+
+    With ``n`` (the number of rows of the data) rows become positions, in the order given; without it
+    (no data known) a slice stays a slice.  ``rows=None`` stays distinct from every row listed (MLJ's rule).
+    """
+    if rows is None:
+        return None
     import numpy as np
 
-    return np.asarray(rows).copy()
+    if n is None:
+        return rows if isinstance(rows, slice) else np.asarray(rows).copy()
+    if isinstance(rows, slice):
+        idx = np.arange(n)[rows]
+    else:
+        r = np.asarray(rows)
+        idx = np.flatnonzero(r) if r.dtype == bool else np.where(r < 0, r + n, r).astype(np.int64, copy=False)
+    return np.asarray(idx, dtype=np.int64)
+
+
+def _n_rows_of(machines: Sequence[Any]) -> int | None:
+    """The number of rows of the first source with data that the machines train on."""
+    for m in machines:
+        for s in machine_sources(m):
+            if s._data is not None:
+                try:
+                    return n_rows(s._data)
+                except Exception:  # noqa: BLE001 - a value without rows: compare rows as given
+                    return None
+    return None
 
 
 def compile_fit(targets: Sequence[Any], *, rows: Any = None, force: bool = False,
                 max_lanes: int | None = None) -> Plan:
     """The plan that trains every machine upstream of ``targets`` (nodes or machines)."""
+    with scope():   # each source's data is fingerprinted once per fit
+        return _compile_fit(targets, rows=rows, force=force, max_lanes=max_lanes)
+
+
+def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: int | None) -> Plan:
 
     nodes: list[AbstractNode] = []
     extra: list[Machine] = []
@@ -348,7 +412,7 @@ def compile_fit(targets: Sequence[Any], *, rows: Any = None, force: bool = False
         if m._uid not in seen:
             machines.append(m)
             seen.add(m._uid)
-    rows_key = _rows_key(rows)
+    rows_key = _rows_key(rows, _n_rows_of(machines) if rows is not None else None)
     actions: dict[Any, str] = {}
     # One memoised walk answers every machine's questions about its upstream (linear in the network).
     up = Upstream(lambda p: actions.get(p, "skip"))
@@ -360,7 +424,7 @@ def compile_fit(targets: Sequence[Any], *, rows: Any = None, force: bool = False
         if actions[m] == "skip":
             continue
         pending_deps = [b.node(a) for a in m.args]
-        pending = m._prepare_fit(actions[m], rows_key, up.stamp(m, expected=True))
+        pending = m._prepare_fit(actions[m], rows_key, up.stamp(m, expected=True), up.parents(m, expected=True))
         resolved, dev, path = _resolve_fit(b, m, pending)
         est = resolved.estimator if resolved is not None else pending.estimator
         frames = "array" if path == "array_api" else "auto"
@@ -378,6 +442,7 @@ def compile_call(targets: Sequence[AbstractNode], bindings: dict[int, Any], *, r
     """The plan that evaluates ``targets`` with origins replaced by ``bindings`` (source uid -> data)."""
     b = _Builder(rows=rows, bindings=bindings, mode="call")
     outputs = tuple(b.node(t) for t in targets)
+    b.raise_if_stale()
     return Plan("call", b.tasks, outputs, max_lanes=max_lanes)
 
 

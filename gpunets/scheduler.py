@@ -238,8 +238,7 @@ class Run:
         if task.kind == "fit":
             label = self.plan.machine_label(task.machine) if task.machine is not None else task.label
             msg = (f"Machine {label} failed to fit ({detail}). Machines trained before it keep their new "
-                   f"state and {label} keeps its previous one; fix the cause and call fit() again: only "
-                   f"{label} and what depends on it will retrain.")
+                   f"state and {label} keeps its previous one; fix the cause and call fit() again.")
             err = wrap_exception(FitError, msg, exc)
         else:
             path = " <- ".join(t.label for t in self.plan.path_to_output(key)[1:4])

@@ -185,7 +185,8 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
         if not kept:
             msg = f"{cls}: all estimators are dropped; at least one must be an estimator."
             raise ValueError(msg)
-        want, kind = (is_classifier, "classifier") if is_classifier(self) else (is_regressor, "regressor")
+        # A classifier stack accepts regressors on purpose, as scikit-learn's does (e.g. ordinal regression).
+        want, kind = (_is_model, "classifier or regressor") if is_classifier(self) else (is_regressor, "regressor")
         for n, e in kept:
             if not want(e):
                 msg = (f"{cls}: the estimator {n!r} ({type(e).__name__}) should be a {kind}. "
@@ -226,6 +227,7 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
         self._validate_estimators()
         self._validate_final()
         self._validate_cv()
+        self._validate_devices()
         if self.stack_method not in ("auto", "predict_proba", "decision_function", "predict"):
             msg = (f"{type(self).__name__}: stack_method={self.stack_method!r}; expected one of "
                    "'auto', 'predict_proba', 'decision_function', 'predict'.")
@@ -237,6 +239,17 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
     def _devices(self) -> dict[str, Any]:
         d = self.device
         return dict(d) if isinstance(d, Mapping) else {}
+
+    def _validate_devices(self) -> None:
+        d = self.device
+        if not isinstance(d, Mapping):
+            return
+        valid = [n for n, _ in self.estimators] + ["final_estimator"]
+        unknown = sorted(str(k) for k in d if k not in valid)
+        if unknown:
+            msg = (f"{type(self).__name__}: device={dict(d)!r} names {unknown}, which are not estimators of this "
+                   f"stack. Valid names are: {valid}.")
+            raise ValueError(msg)
 
     # --- the network --------------------------------------------------------------------------------------
     def network(self, X: Source, y: Source) -> dict[str, Any]:
@@ -290,6 +303,10 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
     def _outputs(self, final: Any, meta: Any) -> dict[str, Any]:  # pragma: no cover - overridden
         raise NotImplementedError
 
+    def _gn_explain_missing(self, op: str) -> None:
+        est = self.final_estimator if self.final_estimator is not None else self._default_final()
+        getattr(est, op)   # the final estimator's own AttributeError, chained as __cause__ by available_if
+
     def _gn_available_operations(self) -> tuple[str, ...]:
         st = self.__dict__.get("_gn_state")
         if st is not None:
@@ -323,6 +340,10 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
         except Exception:
             pass
         return tags
+
+
+def _is_model(est: Any) -> bool:
+    return is_classifier(est) or is_regressor(est)
 
 
 def enforce_order_partial(present: np.ndarray, n_classes: int, method: str) -> Any:
@@ -391,7 +412,8 @@ class StackingClassifier(ClassifierMixin, _BaseStacking):
     Parameters
     ----------
     estimators : list of (str, estimator)
-        Base classifiers; an estimator may be ``"drop"``.
+        Base classifiers (regressors are accepted too, as in scikit-learn: they
+        contribute ``predict`` on the encoded labels); an estimator may be ``"drop"``.
     final_estimator : estimator, default=None
         Default :class:`~sklearn.linear_model.LogisticRegression`.
     cv : int, splitter or iterable, default=None

@@ -37,9 +37,9 @@ def check_executor_spec(spec: Any) -> Any:
 def get_executor(spec: Any = None, workers: int | None = None, plan: Any = None) -> Executor:
     """Turn ``"serial"``, ``"threads"``, ``"streams"``, ``"dask"``, ``"auto"`` or an executor into an executor."""
 
-    given = spec is not None
-    if spec is None:
-        spec = get_config()["executor"]
+    given = spec is not None and not (spec == "auto" and not inside_task())
+    if spec is None or (spec == "auto" and not inside_task()):
+        spec = get_config()["executor"]   # "auto": the configured default, else chosen per plan
     if workers is None:
         workers = get_config()["workers"]
     asked = "executor=" if given else "the configured executor "

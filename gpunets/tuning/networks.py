@@ -1,0 +1,187 @@
+"""Building the search network, one fold at a time, with equal machines merged.
+
+Two shapes of candidate:
+
+* **steps** (a scikit-learn ``Pipeline``, or any estimator as a single step): step ``i`` of two
+  candidates is one fit when steps ``0..i`` are equal (:func:`~gpunets.tuning.tasks.step_key`);
+* **composites** (gpunets composites and stacks): each candidate's own network is built on the fold's
+  sources, then copied into the search network node by node, hash-consed: a machine is one fit when its
+  model is equal and its training inputs are the same (already merged) nodes, an operation node is one
+  node when its operation and inputs are the same.
+
+Both return, per candidate, the node of its scores (one entry of scikit-learn's ``_fit_and_score`` output).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from sklearn.base import clone
+from sklearn.pipeline import Pipeline
+
+from .._composite_ops import same_value
+from ..composite import Composite
+from ..graph import op_nodes, upstream_machines
+from ..nodes import AbstractNode, Node, Source, node
+from . import tasks
+from .report import SearchReport
+
+__all__ = ["CompositeFold", "StepsFold", "is_composite", "pipeline_steps"]
+
+
+def pipeline_steps(est: Any) -> list[tuple[str, Any]] | None:
+    """The steps of a plain Pipeline, passthrough steps dropped; None for other estimators."""
+    if type(est) is not Pipeline:
+        return None
+    steps = [(name, s) for name, s in est.steps if s is not None and s != "passthrough"]
+    if not steps or steps[-1][0] != est.steps[-1][0]:
+        return None  # a passthrough final step: search the pipeline as one step
+    return steps
+
+
+def is_composite(est: Any) -> bool:
+    return isinstance(est, Composite)
+
+
+class StepsFold:
+    """One fold of a search over candidates cut into steps; shared steps are fitted once."""
+
+    def __init__(self, report: SearchReport, folds: tuple[Any, ...], fit_params: dict[str, Any],
+                 score_args: tuple[Any, ...], train_score: bool) -> None:
+        self.report, self.fp, self.score_args, self.train_score = report, fit_params, score_args, train_score
+        self.Xtr, self.Xte, self.ytr, self.yte, self.n_test = folds
+        self.shared: dict[Any, tuple[Any, ...]] = {}
+
+    def candidate(self, steps: list[tuple[str, Any]]) -> AbstractNode:
+        up_train, up_test, up_score = self.Xtr, self.Xte, self.Xtr  # fit input, test rows, train rows to score
+        key: Any = ()
+        times = []
+        fitted = None
+        for i, (name, est) in enumerate(steps):
+            last = i == len(steps) - 1
+            key = (key, tasks.step_key(est))
+            hit = self.shared.get(key)
+            if hit is None:
+                step = node(tasks.fit_step, clone(est), last, self.fp if last else {}, up_train, self.ytr)
+                fit = node(tasks.fitted, step)
+                self.report.fits[name] += 1
+                if last:
+                    hit = (fit, None, None, node(tasks.seconds, step), None)
+                else:
+                    self.report.transforms += 1
+                    hit = (fit, node(tasks.transformed, step), node(tasks.transform, fit, up_test),
+                           node(tasks.seconds, step),
+                           node(tasks.transform, fit, up_score) if self.train_score else None)
+                self.shared[key] = hit
+            fitted, up_train, next_test, t, next_score = hit
+            times.append(t)
+            if not last:
+                up_test, up_score = next_test, next_score
+        scorer, error_score, n_scores = self.score_args
+        return node(tasks.score_one, scorer, error_score, self.train_score, self.n_test, n_scores, fitted, up_test,
+                    self.yte, up_score if self.train_score else None, self.ytr if self.train_score else None, *times)
+
+
+class CompositeFold:
+    """One fold of a search over composites: each candidate's network copied in, equal machines merged."""
+
+    def __init__(self, report: SearchReport, data: tuple[Any, ...], score_args: tuple[Any, ...],
+                 train_score: bool) -> None:
+        self.report, self.score_args, self.train_score = report, score_args, train_score
+        self.Xtr, self.ytr, self.Xte, self.yte = data
+        self.sources: dict[str, Any] = {}          # validated training data -> the fold's sources
+        self.memo: dict[Any, AbstractNode] = {}    # structural key -> node of the search network
+        self.copies: dict[int, AbstractNode] = {}  # (context, uid) of a candidate's node -> its copy
+
+    def _sources(self, spec: Any) -> tuple[Source, Source, Source]:
+        spec._gn_check_params(self.Xtr, self.ytr)
+        Xo, yo = spec._gn_validate_fit(self.Xtr, self.ytr)
+        Xv = spec._gn_validate_call(self.Xte, "predict")
+        for have in self.sources.values():
+            if all(a is b or same_value(a, b) for a, b in zip(have[0], (Xo, yo, Xv))):
+                return have[1]
+        srcs = (Source(Xo, name="X"), Source(yo, name="y"), Source(Xv, name="X"))
+        self.sources[len(self.sources)] = ((Xo, yo, Xv), srcs)
+        return srcs
+
+    def candidate(self, spec: Any) -> AbstractNode:
+        scorer, error_score, n_scores = self.score_args
+        try:
+            sx, sy, ste = self._sources(spec)
+            outputs = spec._gn_build({"X": sx, "y": sy})
+        except Exception as e:  # noqa: BLE001 - the candidate fails, the others run
+            import traceback
+
+            failed = tasks.Failed(e, traceback.format_exc())
+            return node(tasks.score_one, scorer, error_score, self.train_score, len(self.yte), n_scores, failed,
+                        None, None, None, None)
+        for m in upstream_machines(list(outputs.values())):
+            self.report.naive[m.label] = self.report.naive.get(m.label, 0) + 1
+        ops = tuple(op for op in tasks.Replay._OPS if op in outputs and op != "inverse_transform")
+        test_env = {sx._uid: ste}
+        values = [self._copy(outputs[op], test_env) for op in ops]
+        if self.train_score:
+            values += [self._copy(outputs[op], {}) for op in ops]
+        return node(tasks.score_replay, spec, ops, scorer, error_score, self.train_score, len(self.yte), n_scores,
+                    0.0, self.yte, self.ytr if self.train_score else None, *values)
+
+    # --- copying a candidate's network into the search network, hash-consed ---------------------
+    def _intern(self, key: Any, fn: Any, *args: Any) -> AbstractNode:
+        """The node ``key`` names, made as ``node(fn, *args)`` the first time."""
+        hit = self.memo.get(key)
+        if hit is None:
+            hit = self.memo[key] = node(fn, *args)
+        return hit
+
+    def _arg(self, a: Any, env: dict[int, AbstractNode], keys: list[Any]) -> Any:
+        if isinstance(a, AbstractNode):
+            c = self._copy(a, env)
+            keys.append(("node", c._uid))
+            return c
+        keys.append(("const", tasks.step_key(a)))
+        return a
+
+    def _copy(self, n: AbstractNode, env: dict[int, AbstractNode]) -> AbstractNode:
+        """``n`` in the search network, its op-edge sources replaced by ``env`` (machines train unchanged)."""
+        ckey = (tuple(env.items()), n._uid)
+        hit = self.copies.get(ckey)
+        if hit is not None:
+            return hit
+        for x in _op_order(n):
+            k = (tuple(env.items()), x._uid)
+            if k in self.copies:
+                continue
+            if isinstance(x, Source):
+                self.copies[k] = env.get(x._uid, x)
+                continue
+            assert isinstance(x, Node)
+            keys: list[Any] = []
+            args = [self._arg(a, env, keys) for a in x.args]
+            if x.machine is not None:
+                fit = self._machine(x.machine)
+                self.copies[k] = self._intern(("op", x.operation, fit._uid, tuple(keys)),
+                                              tasks.apply_op, x.operation, fit, *args)
+            else:
+                self.copies[k] = self._intern(("fn", tasks.fn_key(x.operation), tuple(keys)),
+                                              tasks.call_fn, x.operation, *args)
+        return self.copies[ckey]
+
+    def _machine(self, m: Any) -> AbstractNode:
+        keys: list[Any] = []
+        args = [self._arg(a, {}, keys) for a in m.args]
+        key = ("machine", tasks.step_key(m.model), tuple(keys))
+
+        if key not in self.memo:
+            self.report.fits[m.label] = self.report.fits.get(m.label, 0) + 1
+        return self._intern(key, tasks.fit_model, clone(m.model), *args)
+
+
+def _op_order(n: AbstractNode) -> list[AbstractNode]:
+    """Nodes reached from ``n`` through operation edges, dependencies first (no recursion)."""
+    return op_nodes([n])
+
+
+def fold_data(X: Any, y: Any, train: np.ndarray, test: np.ndarray) -> tuple[Any, Any, Any, Any]:
+    """The fold's rows, selected now (composites validate them when their network is built)."""
+    return tasks.take(X, train), tasks.take(y, train), tasks.take(X, test), tasks.take(y, test)

@@ -1,0 +1,323 @@
+"""Hyperparameter search as one learning network: every candidate and fold in one graph.
+
+:class:`GridSearchCV` and :class:`RandomizedSearchCV` take scikit-learn's
+arguments and give the same fitted attributes (``cv_results_``,
+``best_params_``, ``best_score_``, ``best_index_``, ``best_estimator_``,
+``scorer_``, ``n_splits_``, ``refit_time_``, ``multimetric_``).  Instead of
+fitting every (candidate, fold) pair on its own, the search builds one network:
+
+* the estimator is cut into *steps*: the steps of a scikit-learn
+  :class:`~sklearn.pipeline.Pipeline`, else the estimator as one step;
+  a gpunets composite or stack is searched through its own network
+  (its machines merged across candidates the same way);
+* in each fold, step ``i`` of two candidates is **one fit** when steps
+  ``0..i`` are equal: same class and same hyperparameters of each step
+  (``get_params(deep=False)``, estimator-valued parameters compared
+  recursively), hence the same training inputs;
+* a shared step also transforms the fold's test rows once for every
+  candidate that shares it; the scores are nodes;
+* the whole graph runs at once on the chosen executor (threads on a CPU,
+  streams on a GPU, Dask), and a fitted step is dropped as soon as the last
+  score that needs it has been computed (the scheduler frees values with no
+  consumer left).
+
+``search_report_`` tells how many step fits ran and how many a
+candidate-by-candidate search would have run.
+
+>>> import numpy as np, gpunets as gn
+>>> from sklearn.pipeline import make_pipeline
+>>> from sklearn.preprocessing import StandardScaler
+>>> from sklearn.linear_model import Ridge
+>>> rng = np.random.default_rng(0)
+>>> X, y = rng.normal(size=(60, 4)), rng.normal(size=60)
+>>> search = gn.GridSearchCV(make_pipeline(StandardScaler(), Ridge()), {"ridge__alpha": [0.1, 1.0, 10.0]}, cv=3)
+>>> search.fit(X, y).best_params_
+{'ridge__alpha': 10.0}
+>>> search.search_report_.fits
+{'standardscaler': 3, 'ridge': 9}
+"""
+
+from __future__ import annotations
+
+import numbers
+import time
+from typing import Any
+
+import numpy as np
+from sklearn.base import _fit_context, clone, is_classifier
+from sklearn.model_selection import ParameterGrid, ParameterSampler, check_cv
+from sklearn.model_selection._search import BaseSearchCV
+from sklearn.model_selection._validation import (
+    _insert_error_scores,
+    _warn_or_raise_about_fit_failures,
+)
+from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
+from sklearn.utils.validation import _check_method_params, indexable
+
+from ..config import config
+from ..devices import override_placement
+from ..executors import check_executor_spec
+from ..network import evaluate
+from ..nodes import node
+from . import tasks
+from .networks import CompositeFold, StepsFold, fold_data, is_composite, pipeline_steps
+from .report import SearchReport
+
+__all__ = ["GridSearchCV", "RandomizedSearchCV", "SearchReport"]
+
+
+# --- the searches ----------------------------------------------------------------------------------------------
+
+class _NetworkSearch(BaseSearchCV):
+    """What both searches share: scikit-learn's ``BaseSearchCV`` with ``fit`` run as one gpunets network."""
+
+    _parameter_constraints: dict = {
+        "estimator": [HasMethods(["fit"])],
+        "scoring": BaseSearchCV._parameter_constraints["scoring"],
+        "refit": ["boolean", str, callable],
+        "cv": ["cv_object"],
+        "error_score": [StrOptions({"raise"}), numbers.Real],
+        "return_train_score": ["boolean"],
+        "executor": "no_validation",
+        "device": "no_validation",
+        "workers": [Interval(numbers.Integral, 1, None, closed="left"), None],
+    }
+
+    def _candidates(self) -> list[dict[str, Any]]:  # pragma: no cover - subclasses
+        raise NotImplementedError
+
+    def _run_search(self, evaluate_candidates: Any, *, callback_ctx: Any = None) -> None:
+        evaluate_candidates(self._candidates())
+
+    @_fit_context(prefer_skip_nested_validation=False)
+    def fit(self, X: Any, y: Any = None, **params: Any) -> _NetworkSearch:
+        """Run every candidate on every fold as one network, then refit the best on all rows.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,), optional
+        **params : dict
+            ``groups`` goes to the splitter; other parameters to the estimator's ``fit``
+            (split with the rows, as scikit-learn does).
+
+        Returns
+        -------
+        self
+        """
+        # --- everything that can be wrong is checked here, before any fit ---
+        scorers, refit_metric = self._get_scorers()
+        X, y = indexable(X, y)
+        params = _check_method_params(X, params=params)
+        groups = params.pop("groups", None)
+        candidates = self._candidates()
+        if not candidates:
+            msg = (f"{type(self).__name__} has no candidate to evaluate: the parameter grid is empty. "
+                   "Hint: give at least one value per parameter, e.g. {'alpha': [0.1, 1.0]}.")
+            raise ValueError(msg)
+        check_executor_spec(self.executor)  # a bad executor fails now, not after the folds are built
+        base = clone(self.estimator)
+        specs = [clone(base).set_params(**clone(p, safe=False)) for p in candidates]  # unknown names raise here
+        cv = check_cv(self.cv, y, classifier=is_classifier(self.estimator))
+        self.n_splits_ = cv.get_n_splits(X, y, groups)
+        splits = list(cv.split(X, y, groups))
+        if len(splits) != self.n_splits_:
+            msg = (f"cv.split and cv.get_n_splits return inconsistent results. Expected {self.n_splits_} "
+                   f"splits, got {len(splits)}")
+            raise ValueError(msg)
+
+        device = self.device
+        if device is not None and device != "auto":
+            with config(device=device), override_placement(device):  # nodes take their placement when built
+                outs, report = self._run_network(specs, X, y, splits, scorers, params)
+        else:
+            outs, report = self._run_network(specs, X, y, splits, scorers, params)
+        self.search_report_ = report
+        if self.error_score == "raise":
+            first = next((o for o in outs if o.get("_error") is not None), None)
+            if first is not None:
+                raise first["_error"]
+        for i, o in enumerate(outs):
+            o.pop("_error", None)
+            c = i // self.n_splits_
+            if o["fit_error"] is not None and c not in report.errors:
+                report.errors[c] = (candidates[c], o["fit_error"].strip().splitlines()[-1])
+        _warn_or_raise_about_fit_failures(outs, self.error_score)
+        if callable(self.scoring):
+            _insert_error_scores(outs, self.error_score)
+        results = self._format_results(candidates, self.n_splits_, outs)
+        self.multimetric_ = isinstance(outs[0]["test_scores"], dict)
+        if callable(self.scoring) and self.multimetric_:
+            self._check_refit_for_multimetric(outs[0]["test_scores"])
+            refit_metric = self.refit
+
+        if self.refit or not self.multimetric_:
+            self.best_index_ = self._select_best_index(self.refit, refit_metric, results)
+            if not callable(self.refit):
+                self.best_score_ = results[f"mean_test_{refit_metric}"][self.best_index_]
+            self.best_params_ = results["params"][self.best_index_]
+        if self.refit:
+            self.best_estimator_ = clone(base).set_params(**clone(self.best_params_, safe=False))
+            start = time.time()
+            if y is not None:
+                self.best_estimator_.fit(X, y, **params)
+            else:
+                self.best_estimator_.fit(X, **params)
+            self.refit_time_ = time.time() - start
+            if hasattr(self.best_estimator_, "feature_names_in_"):
+                self.feature_names_in_ = self.best_estimator_.feature_names_in_
+        from sklearn.metrics._scorer import _MultimetricScorer
+
+        self.scorer_ = scorers._scorers if isinstance(scorers, _MultimetricScorer) else scorers
+        self.cv_results_ = results
+        return self
+
+    # --- the network ---------------------------------------------------------------------------------
+    def _run_network(self, specs: list[Any], X: Any, y: Any, splits: list[tuple[np.ndarray, np.ndarray]],
+                     scorers: Any, params: dict[str, Any]) -> tuple[list[dict[str, Any]], SearchReport]:
+        from sklearn.metrics._scorer import _MultimetricScorer
+        from sklearn.utils import get_tags
+
+        composite = not params and all(is_composite(s) for s in specs)
+        steps = None if composite else [None if params else pipeline_steps(s) for s in specs]
+        if steps is not None and any(s is None for s in steps):
+            steps = [[(type(self.estimator).__name__, s)] for s in specs]
+        names = [] if steps is None else [n for n, _ in steps[0]]
+        report = SearchReport(fits={n: 0 for n in names}, naive={n: len(specs) * len(splits) for n in names})
+        n_scores = tuple(scorers._scorers) if isinstance(scorers, _MultimetricScorer) else None
+        score_args = (scorers, self.error_score, n_scores)
+        train_score = bool(self.return_train_score)
+        Xs, ys = tasks.as_node(X, "X"), tasks.as_node(y, "y")
+        pairwise = get_tags(self.estimator).input_tags.pairwise
+        score_nodes = []
+        for train, test in splits:
+            if composite:
+                fold: Any = CompositeFold(report, fold_data(X, y, train, test), score_args, train_score)
+            else:
+                if pairwise:
+                    Xtr, Xte = node(tasks.take_pairwise, Xs, train, train), node(tasks.take_pairwise, Xs, test, train)
+                else:
+                    Xtr, Xte = node(tasks.take, Xs, train), node(tasks.take, Xs, test)
+                ytr = None if ys is None else node(tasks.take, ys, train)
+                yte = None if ys is None else node(tasks.take, ys, test)
+                fp = _check_method_params(X, params=params, indices=train)
+                fold = StepsFold(report, (Xtr, Xte, ytr, yte, len(test)), fp, score_args, train_score)
+            score_nodes.append([fold.candidate(s) for s in (specs if composite else steps)])
+        # scikit-learn's order: candidate-major, fold-minor
+        ordered = [score_nodes[f][c] for c in range(len(specs)) for f in range(len(splits))]
+        target = node(tasks.collect, *ordered)
+        opts = {"executor": None if self.executor == "auto" else self.executor, "workers": self.workers}
+        start = time.perf_counter()
+        outs = evaluate(target, output="device", **opts)
+        report.seconds = time.perf_counter() - start
+        return outs, report
+
+
+class GridSearchCV(_NetworkSearch):
+    """Exhaustive search over a parameter grid, run as one learning network.
+
+    A drop-in for :class:`sklearn.model_selection.GridSearchCV` (same
+    ``cv_results_``, ranks and best candidate); steps that candidates share are
+    fitted once per fold (see :mod:`gpunets.tuning`).
+
+    Parameters
+    ----------
+    estimator : estimator
+        A scikit-learn Pipeline (each step shared where candidates agree), a
+        gpunets composite or stack, or any estimator.
+    param_grid : dict or list of dicts
+        As in scikit-learn (``step__param`` names for pipelines).
+    scoring, refit, cv, error_score, return_train_score :
+        As in scikit-learn.
+    executor : {"auto", "serial", "threads", "streams", "dask"} or Executor
+        Where the search network runs.
+    device : str
+        ``"auto"``, ``"cpu"``, ``"cuda"``...: placement of the network.
+    workers : int, optional
+        Threads or lanes (default: the cores).
+
+    Attributes
+    ----------
+    cv_results_, best_params_, best_score_, best_index_, best_estimator_, scorer_, n_splits_, refit_time_,
+    multimetric_ :
+        As in scikit-learn.
+    search_report_ : SearchReport
+        Step fits done against those of a candidate-by-candidate search.
+
+    Examples
+    --------
+    >>> import numpy as np, gpunets as gn
+    >>> from sklearn.linear_model import Ridge
+    >>> rng = np.random.default_rng(0)
+    >>> X, y = rng.normal(size=(40, 3)), rng.normal(size=40)
+    >>> s = gn.GridSearchCV(Ridge(), {"alpha": [0.1, 10.0]}, cv=2).fit(X, y)
+    >>> s.best_params_, s.cv_results_["rank_test_score"].tolist()
+    ({'alpha': 10.0}, [2, 1])
+    """
+
+    _parameter_constraints: dict = {**_NetworkSearch._parameter_constraints, "param_grid": [dict, list]}
+
+    def __init__(self, estimator: Any, param_grid: Any, *, scoring: Any = None, refit: Any = True, cv: Any = None,
+                 error_score: Any = np.nan, return_train_score: bool = False, executor: Any = "auto",
+                 device: Any = "auto", workers: int | None = None) -> None:
+        self.estimator = estimator
+        self.param_grid = param_grid
+        self.scoring = scoring
+        self.refit = refit
+        self.cv = cv
+        self.error_score = error_score
+        self.return_train_score = return_train_score
+        self.executor = executor
+        self.device = device
+        self.workers = workers
+
+    def _candidates(self) -> list[dict[str, Any]]:
+        return list(ParameterGrid(self.param_grid))
+
+
+class RandomizedSearchCV(_NetworkSearch):
+    """Search over ``n_iter`` candidates sampled from distributions, run as one learning network.
+
+    A drop-in for :class:`sklearn.model_selection.RandomizedSearchCV` (the
+    same candidates for the same ``random_state``); parameters as
+    :class:`GridSearchCV` plus ``param_distributions``, ``n_iter`` and
+    ``random_state``.
+
+    Examples
+    --------
+    >>> import numpy as np, gpunets as gn
+    >>> from scipy.stats import loguniform
+    >>> from sklearn.linear_model import Ridge
+    >>> rng = np.random.default_rng(0)
+    >>> X, y = rng.normal(size=(40, 3)), rng.normal(size=40)
+    >>> s = gn.RandomizedSearchCV(Ridge(), {"alpha": loguniform(1e-2, 1e2)}, n_iter=4, cv=2, random_state=0)
+    >>> len(s.fit(X, y).cv_results_["params"])
+    4
+    """
+
+    _parameter_constraints: dict = {
+        **_NetworkSearch._parameter_constraints,
+        "param_distributions": [dict, list],
+        "n_iter": [Interval(numbers.Integral, 1, None, closed="left")],
+        "random_state": ["random_state"],
+    }
+
+    def __init__(self, estimator: Any, param_distributions: Any, *, n_iter: int = 10, scoring: Any = None,
+                 refit: Any = True, cv: Any = None, random_state: Any = None, error_score: Any = np.nan,
+                 return_train_score: bool = False, executor: Any = "auto", device: Any = "auto",
+                 workers: int | None = None) -> None:
+        self.estimator = estimator
+        self.param_distributions = param_distributions
+        self.n_iter = n_iter
+        self.scoring = scoring
+        self.refit = refit
+        self.cv = cv
+        self.random_state = random_state
+        self.error_score = error_score
+        self.return_train_score = return_train_score
+        self.executor = executor
+        self.device = device
+        self.workers = workers
+
+    def _candidates(self) -> list[dict[str, Any]]:
+        return list(ParameterSampler(self.param_distributions, self.n_iter, random_state=self.random_state))

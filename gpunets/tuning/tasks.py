@@ -1,0 +1,271 @@
+"""The functions the search network's nodes run, and how steps are compared.
+
+Module-level functions so that the network pickles (Dask).  A fit or score that raises returns a
+:class:`Failed` value instead, passed downstream, so one failing candidate never stops the others.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+from sklearn.model_selection._validation import _score
+
+from ..data import check_placeable, take_rows
+from ..estimators import apply_estimator
+from ..nodes import source
+
+__all__ = ["Failed", "Replay", "fn_key", "step_key"]
+
+
+# --- the values flowing through the search network (module level, so they pickle for Dask) -------------
+
+class Failed:
+    """A fit or a score that raised: the exception and its traceback, passed downstream instead of a value."""
+
+    def __init__(self, error: BaseException, tb: str, seconds: float = 0.0) -> None:
+        self.error, self.tb, self.seconds = error, tb, seconds
+
+
+def take(value: Any, rows: np.ndarray) -> Any:
+    """``value`` at ``rows``: gpunets' type-aware selection, scikit-learn's for lists and the like."""
+    if value is None:
+        return None
+    try:
+        return take_rows(value, rows)
+    except TypeError:
+        from sklearn.utils import _safe_indexing
+
+        return _safe_indexing(value, rows)
+
+
+def take_pairwise(value: Any, rows: np.ndarray, columns: np.ndarray) -> Any:
+    """Rows of a precomputed kernel, restricted to the training columns (scikit-learn's ``_safe_split``)."""
+    return take(value, rows)[:, columns]
+
+
+def as_node(value: Any, name: str) -> Any:
+    """A source for data gpunets can place; the data itself (a constant) for lists and other sequences."""
+    if value is None:
+        return None
+    try:
+        check_placeable(value, what=name, device="cpu")
+    except TypeError:
+        return value
+    return source(value, name=name)
+
+
+def fit_step(est: Any, last: bool, fit_params: dict[str, Any], X: Any, y: Any) -> tuple[Any, Any, float]:
+    """Fit one step: ``(fitted, transformed training rows or None, seconds)``, as Pipeline's fit does."""
+    from sklearn.base import clone
+
+    if isinstance(X, Failed):
+        return X, X, 0.0
+    start = time.perf_counter()
+    est = clone(est)  # the plan keeps the specification; the fitted copy is dropped once no score needs it
+    try:
+        if last:
+            est.fit(X, **fit_params) if y is None else est.fit(X, y, **fit_params)
+            out = None
+        elif hasattr(est, "fit_transform"):
+            out = est.fit_transform(X, y, **fit_params)
+        else:
+            out = est.fit(X, y, **fit_params).transform(X)
+    except Exception as e:  # noqa: BLE001 - reported by candidate through error_score
+        failed = Failed(e, traceback.format_exc(), time.perf_counter() - start)
+        return failed, failed, failed.seconds
+    return est, out, time.perf_counter() - start
+
+
+def fitted(step: tuple[Any, Any, float]) -> Any:
+    return step[0]
+
+
+def transformed(step: tuple[Any, Any, float]) -> Any:
+    return step[1]
+
+
+def seconds(step: tuple[Any, Any, float]) -> float:
+    return step[2]
+
+
+def transform(est: Any, X: Any) -> Any:
+    if isinstance(est, Failed):
+        return est
+    if isinstance(X, Failed):
+        return X
+    try:
+        return est.transform(X)
+    except Exception as e:  # noqa: BLE001
+        return Failed(e, traceback.format_exc())
+
+
+def score_one(scorer: Any, error_score: Any, train: bool, n_test: int, n_scores: tuple[str, ...] | None,
+               est: Any, X_test: Any, y_test: Any, X_train: Any, y_train: Any, *seconds: float) -> dict[str, Any]:
+    """One entry of scikit-learn's ``_fit_and_score`` output for one (candidate, fold)."""
+    fit_time = float(sum(seconds))
+    failed = next((v for v in (est, X_test, X_train) if isinstance(v, Failed)), None)
+    out: dict[str, Any] = {"n_test_samples": n_test, "fit_time": fit_time}
+    if failed is not None:
+        err = error_score if n_scores is None else {name: error_score for name in n_scores}
+        out.update(fit_error=failed.tb, test_scores=err, score_time=0.0, _error=failed.error)
+        if train:
+            out["train_scores"] = err
+        return out
+    start = time.perf_counter()
+    try:
+        out["test_scores"] = _score(est, X_test, y_test, scorer, {}, error_score)
+        if train:
+            out["train_scores"] = _score(est, X_train, y_train, scorer, {}, error_score)
+    except Exception as e:  # noqa: BLE001 - error_score="raise": raised by the search, by candidate
+        err = error_score if n_scores is None else {name: error_score for name in n_scores}
+        out.update(fit_error=traceback.format_exc(), test_scores=err, score_time=0.0, _error=e)
+        if train:
+            out["train_scores"] = err
+        return out
+    out["score_time"] = time.perf_counter() - start
+    out["fit_error"] = None
+    return out
+
+
+def collect(*outs: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(outs)
+
+
+# --- comparing steps --------------------------------------------------------------------------------------------
+
+def _is_estimator(v: Any) -> bool:
+    return not isinstance(v, type) and callable(getattr(v, "get_params", None))
+
+
+def step_key(v: Any) -> Any:
+    """A hashable summary of a step: class and ``get_params(deep=False)``, estimators recursively.
+
+    >>> from sklearn.linear_model import Ridge
+    >>> step_key(Ridge(alpha=2.0)) == step_key(Ridge(alpha=2.0)), step_key(Ridge()) == step_key(Ridge(alpha=2.0))
+    (True, False)
+    """
+    if _is_estimator(v):
+        params = v.get_params(deep=False)
+        return ("estimator", type(v), tuple(sorted((k, step_key(p)) for k, p in params.items())))
+    if isinstance(v, (list, tuple)):
+        return (type(v), tuple(step_key(x) for x in v))
+    if isinstance(v, dict):
+        return (dict, tuple(sorted((repr(k), step_key(x)) for k, x in v.items())))
+    if isinstance(v, np.ndarray):
+        return ("array", v.dtype.str, v.shape, v.tobytes())
+    try:
+        hash(v)
+    except TypeError:
+        return ("object", id(v))  # unhashable, unknown: never shared
+    if isinstance(v, float) and np.isnan(v):
+        return ("nan",)
+    return (type(v), v)
+
+
+
+
+def fn_key(f: Any) -> Any:
+    """A hashable summary of a node's operation: partials by function and arguments, others by equality."""
+    import functools
+
+    if isinstance(f, functools.partial):
+        return ("partial", fn_key(f.func), step_key(f.args), step_key(f.keywords))
+    try:
+        hash(f)
+    except TypeError:
+        return ("object", id(f))
+    return f
+
+
+# --- composites: their network's machines and nodes, one by one ---------------------------------------------
+
+def _first_failed(values: tuple[Any, ...]) -> Any:
+    return next((v for v in values if isinstance(v, Failed)), None)
+
+
+def fit_model(est: Any, *values: Any) -> Any:
+    """Fit one machine of a composite's network (a fresh clone of its model) on its training values."""
+    failed = _first_failed(values)
+    if failed is not None:
+        return failed
+    from sklearn.base import clone
+
+    start = time.perf_counter()
+    try:
+        return clone(est).fit(*values)
+    except Exception as e:  # noqa: BLE001 - reported by candidate
+        return Failed(e, traceback.format_exc(), time.perf_counter() - start)
+
+
+def apply_op(op: str, est: Any, *values: Any) -> Any:
+    """A machine operation (``predict``, ``transform``...) of a fitted model."""
+    failed = _first_failed((est, *values))
+    if failed is not None:
+        return failed
+    try:
+        return apply_estimator(est, op, values)
+    except Exception as e:  # noqa: BLE001
+        return Failed(e, traceback.format_exc())
+
+
+def call_fn(fn: Any, *values: Any) -> Any:
+    """A plain node of a composite's network (``gn.node(fn, ...)``, ``gn.mean``...)."""
+    failed = _first_failed(values)
+    if failed is not None:
+        return failed
+    try:
+        return fn(*values)
+    except Exception as e:  # noqa: BLE001
+        return Failed(e, traceback.format_exc())
+
+
+class Replay:
+    """A fitted composite, as scorers see it: its operations return the values the network computed.
+
+    ``spec`` is the candidate (validated on the fold, so ``classes_``... are set); attributes not
+    computed come from it, and scikit-learn's ``score`` of its class runs on this object.
+    """
+
+    _OPS = ("predict", "predict_proba", "predict_log_proba", "decision_function", "transform",
+            "inverse_transform")
+
+    def __init__(self, spec: Any, values: dict[str, Any]) -> None:
+        self._spec, self._values = spec, values
+
+    def __getattr__(self, name: str) -> Any:
+        values = self.__dict__.get("_values", {})
+        if name in values:
+            def method(*args: Any, **kw: Any) -> Any:
+                return values[name]
+
+            method.__name__ = name
+            return method
+        if name in Replay._OPS or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.__dict__["_spec"], name)
+
+    def __sklearn_tags__(self) -> Any:
+        return self._spec.__sklearn_tags__()
+
+    def score(self, X: Any, y: Any = None, sample_weight: Any = None) -> float:
+        return type(self._spec).score(self, X, y, sample_weight=sample_weight)
+
+
+def score_replay(spec: Any, ops: tuple[str, ...], scorer: Any, error_score: Any, train: bool, n_test: int,
+                 n_scores: tuple[str, ...] | None, fit_seconds: float, y_test: Any, y_train: Any,
+                 *values: Any) -> dict[str, Any]:
+    """:func:`score_one` for a composite: ``values`` are its operations on the test (then train) rows."""
+    k = len(ops)
+    test = dict(zip(ops, values[:k]))
+    train_values = dict(zip(ops, values[k:2 * k])) if train else {}
+    failed = _first_failed(tuple(test.values()) + tuple(train_values.values()))
+    est = failed if failed is not None else Replay(spec, test)
+    out = score_one(scorer, error_score, False, n_test, n_scores, est, None, y_test, None, None, fit_seconds)
+    if train:
+        tr = failed if failed is not None else Replay(spec, train_values)
+        out["train_scores"] = score_one(scorer, error_score, False, n_test, n_scores, tr, None, y_train, None,
+                                        None)["test_scores"]
+    return out

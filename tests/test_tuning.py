@@ -1,0 +1,324 @@
+"""Hyperparameter search as one network: equality with scikit-learn, sharing, errors, every executor."""
+
+from __future__ import annotations
+
+import collections
+import pickle
+import warnings
+import weakref
+
+import numpy as np
+import pytest
+import sklearn.model_selection as skms
+from scipy.stats import loguniform
+from sklearn.base import BaseEstimator, RegressorMixin, TransformerMixin
+from sklearn.decomposition import PCA
+from sklearn.exceptions import FitFailedWarning
+from sklearn.linear_model import LinearRegression, LogisticRegression, Ridge
+from sklearn.model_selection import KFold, StratifiedKFold
+from sklearn.pipeline import Pipeline, make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.tree import DecisionTreeRegressor
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+import gpunets as gn
+
+FITS: collections.Counter = collections.Counter()
+
+
+class CountingScaler(TransformerMixin, BaseEstimator):
+    """StandardScaler that counts its fits (by tag)."""
+
+    def __init__(self, tag="scale", with_mean=True):
+        self.tag, self.with_mean = tag, with_mean
+
+    def fit(self, X, y=None):
+        FITS[self.tag] += 1
+        self.scaler_ = StandardScaler(with_mean=self.with_mean).fit(X)
+        return self
+
+    def transform(self, X):
+        return self.scaler_.transform(X)
+
+
+class FailingRidge(RegressorMixin, BaseEstimator):
+    """Ridge that raises for alpha < 0 (a failing candidate)."""
+
+    def __init__(self, alpha=1.0):
+        self.alpha = alpha
+
+    def fit(self, X, y):
+        if self.alpha < 0:
+            raise ValueError("negative alpha")
+        self.model_ = Ridge(alpha=self.alpha).fit(X, y)
+        return self
+
+    def predict(self, X):
+        return self.model_.predict(X)
+
+
+class Averaged(gn.CompositeRegressor):
+    def __init__(self, first=None, second=None, executor="serial"):
+        self.first, self.second, self.executor = first, second, executor
+
+    def network(self, X, y):
+        a = gn.machine(self.first if self.first is not None else Ridge(), X, y)
+        b = gn.machine(self.second if self.second is not None else LinearRegression(), X, y)
+        return gn.mean(a.predict(X), b.predict(X))
+
+
+@pytest.fixture(scope="module")
+def reg_data():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(90, 6))
+    y = X @ rng.normal(size=6) + rng.normal(size=90)
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def clf_data():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(90, 5))
+    y = (X[:, 0] + 0.5 * rng.normal(size=90) > 0).astype(int)
+    return X, y
+
+
+def assert_same_search(ours, theirs, train=False):
+    r, s = ours.cv_results_, theirs.cv_results_
+    assert sorted(r) == sorted(s)
+    assert r["params"] == s["params"]
+    for k in s:
+        if "test_" in k or "train_" in k:
+            if k.startswith("rank"):
+                np.testing.assert_array_equal(r[k], s[k])
+                assert r[k].dtype == s[k].dtype
+            else:
+                np.testing.assert_allclose(r[k], s[k], rtol=0, atol=1e-12, err_msg=k)
+        elif k.startswith("param_"):
+            assert list(r[k]) == list(s[k])
+    if getattr(theirs, "refit", True) is not False:
+        assert ours.best_params_ == theirs.best_params_
+        assert ours.best_index_ == theirs.best_index_
+        np.testing.assert_allclose(ours.best_score_, theirs.best_score_, rtol=0, atol=1e-12)
+    assert ours.n_splits_ == theirs.n_splits_
+    assert ours.multimetric_ == theirs.multimetric_
+
+
+CASES = {
+    "pipeline-regressor": lambda: (make_pipeline(StandardScaler(), PCA(n_components=3), Ridge()),
+                                   {"pca__n_components": [2, 4], "ridge__alpha": [0.1, 1.0, 10.0]}, "reg", None),
+    "plain-classifier": lambda: (LogisticRegression(), {"C": [0.1, 1.0, 10.0]}, "clf", "accuracy"),
+    "pipeline-classifier": lambda: (make_pipeline(StandardScaler(), LogisticRegression()),
+                                    {"logisticregression__C": [0.01, 1.0]}, "clf", ["accuracy", "roc_auc"]),
+    "composite": lambda: (Averaged(Ridge(), LinearRegression()), {"first__alpha": [0.1, 5.0], "second": [LinearRegression(), Ridge(2.0)]},
+                          "reg", "neg_mean_squared_error"),
+    "stack": lambda: (gn.StackingRegressor([("ridge", Ridge()), ("tree", DecisionTreeRegressor(max_depth=2,
+                                                                                               random_state=0))],
+                                           final_estimator=LinearRegression(), cv=3, executor="serial"),
+                      {"ridge__alpha": [0.5, 5.0]}, "reg", None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("train", [False, True])
+def test_equals_sklearn(case, train, reg_data, clf_data):
+    est, grid, kind, scoring = CASES[case]()
+    X, y = reg_data if kind == "reg" else clf_data
+    cv = KFold(4, shuffle=True, random_state=0) if kind == "reg" else StratifiedKFold(3)
+    refit = "accuracy" if isinstance(scoring, list) else True
+    kw = dict(scoring=scoring, cv=cv, return_train_score=train, refit=refit)
+    theirs = skms.GridSearchCV(est, grid, **kw).fit(X, y)
+    ours = gn.GridSearchCV(est, grid, executor="serial", **kw).fit(X, y)
+    assert_same_search(ours, theirs)
+    np.testing.assert_allclose(ours.predict(X[:5]), theirs.predict(X[:5]), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(ours.score(X, y), theirs.score(X, y), rtol=0, atol=1e-12)
+    assert ours.refit_time_ >= 0
+
+
+def test_same_on_every_executor(executor, reg_data):
+    X, y = reg_data
+    est = make_pipeline(StandardScaler(), PCA(n_components=3), Ridge())
+    grid = {"pca__n_components": [2, 3], "ridge__alpha": [0.1, 1.0, 10.0]}
+    serial = gn.GridSearchCV(est, grid, cv=3, executor="serial", return_train_score=True).fit(X, y)
+    ours = gn.GridSearchCV(est, grid, cv=3, executor=executor, return_train_score=True).fit(X, y)
+    for k, v in serial.cv_results_.items():
+        if "score" in k and "time" not in k:
+            np.testing.assert_array_equal(ours.cv_results_[k], v)
+    assert ours.search_report_.fits == serial.search_report_.fits
+
+
+def test_shared_steps_fit_once_per_fold(reg_data):
+    X, y = reg_data
+    FITS.clear()
+    est = Pipeline([("scale", CountingScaler()), ("ridge", Ridge())])
+    s = gn.GridSearchCV(est, {"ridge__alpha": [0.1, 1.0, 10.0, 100.0]}, cv=5, refit=False).fit(X, y)
+    assert FITS["scale"] == 5
+    assert s.search_report_.fits == {"scale": 5, "ridge": 20}
+    assert s.search_report_.naive == {"scale": 20, "ridge": 20}
+    assert s.search_report_.total == (25, 40)
+    assert "25 fits instead of 40" in repr(s.search_report_)
+
+
+def test_partial_sharing_two_stage_grid(reg_data):
+    X, y = reg_data
+    FITS.clear()
+    est = Pipeline([("scale", CountingScaler()), ("pca", PCA()), ("ridge", Ridge())])
+    grid = {"scale__with_mean": [True, False], "pca__n_components": [2, 3, 4], "ridge__alpha": [1.0, 2.0]}
+    s = gn.GridSearchCV(est, grid, cv=3).fit(X, y)
+    assert FITS["scale"] == 2 * 3 + 1  # one per value and fold, plus the refit
+    assert s.search_report_.fits == {"scale": 6, "pca": 18, "ridge": 36}
+    theirs = skms.GridSearchCV(est, grid, cv=3).fit(X, y)
+    assert_same_search(s, theirs)
+
+
+def test_randomized_same_candidates_as_sklearn(reg_data):
+    X, y = reg_data
+    est = make_pipeline(StandardScaler(), Ridge())
+    dist = {"ridge__alpha": loguniform(1e-3, 1e3), "ridge__fit_intercept": [True, False]}
+    theirs = skms.RandomizedSearchCV(est, dist, n_iter=6, cv=3, random_state=0).fit(X, y)
+    ours = gn.RandomizedSearchCV(est, dist, n_iter=6, cv=3, random_state=0).fit(X, y)
+    assert_same_search(ours, theirs)
+
+
+def test_failing_candidate_error_score_nan(reg_data):
+    X, y = reg_data
+    grid = {"alpha": [1.0, -1.0, 3.0]}
+    with pytest.warns(FitFailedWarning, match="negative alpha"):
+        theirs = skms.GridSearchCV(FailingRidge(), grid, cv=3, return_train_score=True).fit(X, y)
+    with pytest.warns(FitFailedWarning, match="negative alpha"):
+        ours = gn.GridSearchCV(FailingRidge(), grid, cv=3, return_train_score=True).fit(X, y)
+    assert_same_search(ours, theirs)
+    assert np.isnan(ours.cv_results_["mean_test_score"][1])
+    assert ours.search_report_.errors == {1: ({"alpha": -1.0}, "ValueError: negative alpha")}
+    assert "candidate 1 {'alpha': -1.0} failed: ValueError: negative alpha" in repr(ours.search_report_)
+    assert ours.best_params_ in ({"alpha": 1.0}, {"alpha": 3.0})
+
+
+def test_failing_candidate_error_score_raise(reg_data):
+    X, y = reg_data
+    search = gn.GridSearchCV(FailingRidge(), {"alpha": [1.0, -1.0]}, cv=3, error_score="raise")
+    with pytest.raises(ValueError, match="negative alpha"):
+        search.fit(X, y)
+
+
+def test_failing_pipeline_step_only_fails_its_candidates(reg_data):
+    X, y = reg_data
+    est = make_pipeline(StandardScaler(), FailingRidge())
+    with pytest.warns(FitFailedWarning):
+        s = gn.GridSearchCV(est, {"failingridge__alpha": [-1.0, 1.0]}, cv=2, error_score=-5.0).fit(X, y)
+    assert s.cv_results_["mean_test_score"][0] == -5.0
+    assert np.isfinite(s.cv_results_["mean_test_score"][1])
+
+
+def test_unknown_parameter_lists_valid_ones(reg_data):
+    X, y = reg_data
+    FITS.clear()
+    est = Pipeline([("scale", CountingScaler()), ("ridge", Ridge())])
+    with pytest.raises(ValueError, match=r"Invalid parameter 'alhpa' for estimator Ridge\(\).*Valid parameters"):
+        gn.GridSearchCV(est, {"ridge__alhpa": [1.0]}).fit(X, y)
+    assert FITS["scale"] == 0
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: gn.GridSearchCV(Ridge(), []), "grid is empty"),
+    (lambda: gn.GridSearchCV(Ridge(), {"alpha": []}), "non-empty sequence"),
+    (lambda: gn.RandomizedSearchCV(Ridge(), {"alpha": 3}), "not iterable or a distribution"),
+    (lambda: gn.RandomizedSearchCV(Ridge(), {"alpha": [1.0]}, n_iter=0), "n_iter"),
+    (lambda: gn.GridSearchCV(Ridge(), {"alpha": [1.0]}, scoring="accuracyy"), "scoring"),
+    (lambda: gn.GridSearchCV(Ridge(), {"alpha": [1.0]}, executor="bogus"), "not an executor"),
+])
+def test_bad_input_before_any_fit(make, match, reg_data):
+    X, y = reg_data
+    with pytest.raises((ValueError, TypeError), match=match):
+        make().fit(X, y)
+
+
+def test_delegation_and_pickle(clf_data):
+    X, y = clf_data
+    s = gn.GridSearchCV(LogisticRegression(), {"C": [0.1, 1.0]}, cv=3).fit(X, y)
+    assert s.predict_proba(X[:3]).shape == (3, 2)
+    assert s.decision_function(X[:3]).shape == (3,)
+    assert not hasattr(s, "transform")
+    assert list(s.classes_) == [0, 1]
+    s2 = pickle.loads(pickle.dumps(s))
+    np.testing.assert_array_equal(s2.predict(X), s.predict(X))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nofit = gn.GridSearchCV(LogisticRegression(), {"C": [0.1]}, refit=False).fit(X, y)
+    assert not hasattr(nofit, "predict")
+
+
+def _xfail(estimator):
+    # scikit-learn marks the same checks as expected failures for its own searches
+    return {"check_supervised_y_2d": "DataConversionWarning not caught",
+            "check_requires_y_none": "Doesn't fail gracefully"}
+
+
+@parametrize_with_checks([
+    gn.GridSearchCV(Ridge(), {"alpha": [0.1, 1.0]}, cv=2, error_score="raise", executor="serial"),
+    gn.GridSearchCV(Pipeline([("pca", PCA()), ("lr", LogisticRegression())]), {"lr__C": [0.1, 1.0]}, cv=2,
+                    error_score="raise", executor="serial"),
+    gn.RandomizedSearchCV(Pipeline([("pca", PCA()), ("ridge", Ridge())]), {"ridge__alpha": [0.1, 1.0]},
+                          n_iter=2, cv=2, error_score="raise", executor="serial", random_state=0),
+], expected_failed_checks=_xfail)
+def test_sklearn_estimator_checks(estimator, check):
+    check(estimator)
+
+
+def test_composite_machines_shared_across_candidates(executor, reg_data):
+    X, y = reg_data
+    est = Averaged(Ridge(), LinearRegression())
+    grid = {"first__alpha": [0.1, 1.0, 10.0]}
+    s = gn.GridSearchCV(est, grid, cv=3, executor=executor, return_train_score=True).fit(X, y)
+    assert s.search_report_.fits == {"Ridge": 9, "LinearRegression": 3}
+    assert s.search_report_.naive == {"Ridge": 9, "LinearRegression": 9}
+    serial = gn.GridSearchCV(est, grid, cv=3, executor="serial", return_train_score=True).fit(X, y)
+    for k in ("mean_test_score", "split0_test_score", "mean_train_score"):
+        np.testing.assert_array_equal(s.cv_results_[k], serial.cv_results_[k])
+
+
+def test_stack_shares_untouched_base_models(reg_data):
+    X, y = reg_data
+    est = gn.StackingRegressor([("ridge", Ridge()), ("tree", DecisionTreeRegressor(max_depth=2, random_state=0))],
+                               final_estimator=LinearRegression(), cv=3, executor="serial")
+    s = gn.GridSearchCV(est, {"ridge__alpha": [0.5, 5.0]}, cv=2).fit(X, y)
+    fits, naive = s.search_report_.fits, s.search_report_.naive
+    assert fits["tree"] * 2 == naive["tree"]        # the tree does not change: fitted once per fold
+    assert fits["ridge"] == naive["ridge"]
+    assert s.search_report_.total[0] < s.search_report_.total[1]
+
+
+class TrackedScaler(CountingScaler):
+    """A scaler whose fitted copies are tracked by weak reference."""
+
+    ALIVE: weakref.WeakSet | None = None
+
+    def fit(self, X, y=None):
+        TrackedScaler.ALIVE.add(self)
+        return super().fit(X, y)
+
+
+def test_fitted_copies_are_released(reg_data):
+    import gc
+
+    X, y = reg_data
+    TrackedScaler.ALIVE = weakref.WeakSet()
+    est = Pipeline([("scale", TrackedScaler()), ("ridge", Ridge())])
+    s = gn.GridSearchCV(est, {"scale__with_mean": [True, False], "ridge__alpha": [1.0, 2.0]}, cv=3).fit(X, y)
+    gc.collect()
+    assert s.search_report_.fits["scale"] == 6
+    assert list(TrackedScaler.ALIVE) == [s.best_estimator_.named_steps["scale"]]  # only the refit's
+
+
+def test_failing_composite_candidate(reg_data):
+    X, y = reg_data
+    est = Averaged(FailingRidge(), LinearRegression())
+    grid = {"first__alpha": [1.0, -1.0]}
+    with pytest.warns(FitFailedWarning, match="negative alpha"):
+        theirs = skms.GridSearchCV(est, grid, cv=3).fit(X, y)
+    with pytest.warns(FitFailedWarning, match="negative alpha"):
+        ours = gn.GridSearchCV(est, grid, cv=3).fit(X, y)
+    assert_same_search(ours, theirs)
+    assert list(ours.search_report_.errors) == [1]
+    with pytest.raises(ValueError, match="negative alpha"):
+        gn.GridSearchCV(est, grid, cv=3, error_score="raise").fit(X, y)
