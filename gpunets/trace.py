@@ -114,20 +114,31 @@ class Trace:
     def plot(self, ax: Any = None, path: str | os.PathLike[str] | None = None, title: str | None = None) -> Any:
         """Draw the timeline with matplotlib: one row per lane, a bar per task.
 
-        Returns the matplotlib Axes; with ``path`` also saves the figure (PNG, SVG, ...).
+        Returns the matplotlib Axes.  With ``path`` the figure is also saved (PNG, SVG, ...); when no
+        ``ax`` is given it is then drawn on a standalone :class:`matplotlib.figure.Figure`, so saving
+        never touches pyplot or the backend the user chose (inline plots keep working in Jupyter).
         """
         try:
-            import matplotlib
-
-            if ax is None and path is not None and not os.environ.get("DISPLAY"):
-                matplotlib.use("Agg", force=False)
-            import matplotlib.pyplot as plt
+            from matplotlib.figure import Figure
         except ImportError as e:  # pragma: no cover - depends on the environment
             msg = "Trace.plot() needs matplotlib: pip install matplotlib (or gpunets[plot])."
             raise ImportError(msg) from e
         lanes = self.lanes()
+        size = (10, 0.6 * max(len(lanes), 1) + 1.5)
         if ax is None:
-            fig, ax = plt.subplots(figsize=(10, 0.6 * max(len(lanes), 1) + 1.5))
+            if path is not None:
+                ax = Figure(figsize=size).subplots()
+            else:
+                import matplotlib.pyplot as plt
+
+                _, ax = plt.subplots(figsize=size)
+        self._draw(ax, lanes, title)
+        if path is not None:
+            ax.figure.tight_layout()
+            ax.figure.savefig(path, dpi=120)
+        return ax
+
+    def _draw(self, ax: Any, lanes: list[Any], title: str | None) -> None:
         colors = {"fit": "tab:blue", "eval": "tab:green", "move": "tab:orange", "source": "tab:gray"}
         for r in self:
             row = lanes.index(r.lane)
@@ -142,10 +153,30 @@ class Trace:
         ax.set_xlabel("time (ms)")
         ax.set_title(title or f"{self.kind} on {self.executor}: {len(self.records)} tasks, "
                      f"{self.wall_time * 1e3:.1f} ms")
-        if path is not None:
-            ax.figure.tight_layout()
-            ax.figure.savefig(path, dpi=120)
-        return ax
+
+    def to_svg(self, title: str | None = None) -> str:
+        """The timeline as an SVG document (drawn on a standalone Figure; needs matplotlib)."""
+        import io
+
+        from matplotlib.figure import Figure
+
+        lanes = self.lanes()
+        ax = Figure(figsize=(10, 0.6 * max(len(lanes), 1) + 1.5)).subplots()
+        self._draw(ax, lanes, title)
+        ax.figure.tight_layout()
+        buf = io.StringIO()
+        ax.figure.savefig(buf, format="svg")
+        return buf.getvalue()
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """Jupyter shows the timeline (SVG) when matplotlib is installed, else the one-line summary."""
+        bundle: dict[str, Any] = {"text/plain": repr(self)}
+        if self.records:
+            try:
+                bundle["image/svg+xml"] = self.to_svg()
+            except ImportError:
+                pass
+        return bundle
 
     def __repr__(self) -> str:
         return (f"<Trace {self.kind} on {self.executor}: {len(self.records)} tasks on {len(self.lanes())} lanes, "

@@ -194,3 +194,61 @@ def test_stacking_network_needs_data_to_be_drawn():
     html = stack._repr_html_()
     assert "network (fitted" in html
     assert "False" not in html.split("network (fitted")[1]   # constants are not drawn as graph nodes
+
+
+# --- in a real Jupyter kernel -------------------------------------------------------------------
+
+def run_in_kernel(cells: list[str], tmp_path, monkeypatch) -> list[list[dict]]:
+    """Run ``cells`` in a fresh ``python3`` kernel (this interpreter) as JupyterLab would; return outputs."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    monkeypatch.delenv("DISPLAY", raising=False)     # as on a JupyterLab server
+    monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel picks its inline backend itself
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nbclient.NotebookClient(nb, kernel_name="python3", timeout=120,
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outs = [c.outputs for c in nb.cells]
+    errors = [o for out in outs for o in out if o.get("output_type") == "error"]
+    assert not errors, errors
+    return outs
+
+
+_NET = """
+import numpy as np, gpunets as gn
+from sklearn.linear_model import Ridge
+from sklearn.preprocessing import StandardScaler
+rng = np.random.default_rng(0)
+X, y = gn.source(rng.normal(size=(40, 3)), name="X"), gn.source(rng.normal(size=40), name="y")
+W = gn.machine(StandardScaler(), X).transform(X)
+out = gn.mean(gn.machine(Ridge(), W, y).predict(W), W[:, 0])
+report = out.fit(executor="serial")
+"""
+
+
+def test_trace_plot_with_path_keeps_the_kernels_backend(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    outs = run_in_kernel([
+        _NET + "import matplotlib\nbefore = matplotlib.get_backend()\nprint(before)",
+        "ax = report.trace.plot(path='timeline.png')\nprint(matplotlib.get_backend())",
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()",
+    ], tmp_path, monkeypatch)
+    before = outs[0][-1]["text"].strip()
+    after = outs[1][-1]["text"].strip()
+    assert "inline" in before.lower()
+    assert after == before
+    assert (tmp_path / "timeline.png").stat().st_size > 1000
+    assert any("image/png" in o.get("data", {}) for o in outs[2])   # inline plots still show
+
+
+def test_trace_plot_with_path_does_not_touch_pyplot(tmp_path):
+    plt = pytest.importorskip("matplotlib.pyplot")
+    trace = gn.Trace(executor="serial")
+    from gpunets.trace import TraceRecord
+
+    trace.records.append(TraceRecord(0, "fit", "fit Ridge", 0, "cpu", 0.0, 0.5, "MainThread"))
+    plt.close("all")
+    ax = trace.plot(path=tmp_path / "t.svg")
+    assert plt.get_fignums() == []          # not a pyplot figure: nothing to leak or show
+    assert ax.get_title().startswith("fit on serial")
+    assert (tmp_path / "t.svg").read_text().lstrip().startswith("<?xml")
