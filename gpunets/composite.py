@@ -461,18 +461,11 @@ class Composite(BaseEstimator):
             raise ValueError(msg)
         return to_dot(list(outs.values()))
 
-    def _repr_svg_(self) -> str | None:
-        """SVG of the network through Graphviz (None without the ``dot`` program)."""
-        from .display import repr_svg
-
-        outs = self._gn_display_outputs()
-        return None if outs is None else repr_svg(list(outs.values()))
-
     def _repr_html_(self) -> str:
-        """scikit-learn's estimator diagram, then the network (SVG with Graphviz, else a text tree)."""
+        """scikit-learn's estimator diagram, then the network as SVG (Graphviz where ``dot`` exists)."""
         import html
 
-        from .display import repr_html, repr_svg
+        from .display import repr_html
 
         try:
             from sklearn.utils import estimator_html_repr
@@ -486,7 +479,7 @@ class Composite(BaseEstimator):
         targets = list(outs.values())
         ops = ", ".join(outs)
         fitted = "fitted" if "_gn_state" in self.__dict__ else "not fitted"
-        picture = repr_svg(targets) or repr_html(targets)
+        picture = repr_html(targets)   # the graph as inline SVG, rendered once per display
         return head + f"<p>network ({fitted}; operations: {html.escape(ops)}):</p>" + picture
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, str]:

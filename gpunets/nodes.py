@@ -184,15 +184,16 @@ class AbstractNode:
 
         return to_dot([self])
 
-    def _repr_svg_(self) -> str | None:
+    def _repr_svg_(self) -> str:
         from .display import repr_svg
 
         return repr_svg([self])
 
-    def _repr_html_(self) -> str:
-        from .display import repr_html
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        """Jupyter shows the graph as SVG (Graphviz where ``dot`` exists, else a pure-Python layout)."""
+        from .display import mimebundle
 
-        return repr_html([self])
+        return mimebundle([self], text=repr(self))
 
 
 class Source(AbstractNode):
