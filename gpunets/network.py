@@ -7,6 +7,7 @@ executors; nodes and machines call into it.
 from __future__ import annotations
 
 import contextvars
+import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -93,15 +94,40 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
     plan = compile_fit(list(targets), rows=rows, force=force, max_lanes=_max_lanes(executor, workers))
     ex = get_executor(executor, workers, plan)
     show = get_config()["progress"] if progress is None else progress
-    bar, callback = _progress_bar(plan, show)
+    n_fits = sum(1 for t in plan.tasks if t.kind == "fit")
+    outer = _PROGRESS.get()
+    token = None
+    if outer is not None:          # a fit inside a task of another fit (a stack's folds): same bar
+        outer.add(n_fits)
+        progress_bar = None
+    else:
+        progress_bar = _Progress.open(n_fits, show)
+        if progress_bar is not None:
+            token = _PROGRESS.set(progress_bar)   # before the run: its worker threads copy this context
+    callback = (outer or progress_bar).on_task_done if (outer or progress_bar) is not None else None
     try:
         run = ex.run(plan, on_task_done=callback)
     finally:
-        if bar is not None:
-            bar.close()
+        if token is not None:
+            _PROGRESS.reset(token)
+        if progress_bar is not None:
+            progress_bar.close()
     _LAST_TRACE.set(run.trace)
     run.raise_error()
-    return FitReport(plan, run.trace, run.trace.executor)
+    report = FitReport(plan, run.trace, run.trace.executor)
+    _adopt_nested_traces(report)
+    return report
+
+
+def _adopt_nested_traces(report: Any) -> None:
+    """Put the fits a composite ran inside its machine's task (a stack's folds) on the report's trace."""
+    from .report import FitReport
+
+    for m, action in report.actions.items():
+        st = m._state
+        inner = getattr(st.estimator, "fit_report_", None) if st is not None and action != "skip" else None
+        if isinstance(inner, FitReport) and inner.trace is not report.trace:
+            report.trace.adopt(inner.trace, report.labels[m], inner.task_labels())
 
 
 def _override_placement(device: Any) -> Any:
@@ -110,21 +136,49 @@ def _override_placement(device: Any) -> Any:
     return override_placement(device)
 
 
-def _progress_bar(plan: Any, show: bool) -> tuple[Any, Any]:
-    n = sum(1 for t in plan.tasks if t.kind == "fit")
-    if not show or n == 0:
-        return None, None
-    try:
+def tqdm_class() -> Any:
+    """tqdm's notebook widget where ipywidgets is installed, else its text bar; None without tqdm.
+
+    ``tqdm.auto`` alone warns "IProgress not found" in a notebook without ipywidgets.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("tqdm") is None:
+        return None
+    if importlib.util.find_spec("ipywidgets") is not None:
         from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover - tqdm is optional
-        return None, None
-    bar = tqdm(total=n, desc="fitting", unit="machine", leave=False)
+    else:
+        from tqdm.std import tqdm
+    return tqdm
 
-    def callback(task: Any) -> None:
+
+class _Progress:
+    """The progress bar of one top-level fit; fits run inside its tasks (a stack's folds) count on it too."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar = bar
+        self.lock = threading.Lock()
+
+    @classmethod
+    def open(cls, n_fits: int, show: bool) -> "_Progress | None":
+        tqdm = tqdm_class() if show and n_fits else None
+        return None if tqdm is None else cls(tqdm(total=n_fits, desc="fitting", unit="fit", leave=False))
+
+    def add(self, n: int) -> None:
+        with self.lock:
+            self.bar.total += n
+            self.bar.refresh()
+
+    def on_task_done(self, task: Any) -> None:
         if task.kind == "fit":
-            bar.update(1)
+            with self.lock:
+                self.bar.update(1)
 
-    return bar, callback
+    def close(self) -> None:
+        self.bar.close()
+
+
+_PROGRESS: contextvars.ContextVar[_Progress | None] = contextvars.ContextVar("gpunets_progress", default=None)
 
 
 @dataclass

@@ -90,13 +90,19 @@ class FitReport:
         self.executor = executor
         lanes: dict[Any, Any] = {}
         times: dict[Any, float] = {}
+        self._fit_tasks: dict[int, Machine] = {}
         for r in trace.records:
             if r.kind == "fit":
                 task = plan.tasks[r.key]
                 lanes[task.machine] = r.lane
                 times[task.machine] = r.seconds
+                self._fit_tasks[r.key] = task.machine
         self.lanes = lanes
         self.times = times
+
+    def task_labels(self) -> dict[int, str]:
+        """Trace key of each fit task -> ``"fit <machine label>"`` (labels as this report shows them)."""
+        return {k: f"fit {self.labels[m]}" for k, m in self._fit_tasks.items()}
 
     @property
     def machines(self) -> list["Machine"]:
