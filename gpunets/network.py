@@ -130,6 +130,26 @@ def _adopt_nested_traces(report: Any) -> None:
             report.trace.adopt(inner.trace, report.labels[m], inner.task_labels())
 
 
+def reject_fit_data(target: Any, data: tuple[Any, ...]) -> None:
+    """``node.fit(X, y)`` (a scikit-learn habit): a TypeError that says where data goes in a network."""
+    if not data:
+        return
+    what = ", ".join(type(d).__name__ for d in data)
+    sources = [s.label for s in (target.sources if is_node(target) else _machine_sources(target))]
+    msg = (f"{target!r}.fit() takes no data, got {len(data)} positional argument(s) ({what}). A network trains on "
+           f"the data of its sources ({', '.join(sources) or 'none'}): create them with gn.source(X, name='X'), "
+           "or replace their data with X.data = new_X, then call fit(). To train on some of the rows, "
+           "use fit(rows=...); for a scikit-learn estimator with fit(X, y), export the network as a "
+           "composite (gn.CompositeRegressor).")
+    raise TypeError(msg)
+
+
+def _machine_sources(m: Any) -> tuple[Source, ...]:
+    from .graph import all_sources
+
+    return all_sources(list(m.args))
+
+
 def _override_placement(device: Any) -> Any:
     from .devices import override_placement
 
@@ -199,9 +219,12 @@ def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any]) 
     if data:
         if len(origins) != 1:
             names = [s.label for s in origins]
-            kw = ", ".join(f"{n}=..." for n in names)
-            msg = (f"{target!r} has {len(origins)} origins ({names}), so new data must be passed by "
-                   f"source name: node({kw}).")
+            if all(s.name is not None for s in origins) and len(set(names)) == len(names):
+                hint = f"by source name: node({', '.join(f'{n}=...' for n in names)})."
+            else:
+                hint = ("by source name, and some origins have no (distinct) name: create them with "
+                        "gn.source(data, name='X') (a name per source), then call node(X=..., Z=...).")
+            msg = f"{target!r} has {len(origins)} origins ({names}), so new data must be passed {hint}"
             raise NetworkError(msg)
         bindings[origins[0]._uid] = data[0]
     if named:

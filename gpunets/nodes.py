@@ -110,11 +110,15 @@ class AbstractNode:
 
         return evaluate(self, *data, rows=rows, executor=executor, workers=workers, output=output, **named)
 
-    def fit(self, rows: Any = None, force: bool = False, *, executor: Any = None, workers: int | None = None,
-            device: Any = None, progress: bool | None = None) -> "FitReport":
-        """Train every machine upstream of this node; see :func:`gpunets.fit`."""
-        from .network import fit
+    def fit(self, *data: Any, rows: Any = None, force: bool = False, executor: Any = None,
+            workers: int | None = None, device: Any = None, progress: bool | None = None) -> "FitReport":
+        """Train every machine upstream of this node on its sources' data; see :func:`gpunets.fit`.
 
+        Takes no data (``node.fit(X, y)`` raises a ``TypeError`` that says where data goes).
+        """
+        from .network import fit, reject_fit_data
+
+        reject_fit_data(self, data)
         return fit(self, rows=rows, force=force, executor=executor, workers=workers, device=device,
                    progress=progress)
 

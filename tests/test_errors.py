@@ -170,3 +170,33 @@ def test_bad_executor_and_config_values(data):
 def test_iterating_a_node_is_an_error():
     with pytest.raises(TypeError, match="cannot be iterated"):
         list(gn.source(np.ones(2), name="X"))
+
+
+# --- scikit-learn habits --------------------------------------------------------------------------
+
+def test_fit_with_data_says_where_data_goes():
+    from sklearn.linear_model import Ridge
+
+    X = gn.source(np.ones((4, 2)), name="X")
+    y = gn.source(np.ones(4), name="y")
+    m = gn.machine(Ridge(), X, y)
+    for target in (m, m.predict(X)):
+        with pytest.raises(TypeError) as e:
+            target.fit(np.ones((4, 2)), np.ones(4))
+        msg = str(e.value)
+        assert "takes no data" in msg and "gn.source" in msg and "fit(rows=...)" in msg
+        assert "X, y" in msg                        # the sources it trains on
+        assert "one-dimensional" not in msg
+    assert not m.is_fitted                          # nothing ran
+    assert m.fit(rows=[0, 1, 2]).actions[m] == "train"
+
+
+def test_several_unnamed_origins_suggest_naming_them():
+    a, b = gn.source(np.ones(2)), gn.source(np.ones(2))
+    with pytest.raises(gn.NetworkError) as e:
+        (a + b)(np.ones(2))
+    msg = str(e.value)
+    assert "source=..." not in msg and "name=" in msg
+    X, Z = gn.source(np.ones(2), name="X"), gn.source(np.ones(2), name="Z")
+    with pytest.raises(gn.NetworkError, match=r"node\(X=\.\.\., Z=\.\.\.\)"):
+        (X + Z)(np.ones(2))
