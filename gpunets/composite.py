@@ -350,7 +350,13 @@ class Composite(BaseEstimator):
             mapping = match_machines(machines, old.machines, new_names=names, old_names=old.names, strict=strict)
             adopt_states(machines, mapping)
         opts = self._gn_run_options()
-        report = gn_fit(*outputs.values(), **opts)
+        from ._warn import _OWNER
+
+        token = _OWNER.set(self)   # fallback warnings name this estimator, not its internal machines
+        try:
+            report = gn_fit(*outputs.values(), **opts)
+        finally:
+            _OWNER.reset(token)
         _relabel(report, names)
         self._gn_state = NetworkState(sources, data, outputs, machines, names, plain)
         self.fit_report_ = report
@@ -373,13 +379,19 @@ class Composite(BaseEstimator):
         node = st.outputs[op]
         named = {"X": Xv} if any(s.name == "X" for s in node.origins) else {}
         opts = self._gn_run_options()
-        if opts["device"] is not None:
-            from .config import config
-            from .devices import override_placement
+        from ._warn import _OWNER
 
-            with config(device=opts["device"]), override_placement(opts["device"]):
-                return evaluate(node, executor=opts["executor"], workers=opts["workers"], **named)
-        return evaluate(node, executor=opts["executor"], workers=opts["workers"], **named)
+        token = _OWNER.set(self)   # fallback warnings name this estimator, not its internal nodes
+        try:
+            if opts["device"] is not None:
+                from .config import config
+                from .devices import override_placement
+
+                with config(device=opts["device"]), override_placement(opts["device"]):
+                    return evaluate(node, executor=opts["executor"], workers=opts["workers"], **named)
+            return evaluate(node, executor=opts["executor"], workers=opts["workers"], **named)
+        finally:
+            _OWNER.reset(token)
 
     @available_if(_has_operation("predict"))
     def predict(self, X: Any) -> Any:

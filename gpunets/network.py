@@ -83,15 +83,17 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
     """
     from .config import config, get_config
     from .executors import get_executor
-    from .report import FitReport
+    from .report import FitReport, explain
 
     if not targets:
         msg = "gn.fit needs at least one node or machine to fit, e.g. gn.fit(yhat)."
         raise TypeError(msg)
+    _remember_site()
     if device is not None:
         with config(device=device), _override_placement(device):
             return fit(*targets, rows=rows, force=force, executor=executor, workers=workers, progress=progress)
     plan = compile_fit(list(targets), rows=rows, force=force, max_lanes=_max_lanes(executor, workers))
+    reasons = explain(plan, rows, force)
     ex = get_executor(executor, workers, plan)
     show = get_config()["progress"] if progress is None else progress
     n_fits = sum(1 for t in plan.tasks if t.kind == "fit")
@@ -114,7 +116,7 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
             progress_bar.close()
     _LAST_TRACE.set(run.trace)
     run.raise_error()
-    report = FitReport(plan, run.trace, run.trace.executor)
+    report = FitReport(plan, run.trace, run.trace.executor, reasons)
     _adopt_nested_traces(report)
     return report
 
@@ -148,6 +150,15 @@ def _machine_sources(m: Any) -> tuple[Source, ...]:
     from .graph import all_sources
 
     return all_sources(list(m.args))
+
+
+def _remember_site() -> None:
+    from .executors.base import inside_task
+
+    if not inside_task():   # warnings from worker threads of this run point at the user's call
+        from ._warn import remember_user_site
+
+        remember_user_site()
 
 
 def _override_placement(device: Any) -> Any:
@@ -279,6 +290,7 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
     if output not in ("auto", "device"):
         msg = f"output={output!r}: use 'auto' (the type family given) or 'device' (where it was computed)."
         raise ValueError(msg)
+    _remember_site()
     bindings = _bindings(target, data, named)
     plan = compile_call([target], bindings, rows=rows, max_lanes=_max_lanes(executor, workers))
     ex = get_executor(executor, workers, plan)

@@ -150,12 +150,13 @@ def test_fit_report_html_table(net):
     report = out.fit(executor="serial")
     html = report._repr_html_()
     assert html.startswith("<table>") and html.endswith("</table>")
-    for col in ("machine", "action", "device", "lane", "ms"):
+    for col in ("machine", "action", "why", "device", "lane", "ms"):
         assert f"<th>{col}</th>" in html
-    rows = re.findall(r"<tr><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td>", html)
+    rows = re.findall(r"<tr><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td>", html)
     assert [r[0] for r in rows] == ["StandardScaler", "Ridge", "Ridge#2", "LinearRegression"]
     assert {r[1] for r in rows} == {"train"}
-    assert {r[2] for r in rows} == {"cpu"}
+    assert {r[2] for r in rows} == {"never trained"}
+    assert {r[3] for r in rows} == {"cpu"}
     assert "serial" in html
     again = out.fit(executor="serial")._repr_html_()
     assert "<td>skip</td>" in again and "<td>train</td>" not in again
@@ -166,7 +167,7 @@ def test_fit_report_html_update(net):
     out.fit(executor="serial")
     parts["r2"].model.alpha = 7.0
     html = out.fit(executor="serial")._repr_html_()
-    assert "<td>Ridge#2</td><td>update</td>" in html
+    assert "<td>Ridge#2</td><td>update</td><td>hyperparameter alpha changed</td>" in html
 
 
 def test_fit_report_repr_lists_machines(net):
@@ -297,3 +298,62 @@ def test_kernel_displays_pictures(tmp_path, monkeypatch):
     assert "<table>" in rep["text/html"]
     assert "<svg" in trace["image/svg+xml"]
     assert "<svg" in mach["text/html"] and "StandardScaler" in mach["text/html"]
+
+
+# --- reports as data, and why ---------------------------------------------------------------------
+
+def test_fit_report_says_why_and_reads_as_a_frame(net):
+    out, parts = net
+    first = out.fit(executor="serial")
+    assert set(first.why.values()) == {"never trained"}
+    parts["r2"].model.alpha = 9.0
+    rep = out.fit(executor="serial")
+    assert rep.why["Ridge#2"] == "hyperparameter alpha changed" and rep.why["Ridge"] == "nothing changed"
+    parts["scale"].model.with_std = False
+    rep = out.fit(executor="serial")
+    assert rep.why["StandardScaler"] == "hyperparameter with_std changed"
+    assert rep.why["Ridge"] == "upstream StandardScaler retrained"
+    assert out.fit(executor="serial", rows=slice(0, 20)).why["StandardScaler"] == "new rows"
+    parts["X"].data = np.ones((30, 3))
+    assert out.fit(executor="serial", rows=slice(0, 20)).why["StandardScaler"] == "new data in source X"
+    assert out.fit(executor="serial", force=True).why["Ridge"] == "force=True"
+    frame = rep.to_frame()
+    assert list(frame.columns) == ["machine", "action", "why", "asked", "device", "path", "lane", "seconds"]
+    assert frame.set_index("machine").loc["Ridge", "why"] == "upstream StandardScaler retrained"
+    html = rep._repr_html_()
+    assert "<th>why</th>" in html and "upstream StandardScaler retrained" in html
+    assert re.search(r"<caption>FitReport \(serial, 4 machines, [0-9.]+ ms\)</caption>", html)
+
+
+def test_one_machine_reads_right():
+    X, y = gn.source(np.ones((4, 2)), name="X"), gn.source(np.ones(4), name="y")
+    rep = gn.machine(Ridge(), X, y).predict(X).fit(executor="serial")
+    assert "1 machine," in repr(rep) and "1 machines" not in rep._repr_html_()
+
+
+def test_report_and_trace_to_frame(net):
+    out, _ = net
+    rep = out.fit(executor="serial")
+    frame = gn.report(out).to_frame()
+    assert list(frame.index) == ["StandardScaler", "Ridge", "Ridge#2", "LinearRegression"]
+    assert {"action", "device", "asked", "seconds", "n_rows"} <= set(frame.columns)
+    assert (frame["asked"] == "auto").all()
+    t = rep.trace.to_frame()
+    assert list(t.columns) == ["key", "kind", "label", "lane", "device", "start", "end", "seconds", "thread",
+                               "failed", "parent"]
+    assert (t["kind"] == "fit").sum() == 4 and len(t) == len(rep.trace)
+
+
+def test_composite_fits_are_on_the_outer_trace():
+    rng = np.random.default_rng(0)
+    X = gn.source(rng.normal(size=(60, 3)), name="X")
+    y = gn.source(rng.normal(size=60), name="y")
+    stack = gn.StackingRegressor([("r", Ridge()), ("l", LinearRegression())], cv=3, executor="serial")
+    rep = gn.machine(stack, X, y, name="stack").predict(X).fit(executor="serial")
+    inner = [r for r in rep.trace.nested if r.kind == "fit"]
+    assert len(inner) == 2 * (3 + 1) + 1 and {r.parent for r in inner} == {"stack"}
+    outer = next(r for r in rep.trace.records if r.label == "fit stack")
+    assert all(outer.start - 1e-3 <= r.start <= r.end <= outer.end + 1e-3 for r in inner)
+    assert "stack: fit r[fold 0]" in {r.label for r in inner}
+    frame = rep.trace.to_frame()
+    assert (frame["parent"] == "stack").sum() == len(rep.trace.nested)

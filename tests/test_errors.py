@@ -200,3 +200,60 @@ def test_several_unnamed_origins_suggest_naming_them():
     X, Z = gn.source(np.ones(2), name="X"), gn.source(np.ones(2), name="Z")
     with pytest.raises(gn.NetworkError, match=r"node\(X=\.\.\., Z=\.\.\.\)"):
         (X + Z)(np.ones(2))
+
+
+# --- fallback warnings: the user's line, once, the user's estimator, and in the report ---------------
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    import gpunets.devices as gd
+
+    monkeypatch.setattr(gd, "gpu_available", lambda: False)
+    monkeypatch.setattr(gd, "gpu_count", lambda: 0)
+
+
+def test_fallback_warning_points_at_the_callers_line_once(no_gpu):
+    import warnings
+
+    from sklearn.linear_model import Ridge
+
+    X, y = gn.source(np.ones((6, 2)), name="X"), gn.source(np.arange(6.0), name="y")
+    m = gn.machine(Ridge(), X, y, device="cuda")
+    p = m.predict(X)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        rep = p.fit()
+        p.fit(force=True)
+        p()
+    falls = [x for x in w if issubclass(x.category, gn.DeviceFallbackWarning)]
+    assert len(falls) == 1                                   # once per (machine, reason)
+    assert falls[0].filename == __file__                     # the user's line, not gpunets/plan.py
+    assert "machine Ridge" in str(falls[0].message)
+    row = rep.to_frame().set_index("machine").loc["Ridge"]
+    assert (row["asked"], row["device"]) == ("cuda:0", "cpu")
+    assert "cpu (asked cuda:0)" in repr(rep)
+    assert gn.report(p)["Ridge"]["asked"] == "cuda:0"
+
+
+def test_composite_fallback_names_the_users_estimator(no_gpu):
+    import warnings
+
+    from sklearn.linear_model import LinearRegression, Ridge
+
+    class MyStack(gn.StackingRegressor):
+        pass
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(40, 3)), rng.normal(size=40)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            s = MyStack([("r", Ridge()), ("l", LinearRegression())], cv=3, device="cuda", executor="threads")
+            s.fit(X, y).predict(X)
+    falls = [x for x in w if issubclass(x.category, gn.DeviceFallbackWarning)]
+    assert falls
+    for x in falls:
+        msg = str(x.message)
+        assert msg.startswith("MyStack (") and "[fold" not in msg and "X_meta" not in msg
+        assert x.filename == __file__
+    assert len(falls) == len({str(x.message) for x in falls})   # no repeats across fits
