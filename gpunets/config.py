@@ -27,7 +27,9 @@ _DEFAULTS: dict[str, Any] = {
     "device": "auto",     # default placement of machines and nodes
     "fallback": "warn",   # what a GPU->CPU fallback does: "warn", "raise" or "silent"
     "progress": False,    # show a tqdm progress bar while fitting
+    "output": "auto",     # what a call returns: "auto" | "device" | "numpy" | "pandas" (like cuML's output_type)
 }
+OUTPUT_TYPES = ("auto", "device", "numpy", "pandas")
 
 _GLOBAL: dict[str, Any] = dict(_DEFAULTS)
 _LOCAL: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("gpunets_config", default=None)
@@ -37,7 +39,7 @@ def get_config() -> dict[str, Any]:
     """Return a copy of the settings in force here.
 
     >>> sorted(get_config())
-    ['device', 'executor', 'fallback', 'progress', 'workers']
+    ['device', 'executor', 'fallback', 'output', 'progress', 'workers']
     """
     local = _LOCAL.get()
     return dict(local if local is not None else _GLOBAL)
@@ -60,6 +62,9 @@ def _validate(changes: dict[str, Any]) -> dict[str, Any]:
         from .executors import check_executor_spec
 
         check_executor_spec(changes["executor"])
+    if "output" in changes and changes["output"] not in OUTPUT_TYPES:
+        msg = f"output={changes['output']!r} is not an output type; use one of {list(OUTPUT_TYPES)}."
+        raise ValueError(msg)
     if "progress" in changes and not isinstance(changes["progress"], bool):
         msg = f"progress={changes['progress']!r} must be True or False."
         raise TypeError(msg)
@@ -93,6 +98,10 @@ class config:
         Default placement, e.g. ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"auto"``.
     fallback : {"warn", "raise", "silent"}, optional
         What happens when work placed on a GPU has to run on the CPU.
+    output : {"auto", "device", "numpy", "pandas"}, optional
+        What calling a node returns (cuML's ``output_type``): ``"auto"`` the type family and device
+        of the data given, ``"device"`` the value where it was computed, ``"numpy"`` a NumPy array on
+        the host, ``"pandas"`` a pandas object on the host (the input's index where it had one).
 
     Examples
     --------

@@ -271,7 +271,7 @@ def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any]) 
 
 
 def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any = None,
-             workers: int | None = None, output: str = "auto", trace: bool = False, **named: Any) -> Any:
+             workers: int | None = None, output: str | None = None, trace: bool = False, **named: Any) -> Any:
     """Evaluate ``target``: ``target()``, ``target(Xnew)``, ``target(X=...)``, ``target(rows=r)``.
 
     With ``trace=True`` return an :class:`Evaluation` holding the value and the trace.
@@ -287,8 +287,13 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
     if not is_node(target):
         msg = f"evaluate needs a node, got {target!r} of type {type(target).__name__}."
         raise TypeError(msg)
-    if output not in ("auto", "device"):
-        msg = f"output={output!r}: use 'auto' (the type family given) or 'device' (where it was computed)."
+    from .config import OUTPUT_TYPES, get_config
+
+    if output is None:
+        output = get_config()["output"]
+    if output not in OUTPUT_TYPES:
+        msg = (f"output={output!r}: use 'auto' (the type family given), 'device' (where it was computed), "
+               "'numpy' or 'pandas'; gn.set_config(output=...) sets the default.")
         raise ValueError(msg)
     _remember_site()
     bindings = _bindings(target, data, named)
@@ -299,7 +304,29 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
     (value,) = run.results()
     if output == "auto":
         value = _like_input(value, plan)
+    elif output in ("numpy", "pandas"):
+        value = _as_host(value, output, plan)
     return Evaluation(value, run.trace) if trace else value
+
+
+def _as_host(value: Any, kind: str, plan: Any) -> Any:
+    """``value`` as a NumPy array or a pandas object on the host (``output="numpy"`` / ``"pandas"``)."""
+    import numpy as np
+    import pandas as pd
+
+    from .data import is_pandas, to_device
+
+    value = to_device(value, "cpu")
+    if hasattr(value, "to_pandas"):            # cuDF moved to the host, or an Arrow-like object
+        value = value.to_pandas()
+    if kind == "numpy":
+        return value.to_numpy() if is_pandas(value) else np.asarray(value)
+    if is_pandas(value):
+        return value
+    arr = np.asarray(value)
+    sources = [t.value for t in plan.tasks if t.kind == "source" and is_pandas(t.value)]
+    index = sources[0].index if sources and arr.ndim and len(sources[0]) == len(arr) else None
+    return pd.Series(arr, index=index) if arr.ndim == 1 else pd.DataFrame(arr, index=index)
 
 
 def _like_input(value: Any, plan: Any) -> Any:

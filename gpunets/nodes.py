@@ -89,7 +89,7 @@ class AbstractNode:
 
     # --- calling and fitting ----------------------------------------------------------
     def __call__(self, *data: Any, rows: Any = None, executor: Any = None, workers: int | None = None,
-                 output: str = "auto", **named: Any) -> Any:
+                 output: str | None = None, **named: Any) -> Any:
         """Evaluate the node: ``n()``, ``n(rows=r)``, ``n(Xnew)`` or ``n(X=Xnew)``.
 
         Parameters
@@ -100,9 +100,11 @@ class AbstractNode:
             Evaluate on these rows of the sources' data.
         executor, workers : optional
             Where tasks run (see :func:`gpunets.fit`); default from :func:`gpunets.config`.
-        output : {"auto", "device"}
-            ``"auto"`` returns values in the type family the caller gave
-            (pandas in, pandas out); ``"device"`` returns them where they were computed.
+        output : {"auto", "device", "numpy", "pandas"}, optional
+            Default ``gn.get_config()["output"]`` (``"auto"``): values on the device and in the
+            array/frame family of the data given (a frame an operation returns comes back as a
+            pandas frame for pandas input; an array stays an array); ``"device"`` where they were
+            computed; ``"numpy"`` / ``"pandas"`` converted on the host.
         **named : array-like
             New data for origins, by source name.
         """

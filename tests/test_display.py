@@ -357,3 +357,43 @@ def test_composite_fits_are_on_the_outer_trace():
     assert "stack: fit r[fold 0]" in {r.label for r in inner}
     frame = rep.trace.to_frame()
     assert (frame["parent"] == "stack").sum() == len(rep.trace.nested)
+
+
+# --- conventions ------------------------------------------------------------------------------------
+
+def test_dir_lists_the_lazy_names_and_version():
+    names = dir(gn)
+    for name in ("StackingRegressor", "CompositeRegressor", "DaskExecutor", "testing", "source", "fit"):
+        assert name in names
+    from importlib.metadata import version
+
+    assert gn.__version__ == version("gpunets")
+
+
+def test_py_typed_is_shipped():
+    from pathlib import Path
+
+    assert (Path(gn.__file__).parent / "py.typed").exists()
+    assert "py.typed" in (Path(gn.__file__).parent.parent / "pyproject.toml").read_text()
+
+
+def test_output_setting_like_cumls_output_type():
+    import pandas as pd
+
+    frame = pd.DataFrame(np.arange(12.0).reshape(6, 2), index=list("abcdef"))
+    X, y = gn.source(frame, name="X"), gn.source(np.arange(6.0), name="y")
+    p = gn.machine(Ridge(), X, y).predict(X)
+    p.fit()
+    assert isinstance(p(), np.ndarray)                                # auto: what the model returns
+    s = p(output="pandas")
+    assert isinstance(s, pd.Series) and list(s.index) == list("abcdef")
+    with gn.config(output="pandas"):
+        assert isinstance(p(), pd.Series)
+    assert isinstance(X(output="numpy"), np.ndarray)
+    try:
+        gn.set_config(output="pandas")
+        assert isinstance(p(frame.iloc[:2]), pd.Series)
+    finally:
+        gn.set_config(output="auto")
+    with pytest.raises(ValueError, match="output type"):
+        gn.set_config(output="arrow")
