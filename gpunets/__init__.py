@@ -37,7 +37,16 @@ from .ops import hstack, max, mean, min, sum, var, vote, weighted_sum
 from .report import FitReport, fitted_params, report
 from .trace import Trace
 
-__version__ = "0.1.0"
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gpunets")
+    except PackageNotFoundError:  # pragma: no cover - a source checkout that is not installed
+        return "0+unknown"
+
+
+__version__ = _version()
 
 __all__ = [
     "source", "node", "machine", "fit", "evaluate", "report", "fitted_params", "last_trace",
@@ -61,6 +70,11 @@ _LAZY = {
     "RandomizedSearchCV": ("gpunets.tuning", "RandomizedSearchCV"),
 }
 _LAZY_MODULES = ("testing", "kernels", "data", "models", "plan", "scheduler", "graph")
+
+
+def __dir__() -> list[str]:
+    """Every public name, the lazy ones included (tab completion in IPython/Jupyter)."""
+    return sorted(set(globals()) | set(_LAZY) | set(_LAZY_MODULES))
 
 
 def __getattr__(name: str) -> Any:

@@ -224,10 +224,14 @@ class Machine:
         self.frozen = False
         return self
 
-    def fit(self, rows: Any = None, force: bool = False, **kw: Any) -> Any:
-        """Train this machine and every machine upstream of it; see :func:`gpunets.fit`."""
-        from .network import fit
+    def fit(self, *data: Any, rows: Any = None, force: bool = False, **kw: Any) -> Any:
+        """Train this machine and every machine upstream of it; see :func:`gpunets.fit`.
 
+        Takes no data (``mach.fit(X, y)`` raises a ``TypeError`` that says where data goes).
+        """
+        from .network import fit, reject_fit_data
+
+        reject_fit_data(self, data)
         return fit(self, rows=rows, force=force, **kw)
 
     # --- the retraining rule -------------------------------------------------------------
