@@ -23,8 +23,6 @@ machine), and every network runs on the CPU too, with the same answers.
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as _version
 from typing import Any
 
 from .config import config, get_config, set_config
@@ -39,10 +37,16 @@ from .ops import hstack, max, mean, min, sum, var, vote, weighted_sum
 from .report import FitReport, fitted_params, report
 from .trace import Trace
 
-try:
-    __version__ = _version("gpunets")   # one place: the version in pyproject.toml
-except PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
-    __version__ = "0+unknown"
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gpunets")
+    except PackageNotFoundError:  # pragma: no cover - a source checkout that is not installed
+        return "0+unknown"
+
+
+__version__ = _version()
 
 __all__ = [
     "source", "node", "machine", "fit", "evaluate", "report", "fitted_params", "last_trace",
@@ -66,6 +70,11 @@ _LAZY = {
     "RandomizedSearchCV": ("gpunets.tuning", "RandomizedSearchCV"),
 }
 _LAZY_MODULES = ("testing", "kernels", "data", "models", "plan", "scheduler", "graph")
+
+
+def __dir__() -> list[str]:
+    """Every public name, the lazy ones included (tab completion in IPython/Jupyter)."""
+    return sorted(set(globals()) | set(_LAZY) | set(_LAZY_MODULES))
 
 
 def __getattr__(name: str) -> Any:

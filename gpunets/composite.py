@@ -73,6 +73,7 @@ from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from . import verbs
 from ._composite_ops import adopt_states, match_machines, same_value
+from ._warn import _OWNER
 from .config import config
 from .devices import override_placement
 from .executors import get_executor
@@ -369,7 +370,11 @@ class Composite(BaseEstimator):
             mapping = match_machines(machines, old.machines, new_names=names, old_names=old.names, strict=strict)
             adopt_states(machines, mapping)
         opts = self._gn_run_options()
-        report = gn_fit(*outputs.values(), **opts)
+        token = _OWNER.set(self)   # fallback warnings name this estimator, not its internal machines
+        try:
+            report = gn_fit(*outputs.values(), **opts)
+        finally:
+            _OWNER.reset(token)
         _relabel(report, names)
         self._gn_state = NetworkState(sources, data, outputs, machines, names, plain, fps)
         self.fit_report_ = report
@@ -392,11 +397,15 @@ class Composite(BaseEstimator):
         named = {"X": Xv} if any(s.name == "X" for s in origins) else {}
         keep = tuple(s.name for s in origins if s.name not in (None, "X")) if named else ()
         opts = self._gn_run_options()
-        if opts["device"] is not None:
-            with config(device=opts["device"]), override_placement(opts["device"]):
-                return evaluate(node, executor=opts["executor"], workers=opts["workers"], keep_training=keep,
-                                **named)
-        return evaluate(node, executor=opts["executor"], workers=opts["workers"], keep_training=keep, **named)
+        token = _OWNER.set(self)   # fallback warnings name this estimator, not its internal nodes
+        try:
+            if opts["device"] is not None:
+                with config(device=opts["device"]), override_placement(opts["device"]):
+                    return evaluate(node, executor=opts["executor"], workers=opts["workers"], keep_training=keep,
+                                    **named)
+            return evaluate(node, executor=opts["executor"], workers=opts["workers"], keep_training=keep, **named)
+        finally:
+            _OWNER.reset(token)
 
     @available_if(_has_operation("predict"))
     def predict(self, X: Any) -> Any:
@@ -476,13 +485,8 @@ class Composite(BaseEstimator):
             raise ValueError(msg)
         return verbs.get("to_dot")(list(outs.values()))   # display.py stays lazy
 
-    def _repr_svg_(self) -> str | None:
-        """SVG of the network through Graphviz (None without the ``dot`` program)."""
-        outs = self._gn_display_outputs()
-        return None if outs is None else verbs.get("repr_svg")(list(outs.values()))
-
     def _repr_html_(self) -> str:
-        """scikit-learn's estimator diagram, then the network (SVG with Graphviz, else a text tree)."""
+        """scikit-learn's estimator diagram, then the network as SVG (Graphviz where ``dot`` exists)."""
         import html
 
         try:
@@ -497,7 +501,7 @@ class Composite(BaseEstimator):
         targets = list(outs.values())
         ops = ", ".join(outs)
         fitted = "fitted" if "_gn_state" in self.__dict__ else "not fitted"
-        picture = verbs.get("repr_svg")(targets) or verbs.get("repr_html")(targets)
+        picture = verbs.get("repr_html")(targets)   # the graph as inline SVG, rendered once per display
         return head + f"<p>network ({fitted}; operations: {html.escape(ops)}):</p>" + picture
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, str]:

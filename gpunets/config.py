@@ -31,7 +31,9 @@ _DEFAULTS: dict[str, Any] = {
     "progress": False,    # show a tqdm progress bar while fitting
     "gpu_memory": "default",  # GPU memory resource, process-wide, set once: "default", "async" or "pool"
     "thread_unsafe": (),  # estimator classes (or dotted names) fitted and called one at a time
+    "output": "auto",     # what a call returns: "auto" | "device" | "numpy" | "pandas" (like cuML's output_type)
 }
+OUTPUT_TYPES = ("auto", "device", "numpy", "pandas")
 
 _GLOBAL: dict[str, Any] = dict(_DEFAULTS)
 _LOCAL: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("gpunets_config", default=None)
@@ -41,7 +43,7 @@ def get_config() -> dict[str, Any]:
     """Return a copy of the settings in force here.
 
     >>> sorted(get_config())
-    ['device', 'executor', 'fallback', 'gpu_memory', 'progress', 'thread_unsafe', 'workers']
+    ['device', 'executor', 'fallback', 'gpu_memory', 'output', 'progress', 'thread_unsafe', 'workers']
     """
     local = _LOCAL.get()
     return dict(local if local is not None else _GLOBAL)
@@ -56,7 +58,7 @@ def _validate(changes: dict[str, Any]) -> dict[str, Any]:
         msg = (f"fallback={changes['fallback']!r} is not a fallback policy; "
                f"use one of {list(FALLBACK_POLICIES)}.")
         raise ValueError(msg)
-    check_run_options(**{k: v for k, v in changes.items() if k in ("workers", "executor", "progress")})
+    check_run_options(**{k: v for k, v in changes.items() if k in ("workers", "executor", "progress", "output")})
     if "gpu_memory" in changes:
         verbs.get("check_gpu_memory")(changes["gpu_memory"])
     if "thread_unsafe" in changes:
@@ -90,8 +92,9 @@ def check_run_options(**options: Any) -> None:
                 msg = f"{name}={value!r} must be True or False."
                 raise TypeError(msg)
         elif name == "output":
-            if value not in ("auto", "device"):
-                msg = f"output={value!r}: use 'auto' (the type family given) or 'device' (where it was computed)."
+            if value not in OUTPUT_TYPES:
+                msg = (f"output={value!r}: use 'auto' (the type family given), 'device' (where it was computed), "
+                       "'numpy' or 'pandas'; gn.set_config(output=...) sets the default.")
                 raise ValueError(msg)
         else:  # pragma: no cover - a programming error
             raise TypeError(f"unknown run option {name!r}")
@@ -130,6 +133,10 @@ class config:
     thread_unsafe : list of classes or dotted names, optional
         Estimators that are not thread-safe (beyond the built-in registry of
         :mod:`gpunets.threadsafety`): their fits and calls run one at a time.
+    output : {"auto", "device", "numpy", "pandas"}, optional
+        What calling a node returns (cuML's ``output_type``): ``"auto"`` the type family and device
+        of the data given, ``"device"`` the value where it was computed, ``"numpy"`` a NumPy array on
+        the host, ``"pandas"`` a pandas object on the host (the input's index where it had one).
 
     Examples
     --------

@@ -26,10 +26,10 @@ from __future__ import annotations
 import contextvars
 import functools
 import re
-import warnings
 from dataclasses import dataclass
 from typing import Any, Union
 
+from ._warn import fallback_owner, warn_once, warn_user
 from .config import get_config
 from .exceptions import DeviceUnavailableError
 
@@ -375,7 +375,8 @@ def resolve(spec: Union[str, Device, None] = None) -> Device:
     return _auto_device()
 
 
-def check_available(dev: Union[str, Device], *, what: str, fallback: Union[str, None] = None) -> Device:
+def check_available(dev: Union[str, Device], *, what: str, fallback: Union[str, None] = None,
+                    owner: Any = None) -> Device:
     """Return the device to use for ``what``: ``dev`` if it exists here, else the CPU or an error.
 
     Parameters
@@ -388,6 +389,11 @@ def check_available(dev: Union[str, Device], *, what: str, fallback: Union[str, 
         Default: ``get_config()["fallback"]``.  ``"warn"`` emits one
         :class:`DeviceFallbackWarning` and returns the CPU; ``"silent"`` returns
         the CPU; ``"raise"`` raises :class:`~gpunets.exceptions.DeviceUnavailableError`.
+    owner : object, optional
+        The machine or node placed there: then the warning is given once per (owner, device, reason),
+        not at every fit.  Inside a composite's fit the composite is named and is the owner.
+
+    The warning points at the user's line (the first frame outside gpunets).
 
     Examples
     --------
@@ -406,9 +412,17 @@ def check_available(dev: Union[str, Device], *, what: str, fallback: Union[str, 
                f"present; gn.config(fallback='warn') runs it on the CPU with a warning.")
         raise DeviceUnavailableError(msg)
     if policy == "warn":
+        composite = fallback_owner()
+        if composite is not None:   # inside a composite's own network: name the user's estimator
+            inner = re.sub(r"\[fold \d+\]", "", what) if what.startswith("machine ") else "an operation"
+            what = f"{type(composite).__name__} ({inner} in its network)"
+            owner = type(composite)
         msg = (f"{what} is placed on {dev!s}, but {why}; running it on the CPU instead. "
                f"Place it on 'cpu' to silence this, or use gn.config(fallback='raise') to make it an error.")
-        warnings.warn(msg, DeviceFallbackWarning, stacklevel=2)
+        if owner is None:
+            warn_user(msg, DeviceFallbackWarning)
+        else:
+            warn_once((what, str(dev), why), msg, DeviceFallbackWarning, owner=owner)
     return CPU
 
 

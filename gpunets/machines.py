@@ -224,8 +224,12 @@ class Machine:
         self.frozen = False
         return self
 
-    def fit(self, rows: Any = None, force: bool = False, **kw: Any) -> Any:
-        """Train this machine and every machine upstream of it; see :func:`gpunets.fit`."""
+    def fit(self, *data: Any, rows: Any = None, force: bool = False, **kw: Any) -> Any:
+        """Train this machine and every machine upstream of it; see :func:`gpunets.fit`.
+
+        Takes no data (``mach.fit(X, y)`` raises a ``TypeError`` that says where data goes).
+        """
+        verbs.get("reject_fit_data")(self, data)
         return verbs.get("fit")(self, rows=rows, force=force, **kw)
 
     # --- the retraining rule -------------------------------------------------------------

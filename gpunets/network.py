@@ -7,18 +7,21 @@ executors; nodes and machines call into it.
 from __future__ import annotations
 
 import contextvars
+import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ._warn import remember_user_site
 from .config import check_run_options, config, get_config
-from .data import check_placeable, device_of, to_host_like
+from .data import check_placeable, device_of, is_pandas, to_device, to_host_like
 from .devices import override_placement
 from .exceptions import FitError, NetworkError
 from .executors import get_executor
-from .executors.base import default_workers, gpu_timing
+from .executors.base import default_workers, gpu_timing, inside_task
+from .graph import all_sources
 from .nodes import AbstractNode, Source, is_node
 from .plan import compile_call, compile_fit
-from .report import FitReport
+from .report import FitReport, explain
 from .trace import Trace
 
 __all__ = ["fit", "evaluate", "Evaluation", "last_trace", "remember_costs"]
@@ -87,19 +90,33 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
         msg = "gn.fit needs at least one node or machine to fit, e.g. gn.fit(yhat)."
         raise TypeError(msg)
     check_run_options(executor=executor, workers=workers, progress=progress, force=force)
+    _remember_site()
     if device is not None:
         with config(device=device), _override_placement(device):
             return fit(*targets, rows=rows, force=force, executor=executor, workers=workers, progress=progress)
     plan = compile_fit(list(targets), rows=rows, force=force, max_lanes=_max_lanes(executor, workers))
+    reasons = explain(plan, rows, force)
     ex = get_executor(executor, workers, plan)
     show = get_config()["progress"] if progress is None else progress
-    bar, callback = _progress_bar(plan, show)
     before = {m: m._version for m in plan.actions}
+    n_fits = sum(1 for t in plan.tasks if t.kind == "fit")
+    outer = _PROGRESS.get()
+    token = None
+    if outer is not None:          # a fit inside a task of another fit (a stack's folds): same bar
+        outer.add(n_fits)
+        progress_bar = None
+    else:
+        progress_bar = _Progress.open(n_fits, show)
+        if progress_bar is not None:
+            token = _PROGRESS.set(progress_bar)   # before the run: its worker threads copy this context
+    callback = (outer or progress_bar).on_task_done if (outer or progress_bar) is not None else None
     try:
         run = ex.run(plan, on_task_done=callback)
     finally:
-        if bar is not None:
-            bar.close()
+        if token is not None:
+            _PROGRESS.reset(token)
+        if progress_bar is not None:
+            progress_bar.close()
     _LAST_TRACE.set(run.trace)
     remember_costs(plan, run.trace)
     try:
@@ -107,7 +124,41 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
     except FitError as e:
         _say_what_will_retrain(e, plan, before)
         raise
-    return FitReport(plan, run.trace, run.trace.executor)
+    report = FitReport(plan, run.trace, run.trace.executor, reasons)
+    _adopt_nested_traces(report)
+    return report
+
+
+def _adopt_nested_traces(report: Any) -> None:
+    """Put the fits a composite ran inside its machine's task (a stack's folds) on the report's trace."""
+    for m, action in report.actions.items():
+        st = m._state
+        inner = getattr(st.estimator, "fit_report_", None) if st is not None and action != "skip" else None
+        if isinstance(inner, FitReport) and inner.trace is not report.trace:
+            report.trace.adopt(inner.trace, report.labels[m], inner.task_labels())
+
+
+def reject_fit_data(target: Any, data: tuple[Any, ...]) -> None:
+    """``node.fit(X, y)`` (a scikit-learn habit): a TypeError that says where data goes in a network."""
+    if not data:
+        return
+    what = ", ".join(type(d).__name__ for d in data)
+    sources = [s.label for s in (target.sources if is_node(target) else _machine_sources(target))]
+    msg = (f"{target!r}.fit() takes no data, got {len(data)} positional argument(s) ({what}). A network trains on "
+           f"the data of its sources ({', '.join(sources) or 'none'}): create them with gn.source(X, name='X'), "
+           "or replace their data with X.data = new_X, then call fit(). To train on some of the rows, "
+           "use fit(rows=...); for a scikit-learn estimator with fit(X, y), export the network as a "
+           "composite (gn.CompositeRegressor).")
+    raise TypeError(msg)
+
+
+def _machine_sources(m: Any) -> tuple[Source, ...]:
+    return all_sources(list(m.args))
+
+
+def _remember_site() -> None:
+    if not inside_task():   # warnings from worker threads of this run point at the user's call
+        remember_user_site()
 
 
 def _say_what_will_retrain(err: BaseException, plan: Any, before: dict[Any, int]) -> None:
@@ -141,21 +192,49 @@ def _override_placement(device: Any) -> Any:
     return override_placement(device)
 
 
-def _progress_bar(plan: Any, show: bool) -> tuple[Any, Any]:
-    n = sum(1 for t in plan.tasks if t.kind == "fit")
-    if not show or n == 0:
-        return None, None
-    try:
+def tqdm_class() -> Any:
+    """tqdm's notebook widget where ipywidgets is installed, else its text bar; None without tqdm.
+
+    ``tqdm.auto`` alone warns "IProgress not found" in a notebook without ipywidgets.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("tqdm") is None:
+        return None
+    if importlib.util.find_spec("ipywidgets") is not None:
         from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover - tqdm is optional
-        return None, None
-    bar = tqdm(total=n, desc="fitting", unit="machine", leave=False)
+    else:
+        from tqdm.std import tqdm
+    return tqdm
 
-    def callback(task: Any) -> None:
+
+class _Progress:
+    """The progress bar of one top-level fit; fits run inside its tasks (a stack's folds) count on it too."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar = bar
+        self.lock = threading.Lock()
+
+    @classmethod
+    def open(cls, n_fits: int, show: bool) -> "_Progress | None":
+        tqdm = tqdm_class() if show and n_fits else None
+        return None if tqdm is None else cls(tqdm(total=n_fits, desc="fitting", unit="fit", leave=False))
+
+    def add(self, n: int) -> None:
+        with self.lock:
+            self.bar.total += n
+            self.bar.refresh()
+
+    def on_task_done(self, task: Any) -> None:
         if task.kind == "fit":
-            bar.update(1)
+            with self.lock:
+                self.bar.update(1)
 
-    return bar, callback
+    def close(self) -> None:
+        self.bar.close()
+
+
+_PROGRESS: contextvars.ContextVar[_Progress | None] = contextvars.ContextVar("gpunets_progress", default=None)
 
 
 @dataclass
@@ -182,9 +261,12 @@ def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any],
     if data:
         if len(origins) != 1:
             names = [s.label for s in origins]
-            kw = ", ".join(f"{n}=..." for n in names)
-            msg = (f"{target!r} has {len(origins)} origins ({names}), so new data must be passed by "
-                   f"source name: node({kw}).")
+            if all(s.name is not None for s in origins) and len(set(names)) == len(names):
+                hint = f"by source name: node({', '.join(f'{n}=...' for n in names)})."
+            else:
+                hint = ("by source name, and some origins have no (distinct) name: create them with "
+                        "gn.source(data, name='X') (a name per source), then call node(X=..., Z=...).")
+            msg = f"{target!r} has {len(origins)} origins ({names}), so new data must be passed {hint}"
             raise NetworkError(msg)
         bindings[origins[0]._uid] = data[0]
     if named:
@@ -236,7 +318,7 @@ def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any],
 
 
 def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any = None,
-             workers: int | None = None, output: str = "auto", trace: bool = False,
+             workers: int | None = None, output: str | None = None, trace: bool = False,
              keep_training: Sequence[str] = (), **named: Any) -> Any:
     """Evaluate ``target``: ``target()``, ``target(Xnew)``, ``target(X=...)``, ``target(rows=r)``.
 
@@ -253,7 +335,10 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
     if not is_node(target):
         msg = f"evaluate needs a node, got {target!r} of type {type(target).__name__}."
         raise TypeError(msg)
+    if output is None:
+        output = get_config()["output"]
     check_run_options(executor=executor, workers=workers, output=output, trace=trace)
+    _remember_site()
     bindings = _bindings(target, data, named, keep_training)
     plan = compile_call([target], bindings, rows=rows, max_lanes=_max_lanes(executor, workers))
     ex = get_executor(executor, workers, plan)
@@ -264,7 +349,27 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
     (value,) = run.results()
     if output == "auto":
         value = _like_input(value, plan)
+    elif output in ("numpy", "pandas"):
+        value = _as_host(value, output, plan)
     return Evaluation(value, run.trace, plan.executor_reason) if trace else value
+
+
+def _as_host(value: Any, kind: str, plan: Any) -> Any:
+    """``value`` as a NumPy array or a pandas object on the host (``output="numpy"`` / ``"pandas"``)."""
+    import numpy as np
+    import pandas as pd
+
+    value = to_device(value, "cpu")
+    if hasattr(value, "to_pandas"):            # cuDF moved to the host, or an Arrow-like object
+        value = value.to_pandas()
+    if kind == "numpy":
+        return value.to_numpy() if is_pandas(value) else np.asarray(value)
+    if is_pandas(value):
+        return value
+    arr = np.asarray(value)
+    sources = [t.value for t in plan.tasks if t.kind == "source" and is_pandas(t.value)]
+    index = sources[0].index if sources and arr.ndim and len(sources[0]) == len(arr) else None
+    return pd.Series(arr, index=index) if arr.ndim == 1 else pd.DataFrame(arr, index=index)
 
 
 def _like_input(value: Any, plan: Any) -> Any:

@@ -104,7 +104,7 @@ class AbstractNode:
 
     # --- calling and fitting ----------------------------------------------------------
     def __call__(self, *data: Any, rows: Any = None, executor: Any = None, workers: int | None = None,
-                 output: str = "auto", keep_training: Sequence[str] = (), **named: Any) -> Any:
+                 output: str | None = None, keep_training: Sequence[str] = (), **named: Any) -> Any:
         """Evaluate the node: ``n()``, ``n(rows=r)``, ``n(Xnew)`` or ``n(X=Xnew)``.
 
         Parameters
@@ -115,9 +115,11 @@ class AbstractNode:
             Evaluate on these rows of the sources' data.
         executor, workers : optional
             Where tasks run (see :func:`gpunets.fit`); default from :func:`gpunets.config`.
-        output : {"auto", "device"}
-            ``"auto"`` returns values in the type family the caller gave
-            (pandas in, pandas out); ``"device"`` returns them where they were computed.
+        output : {"auto", "device", "numpy", "pandas"}, optional
+            Default ``gn.get_config()["output"]`` (``"auto"``): values on the device and in the
+            array/frame family of the data given (a frame an operation returns comes back as a
+            pandas frame for pandas input; an array stays an array); ``"device"`` where they were
+            computed; ``"numpy"`` / ``"pandas"`` converted on the host.
         keep_training : sequence of str, optional
             Origins (by source name) that keep their own data when others are given new data;
             without it, new data for some origins and not others is an error.
@@ -127,9 +129,13 @@ class AbstractNode:
         return verbs.get("evaluate")(self, *data, rows=rows, executor=executor, workers=workers, output=output,
                                      keep_training=keep_training, **named)
 
-    def fit(self, rows: Any = None, force: bool = False, *, executor: Any = None, workers: int | None = None,
-            device: Any = None, progress: bool | None = None) -> "FitReport":
-        """Train every machine upstream of this node; see :func:`gpunets.fit`."""
+    def fit(self, *data: Any, rows: Any = None, force: bool = False, executor: Any = None,
+            workers: int | None = None, device: Any = None, progress: bool | None = None) -> "FitReport":
+        """Train every machine upstream of this node on its sources' data; see :func:`gpunets.fit`.
+
+        Takes no data (``node.fit(X, y)`` raises a ``TypeError`` that says where data goes).
+        """
+        verbs.get("reject_fit_data")(self, data)
         return verbs.get("fit")(self, rows=rows, force=force, executor=executor, workers=workers, device=device,
                                 progress=progress)
 
@@ -197,11 +203,12 @@ class AbstractNode:
         """
         return verbs.get("to_dot")([self])
 
-    def _repr_svg_(self) -> str | None:
+    def _repr_svg_(self) -> str:
         return verbs.get("repr_svg")([self])
 
-    def _repr_html_(self) -> str:
-        return verbs.get("repr_html")([self])
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        """Jupyter shows the graph as SVG (Graphviz where ``dot`` exists, else a pure-Python layout)."""
+        return verbs.get("mimebundle")([self], text=repr(self))
 
 
 class Source(AbstractNode):

@@ -145,7 +145,7 @@ class _Builder:
         self.states: dict[int, Any] = {}             # machine uid -> the fitted state this plan uses
         self.stale: list[tuple[Any, list[Any]]] = []  # (machine, upstream machines it is out of step with)
 
-    def placed(self, spec: Any, what: "str | Callable[[], str]") -> Any:
+    def placed(self, spec: Any, what: "str | Callable[[], str]", owner: Any = None) -> Any:
         """The device ``spec`` resolves to here (explicit, block, config), after the availability check.
 
         ``what`` names the culprit in messages; it may be a function, called only when a message is
@@ -156,7 +156,7 @@ class _Builder:
         if dev is None:
             dev = resolve(spec)
             if dev.is_cuda:
-                dev = check_available(dev, what=what() if callable(what) else what)
+                dev = check_available(dev, what=what() if callable(what) else what, owner=owner)
             self._placed[key] = dev
         return dev
 
@@ -217,7 +217,7 @@ class _Builder:
             if path == "array_api":
                 frames = "array"
         else:
-            dev = self.placed(x.device, lambda: f"node {x._short()}")
+            dev = self.placed(x.device, lambda: f"node {x._short()}", owner=x)
         deps: list[int] = []
         spec: list[tuple[bool, Any]] = []
         plain = True                  # every argument a node, in order: call the operation as it is
@@ -331,7 +331,7 @@ def _resolve_fit(b: "_Builder", m: "Machine", pending: Any) -> Any:
     """Where machine ``m`` trains and as which estimator (None: the CPU clone as it is)."""
 
     what = f"machine {m.label}"
-    dev = b.placed(m.device, what)
+    dev = b.placed(m.device, what, owner=m)
     if dev.is_cpu and not is_cuml_estimator(pending.estimator):
         return None, dev, "sklearn"
     r = resolve_estimator(pending.estimator, dev, what=what)

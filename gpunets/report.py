@@ -8,15 +8,94 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .graph import upstream_machines
-from .machines import Machine, labels
+from .graph import machine_parents, machine_sources, upstream_machines
+from .machines import Machine, _equal, _same_rows, labels, snapshot_params
+from .plan import _rows_key
 from .nodes import is_node
 
 if TYPE_CHECKING:  # pragma: no cover
     from .plan import Plan
     from .trace import Trace
 
-__all__ = ["FitReport", "ActionMap", "labels", "report", "fitted_params"]  # labels: from machines.py
+# labels (Ridge, Ridge#2) are made in machines.py, below the compile layer that needs them too
+__all__ = ["FitReport", "ActionMap", "Report", "labels", "report", "fitted_params", "explain"]
+
+
+def explain(plan: "Plan", rows: Any = None, force: bool = False) -> dict["Machine", str]:
+    """Why each machine of a fit plan trains, updates or skips: the retraining rule that fired.
+
+    Call it after the plan is compiled and before it runs (it reads the machines' last fitted state).
+
+    Examples
+    --------
+    >>> import numpy as np, gpunets as gn
+    >>> from sklearn.linear_model import Ridge
+    >>> X, y = gn.source(np.eye(3), name="X"), gn.source(np.ones(3), name="y")
+    >>> m = gn.machine(Ridge(), X, y)
+    >>> m.fit().why["Ridge"]
+    'never trained'
+    >>> m.model.alpha = 2.0
+    >>> m.fit().why["Ridge"]
+    'hyperparameter alpha changed'
+    """
+    names = labels(list(plan.actions))
+    rows_key = _rows_key(rows)
+    out: dict[Machine, str] = {}
+    for m, action in plan.actions.items():
+        st = m._state
+        if m.frozen:
+            out[m] = "frozen"
+            continue
+        if action == "skip":
+            out[m] = "nothing changed"
+            continue
+        if st is None:
+            out[m] = "never trained"
+            continue
+        if force:
+            out[m] = "force=True"
+            continue
+        retrained = [names.get(p, p.label) for p in machine_parents(m) if plan.actions.get(p, "skip") != "skip"]
+        if retrained:
+            out[m] = f"upstream {', '.join(retrained)} retrained"
+            continue
+        if not _same_rows(st.rows, rows_key):
+            out[m] = "new rows"
+            continue
+        now = m._upstream_versions()
+        if st.upstream != now:
+            new_data = [s.label for s in machine_sources(m) if st.upstream.get(("source", s._uid)) != s._version]
+            parents = [names.get(p, p.label) for p in machine_parents(m)
+                       if st.upstream.get(("machine", p._uid)) != p._version]
+            out[m] = (f"new data in source {', '.join(new_data)}" if new_data
+                      else f"upstream {', '.join(parents) or 'machine'} retrained since")
+            continue
+        params = snapshot_params(m.model)
+        changed = sorted(k for k in set(params) | set(st.params)
+                         if k not in params or k not in st.params or not _equal(params[k], st.params[k]))
+        word = "hyperparameter" if len(changed) == 1 else "hyperparameters"
+        out[m] = f"{word} {', '.join(changed)} changed" if changed else action
+    return out
+
+
+def asked_device(m: "Machine") -> str:
+    """Where the user placed ``m`` ("auto" when nowhere in particular)."""
+    d = m.device
+    return "auto" if d is None or d == "auto" else str(d)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+class Report(dict):
+    """``{label: machine report}`` with :meth:`to_frame`."""
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per machine (index: the label)."""
+        import pandas as pd
+
+        return pd.DataFrame.from_dict({k: dict(v) for k, v in self.items()}, orient="index")
 
 
 class ActionMap(dict):
@@ -65,22 +144,30 @@ class FitReport:
         Machine -> readable label.
     """
 
-    def __init__(self, plan: "Plan", trace: "Trace", executor: str) -> None:
+    def __init__(self, plan: "Plan", trace: "Trace", executor: str,
+                 reasons: dict["Machine", str] | None = None) -> None:
         machines = list(plan.actions)
         self.labels = labels(machines)
+        self.reasons = reasons or {}
         self.actions = ActionMap(dict(plan.actions), self.labels)
         self.trace = trace
         self.executor = executor
         self.executor_reason = getattr(plan, "executor_reason", "")
         lanes: dict[Any, Any] = {}
         times: dict[Any, float] = {}
+        self._fit_tasks: dict[int, Machine] = {}
         for r in trace.records:
             if r.kind == "fit":
                 task = plan.tasks[r.key]
                 lanes[task.machine] = r.lane
                 times[task.machine] = r.seconds
+                self._fit_tasks[r.key] = task.machine
         self.lanes = lanes
         self.times = times
+
+    def task_labels(self) -> dict[int, str]:
+        """Trace key of each fit task -> ``"fit <machine label>"`` (labels as this report shows them)."""
+        return {k: f"fit {self.labels[m]}" for k, m in self._fit_tasks.items()}
 
     @property
     def machines(self) -> list["Machine"]:
@@ -96,33 +183,58 @@ class FitReport:
     def devices(self) -> dict[str, str]:
         return {self.labels[m]: self.where(m) for m in self.actions}
 
+    @property
+    def why(self) -> dict[str, str]:
+        """Label -> the retraining rule that fired ("never trained", "hyperparameter alpha changed", ...)."""
+        return {self.labels[m]: self.reasons.get(m, "") for m in self.actions}
+
     def rows(self) -> list[dict[str, Any]]:
+        """One dict per machine: machine, action, why, asked (placement), device (used), path, lane, seconds."""
         out = []
         for m, action in self.actions.items():
             st = m._state
-            out.append({"machine": self.labels[m], "action": action, "device": self.where(m),
+            out.append({"machine": self.labels[m], "action": action, "why": self.reasons.get(m, ""),
+                        "asked": asked_device(m), "device": self.where(m),
                         "path": st.path if st is not None else "-", "lane": self.lanes.get(m, "-"),
                         "seconds": self.times.get(m, 0.0)})
         return out
 
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per machine, the columns of :meth:`rows`."""
+        import pandas as pd
+
+        cols = ["machine", "action", "why", "asked", "device", "path", "lane", "seconds"]
+        return pd.DataFrame(self.rows(), columns=cols)
+
+    def _title(self) -> str:
+        return (f"FitReport ({self.executor}, {_plural(len(self.actions), 'machine')}, "
+                f"{self.trace.wall_time * 1e3:.1f} ms)")
+
+    @staticmethod
+    def _device_text(r: dict[str, Any]) -> str:
+        asked = r["asked"]
+        return r["device"] if asked in ("auto", r["device"]) else f"{r['device']} (asked {asked})"
+
     def __repr__(self) -> str:
-        head = f"FitReport ({self.executor}, {len(self.actions)} machines, {self.trace.wall_time * 1e3:.1f} ms)"
-        lines = [head, f"  {'machine':<24} {'action':<7} {'device':<8} {'lane':<5} {'ms':>9}"]
-        for r in self.rows():
-            lines.append(f"  {r['machine']:<24} {r['action']:<7} {r['device']:<8} {str(r['lane']):<5} "
-                         f"{r['seconds'] * 1e3:>9.2f}")
+        rows = self.rows()
+        w = max([8] + [len(self._device_text(r)) for r in rows])
+        lines = [self._title(), f"  {'machine':<24} {'action':<7} {'device':<{w}} {'lane':<5} {'ms':>9}  why"]
+        for r in rows:
+            lines.append(f"  {r['machine']:<24} {r['action']:<7} {self._device_text(r):<{w}} {str(r['lane']):<5} "
+                         f"{r['seconds'] * 1e3:>9.2f}  {r['why']}")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
         from html import escape
 
         cells = "".join(
-            f"<tr><td>{escape(r['machine'])}</td><td>{r['action']}</td><td>{escape(r['device'])}</td>"
-            f"<td>{escape(str(r['path']))}</td><td>{r['lane']}</td><td>{r['seconds'] * 1e3:.2f}</td></tr>"
+            f"<tr><td>{escape(r['machine'])}</td><td>{r['action']}</td><td>{escape(r['why'])}</td>"
+            f"<td>{escape(self._device_text(r))}</td><td>{escape(str(r['path']))}</td><td>{r['lane']}</td>"
+            f"<td>{r['seconds'] * 1e3:.2f}</td></tr>"
             for r in self.rows())
-        return ("<table><caption>" + escape(f"FitReport ({self.executor})") + "</caption>"
-                "<tr><th>machine</th><th>action</th><th>device</th><th>path</th><th>lane</th><th>ms</th></tr>"
-                + cells + "</table>")
+        return ("<table><caption>" + escape(self._title()) + "</caption>"
+                "<tr><th>machine</th><th>action</th><th>why</th><th>device</th><th>path</th><th>lane</th>"
+                "<th>ms</th></tr>" + cells + "</table>")
 
 
 def _machines_of(target: Any) -> tuple["Machine", ...]:
@@ -134,7 +246,7 @@ def _machines_of(target: Any) -> tuple["Machine", ...]:
     raise TypeError(msg)
 
 
-def report(target: Any) -> dict[str, dict[str, Any]]:
+def report(target: Any) -> Report:
     """``{label: machine.report()}`` for every machine upstream of ``target``.
 
     Parameters
@@ -146,7 +258,9 @@ def report(target: Any) -> dict[str, dict[str, Any]]:
     -------
     dict
         One entry per machine, keyed by its readable label (``Ridge``, ``Ridge#2``): what it did at
-        its last fit (``action``, ``seconds``, ``n_rows``, ``device``, ``path``, ``history``, ...).
+        its last fit (``action``, ``seconds``, ``n_rows``, ``asked`` (the placement asked for),
+        ``device`` (where it ran), ``path``, ``history``, ...).  ``.to_frame()`` makes it a pandas
+        DataFrame, one row per machine.
 
     Examples
     --------
@@ -157,9 +271,11 @@ def report(target: Any) -> dict[str, dict[str, Any]]:
     >>> _ = p.fit()
     >>> gn.report(p)["Ridge"]["action"]
     'train'
+    >>> gn.report(p).to_frame().loc["Ridge", "device"]
+    'cpu'
     """
     ms = _machines_of(target)
-    return {label: m.report() for m, label in labels(ms).items()}
+    return Report({label: {**m.report(), "asked": asked_device(m)} for m, label in labels(ms).items()})
 
 
 def fitted_params(target: Any) -> dict[str, dict[str, Any]]:

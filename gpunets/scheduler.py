@@ -65,6 +65,7 @@ class Run:
         self.trace = Trace(executor=executor_name, kind=plan.kind)
         self.on_task_done = on_task_done
         self.t0 = time.perf_counter()
+        self.trace.origin = self.t0
         for t in plan.tasks:
             if t.kind == "source":
                 self.values[t.key] = t.value

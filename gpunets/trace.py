@@ -36,6 +36,7 @@ class TraceRecord:
     thread: str
     failed: bool = False
     issued: tuple[float, float] | None = None   # host issue (start, end) when start/end are GPU times
+    parent: str | None = None   # the machine whose own network ran this task (a composite's inner fit)
 
     @property
     def seconds(self) -> float:
@@ -48,6 +49,8 @@ class Trace:
 
     executor: str = "serial"
     kind: str = "fit"
+    origin: float | None = None   # time.perf_counter() at the run's start: times are seconds after it
+    nested: list[TraceRecord] = field(default_factory=list, repr=False)
     _records: list[TraceRecord] = field(default_factory=list, repr=False)
     _raw: list[tuple] = field(default_factory=list, repr=False)   # (task, lane, start, end, thread, device, failed)
 
@@ -75,11 +78,27 @@ class Trace:
 
     def lanes(self) -> list[Any]:
         """The lanes used, in order of first use."""
-        out: list[Any] = []
-        for r in sorted(self.records, key=lambda r: r.start):
-            if r.lane not in out:
-                out.append(r.lane)
-        return out
+        return _lanes(self.records)
+
+    def all_records(self) -> list[TraceRecord]:
+        """This run's records and those of the networks run inside its tasks (``parent`` set), by start."""
+        return sorted(self.records + self.nested, key=lambda r: r.start)
+
+    def adopt(self, inner: "Trace", parent: str, labels: dict[int, str] | None = None) -> None:
+        """Add the records of ``inner``, a run inside one of this run's tasks, as :attr:`nested` records.
+
+        Their times are shifted onto this run's clock, their lanes named after ``parent`` (the
+        machine whose network ran) and ``labels`` (task key -> label) renames them.
+        """
+        if inner.origin is None or self.origin is None:
+            return
+        shift = inner.origin - self.origin
+        labels = labels or {}
+        for r in inner.all_records():
+            lane = f"{parent} lane {r.lane}" if r.parent is None else r.lane
+            label = labels.get(r.key, r.label) if r.parent is None else r.label
+            self.nested.append(TraceRecord(r.key, r.kind, f"{parent}: {label}", lane, r.device, r.start + shift,
+                                           r.end + shift, r.thread, r.failed, parent=r.parent or parent))
 
     @property
     def wall_time(self) -> float:
@@ -92,19 +111,38 @@ class Trace:
         return sum(r.seconds for r in self.records)
 
     def to_dicts(self) -> list[dict[str, Any]]:
-        return [asdict(r) for r in self]
+        """One dict per task, nested runs' tasks included (``parent`` names their machine)."""
+        return [asdict(r) for r in self.all_records()]
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per task (nested runs' tasks included), ordered by start.
+
+        Columns: ``key, kind, label, lane, device, start, end, seconds, thread, failed, parent``.
+
+        >>> t = Trace(executor="serial")
+        >>> t.records.append(TraceRecord(0, "fit", "fit Ridge", 0, "cpu", 0.0, 0.5, "MainThread"))
+        >>> t.to_frame()[["label", "seconds"]].to_dict("records")
+        [{'label': 'fit Ridge', 'seconds': 0.5}]
+        """
+        import pandas as pd
+
+        cols = ["key", "kind", "label", "lane", "device", "start", "end", "seconds", "thread", "failed", "parent"]
+        rows = [{**asdict(r), "seconds": r.seconds} for r in self.all_records()]
+        return pd.DataFrame(rows, columns=cols)
 
     def to_chrome_events(self) -> list[dict[str, Any]]:
         """Trace-event dicts ("X" complete events, microseconds), one thread row per lane."""
-        lanes = self.lanes()
+        records = self.all_records()
+        lanes = _lanes(records)
         events: list[dict[str, Any]] = []
         for i, lane in enumerate(lanes):
             events.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": i,
-                           "args": {"name": f"lane {lane}"}})
-        for r in self:
+                           "args": {"name": _lane_name(lane)}})
+        for r in records:
             events.append({"name": r.label, "cat": r.kind, "ph": "X", "pid": 1, "tid": lanes.index(r.lane),
                            "ts": r.start * 1e6, "dur": max(r.seconds * 1e6, 0.001),
                            "args": {"device": r.device, "thread": r.thread, "key": r.key, "failed": r.failed,
+                                    "parent": r.parent,
                                     **({"issued_us": [t * 1e6 for t in r.issued]} if r.issued else {})}})
         events.sort(key=lambda e: (e["ph"] != "M", e.get("ts", 0)))
         return events
@@ -120,39 +158,84 @@ class Trace:
     def plot(self, ax: Any = None, path: str | os.PathLike[str] | None = None, title: str | None = None) -> Any:
         """Draw the timeline with matplotlib: one row per lane, a bar per task.
 
-        Returns the matplotlib Axes; with ``path`` also saves the figure (PNG, SVG, ...).
+        Returns the matplotlib Axes.  With ``path`` the figure is also saved (PNG, SVG, ...); when no
+        ``ax`` is given it is then drawn on a standalone :class:`matplotlib.figure.Figure`, so saving
+        never touches pyplot or the backend the user chose (inline plots keep working in Jupyter).
         """
         try:
-            import matplotlib
-
-            if ax is None and path is not None and not os.environ.get("DISPLAY"):
-                matplotlib.use("Agg", force=False)
-            import matplotlib.pyplot as plt
+            from matplotlib.figure import Figure
         except ImportError as e:  # pragma: no cover - depends on the environment
             msg = "Trace.plot() needs matplotlib: pip install matplotlib (or gpunets[plot])."
             raise ImportError(msg) from e
-        lanes = self.lanes()
+        lanes = _lanes(self.all_records())
+        size = (10, 0.6 * max(len(lanes), 1) + 1.5)
         if ax is None:
-            fig, ax = plt.subplots(figsize=(10, 0.6 * max(len(lanes), 1) + 1.5))
-        colors = {"fit": "tab:blue", "eval": "tab:green", "move": "tab:orange", "source": "tab:gray"}
-        for r in self:
-            row = lanes.index(r.lane)
-            ax.barh(row, r.seconds * 1e3, left=r.start * 1e3, height=0.6,
-                    color="tab:red" if r.failed else colors.get(r.kind, "tab:purple"), edgecolor="black",
-                    linewidth=0.3)
-            if r.seconds > 0.06 * max(self.wall_time, 1e-9):
-                ax.text((r.start + r.seconds / 2) * 1e3, row, r.label[:24], ha="center", va="center", fontsize=7)
-        ax.set_yticks(range(len(lanes)))
-        ax.set_yticklabels([f"lane {lane}" for lane in lanes])
-        ax.invert_yaxis()
-        ax.set_xlabel("time (ms)")
-        ax.set_title(title or f"{self.kind} on {self.executor}: {len(self.records)} tasks, "
-                     f"{self.wall_time * 1e3:.1f} ms")
+            if path is not None:
+                ax = Figure(figsize=size).subplots()
+            else:
+                import matplotlib.pyplot as plt
+
+                _, ax = plt.subplots(figsize=size)
+        self._draw(ax, lanes, title)
         if path is not None:
             ax.figure.tight_layout()
             ax.figure.savefig(path, dpi=120)
         return ax
 
+    def _draw(self, ax: Any, lanes: list[Any], title: str | None) -> None:
+        colors = {"fit": "tab:blue", "eval": "tab:green", "move": "tab:orange", "source": "tab:gray"}
+        for r in self.all_records():
+            row = lanes.index(r.lane)
+            ax.barh(row, r.seconds * 1e3, left=r.start * 1e3, height=0.6,
+                    color="tab:red" if r.failed else colors.get(r.kind, "tab:purple"), edgecolor="black",
+                    linewidth=0.3)
+            if r.seconds > 0.06 * max(self.wall_time, 1e-9):
+                text = r.label.split(": ", 1)[-1] if r.parent else r.label   # the lane names the parent
+                ax.text((r.start + r.seconds / 2) * 1e3, row, text[:24], ha="center", va="center", fontsize=7)
+        ax.set_yticks(range(len(lanes)))
+        ax.set_yticklabels([_lane_name(lane) for lane in lanes])
+        ax.invert_yaxis()
+        ax.set_xlabel("time (ms)")
+        inner = f" (+{len(self.nested)} inside them)" if self.nested else ""
+        ax.set_title(title or f"{self.kind} on {self.executor}: {len(self.records)} tasks{inner}, "
+                     f"{self.wall_time * 1e3:.1f} ms")
+
+    def to_svg(self, title: str | None = None) -> str:
+        """The timeline as an SVG document (drawn on a standalone Figure; needs matplotlib)."""
+        import io
+
+        from matplotlib.figure import Figure
+
+        lanes = _lanes(self.all_records())
+        ax = Figure(figsize=(10, 0.6 * max(len(lanes), 1) + 1.5)).subplots()
+        self._draw(ax, lanes, title)
+        ax.figure.tight_layout()
+        buf = io.StringIO()
+        ax.figure.savefig(buf, format="svg")
+        return buf.getvalue()
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """Jupyter shows the timeline (SVG) when matplotlib is installed, else the one-line summary."""
+        bundle: dict[str, Any] = {"text/plain": repr(self)}
+        if self.records:
+            try:
+                bundle["image/svg+xml"] = self.to_svg()
+            except ImportError:
+                pass
+        return bundle
+
     def __repr__(self) -> str:
         return (f"<Trace {self.kind} on {self.executor}: {len(self.records)} tasks on {len(self.lanes())} lanes, "
                 f"{self.wall_time * 1e3:.2f} ms>")
+
+
+def _lanes(records: list[TraceRecord]) -> list[Any]:
+    out: list[Any] = []
+    for r in sorted(records, key=lambda r: r.start):
+        if r.lane not in out:
+            out.append(r.lane)
+    return out
+
+
+def _lane_name(lane: Any) -> str:
+    return lane if isinstance(lane, str) else f"lane {lane}"

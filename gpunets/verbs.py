@@ -33,7 +33,9 @@ PROVIDERS: dict[str, str] = {
     "evaluate": "gpunets.network:evaluate",                 # node(...)
     "to_dot": "gpunets.display:to_dot",                     # node.to_dot()
     "repr_svg": "gpunets.display:repr_svg",                 # node._repr_svg_()
-    "repr_html": "gpunets.display:repr_html",               # node._repr_html_(), mach._repr_html_()
+    "repr_html": "gpunets.display:repr_html",               # mach._repr_html_(), composites
+    "mimebundle": "gpunets.display:mimebundle",             # node._repr_mimebundle_()
+    "reject_fit_data": "gpunets.network:reject_fit_data",   # node.fit(X) / mach.fit(X): says where data goes
     "check_executor": "gpunets.executors:check_executor_spec",   # gn.config(executor=...)
     "check_device": "gpunets.devices:Device.parse",              # gn.config(device=...)
     "check_gpu_memory": "gpunets.gpu_memory:check_gpu_memory",   # gn.set_config(gpu_memory=...)

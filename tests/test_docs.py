@@ -7,7 +7,8 @@
 * Notebooks in docs/examples/ must be stored with their outputs cleared; they are executed
   with nbclient on the ``python3`` kernel, which jupyter_client starts with this very
   interpreter (``sys.executable``), so the venv's gpunets and ipykernel are the ones used.
-* Where MkDocs is installed (the ``docs`` extra), ``mkdocs build --strict`` must pass.
+* Where MkDocs and mkdocs-jupyter are installed (the ``docs`` extra), ``mkdocs build --strict`` must pass,
+  and the example notebooks must appear on the site with their outputs (it executes them).
 """
 
 from __future__ import annotations
@@ -177,6 +178,14 @@ def test_mkdocs_build_strict(tmp_path):
     pytest.importorskip("mkdocstrings_handlers.python")
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     env.pop("NUMBA_ENABLE_CUDASIM", None)
-    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    pytest.importorskip("mkdocs_jupyter")
+    site = tmp_path / "site"
+    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
+    # the example notebooks are pages, rendered with their outputs: the graph (SVG), the report, the timeline
+    first = (site / "examples" / "first-network" / "index.html").read_text(encoding="utf-8")
+    assert "<caption>FitReport" in first                                       # the report's table
+    assert first.count('data-mime-type="image/svg+xml"') >= 2                   # the graph and the timeline
+    stacking = (site / "examples" / "gpu-vs-cpu-stacking" / "index.html").read_text(encoding="utf-8")
+    assert "data:image/png" in stacking and "best of 3 warm runs" in stacking

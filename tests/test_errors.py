@@ -170,3 +170,90 @@ def test_bad_executor_and_config_values(data):
 def test_iterating_a_node_is_an_error():
     with pytest.raises(TypeError, match="cannot be iterated"):
         list(gn.source(np.ones(2), name="X"))
+
+
+# --- scikit-learn habits --------------------------------------------------------------------------
+
+def test_fit_with_data_says_where_data_goes():
+    from sklearn.linear_model import Ridge
+
+    X = gn.source(np.ones((4, 2)), name="X")
+    y = gn.source(np.ones(4), name="y")
+    m = gn.machine(Ridge(), X, y)
+    for target in (m, m.predict(X)):
+        with pytest.raises(TypeError) as e:
+            target.fit(np.ones((4, 2)), np.ones(4))
+        msg = str(e.value)
+        assert "takes no data" in msg and "gn.source" in msg and "fit(rows=...)" in msg
+        assert "X, y" in msg                        # the sources it trains on
+        assert "one-dimensional" not in msg
+    assert not m.is_fitted                          # nothing ran
+    assert m.fit(rows=[0, 1, 2]).actions[m] == "train"
+
+
+def test_several_unnamed_origins_suggest_naming_them():
+    a, b = gn.source(np.ones(2)), gn.source(np.ones(2))
+    with pytest.raises(gn.NetworkError) as e:
+        (a + b)(np.ones(2))
+    msg = str(e.value)
+    assert "source=..." not in msg and "name=" in msg
+    X, Z = gn.source(np.ones(2), name="X"), gn.source(np.ones(2), name="Z")
+    with pytest.raises(gn.NetworkError, match=r"node\(X=\.\.\., Z=\.\.\.\)"):
+        (X + Z)(np.ones(2))
+
+
+# --- fallback warnings: the user's line, once, the user's estimator, and in the report ---------------
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    import gpunets.devices as gd
+
+    monkeypatch.setattr(gd, "gpu_available", lambda: False)
+    monkeypatch.setattr(gd, "gpu_count", lambda: 0)
+
+
+def test_fallback_warning_points_at_the_callers_line_once(no_gpu):
+    import warnings
+
+    from sklearn.linear_model import Ridge
+
+    X, y = gn.source(np.ones((6, 2)), name="X"), gn.source(np.arange(6.0), name="y")
+    m = gn.machine(Ridge(), X, y, device="cuda")
+    p = m.predict(X)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        rep = p.fit()
+        p.fit(force=True)
+        p()
+    falls = [x for x in w if issubclass(x.category, gn.DeviceFallbackWarning)]
+    assert len(falls) == 1                                   # once per (machine, reason)
+    assert falls[0].filename == __file__                     # the user's line, not gpunets/plan.py
+    assert "machine Ridge" in str(falls[0].message)
+    row = rep.to_frame().set_index("machine").loc["Ridge"]
+    assert (row["asked"], row["device"]) == ("cuda:0", "cpu")
+    assert "cpu (asked cuda:0)" in repr(rep)
+    assert gn.report(p)["Ridge"]["asked"] == "cuda:0"
+
+
+def test_composite_fallback_names_the_users_estimator(no_gpu):
+    import warnings
+
+    from sklearn.linear_model import LinearRegression, Ridge
+
+    class MyStack(gn.StackingRegressor):
+        pass
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(40, 3)), rng.normal(size=40)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            s = MyStack([("r", Ridge()), ("l", LinearRegression())], cv=3, device="cuda", executor="threads")
+            s.fit(X, y).predict(X)
+    falls = [x for x in w if issubclass(x.category, gn.DeviceFallbackWarning)]
+    assert falls
+    for x in falls:
+        msg = str(x.message)
+        assert msg.startswith("MyStack (") and "[fold" not in msg and "X_meta" not in msg
+        assert x.filename == __file__
+    assert len(falls) == len({str(x.message) for x in falls})   # no repeats across fits

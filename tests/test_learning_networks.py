@@ -289,8 +289,8 @@ def test_repr_and_dot():
     dot = p.to_dot()
     assert dot.startswith("digraph gpunets {") and "Ridge" in dot and "StandardScaler" in dot
     assert dot.count("->") >= 5 and dot.rstrip().endswith("}")
-    html = p._repr_html_()
-    assert "Ridge" in html
+    svg = p._repr_mimebundle_()["image/svg+xml"]
+    assert "Ridge" in svg
 
 
 def test_report_and_fitted_params_labels(executor):
