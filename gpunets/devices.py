@@ -186,8 +186,11 @@ def _parse_str(spec: str) -> Device:
 @functools.lru_cache(maxsize=1)
 def _gpu_probe() -> tuple[bool, int, str]:
     """(usable, count, why-not) for this process; cached, never raises."""
+    from ._gpulibs import cupy as _cupy, fake_gpu_count  # noqa: PLC0415
+
+    fake_gpu_count()  # a bad GPUNETS_FAKE_GPU is an error, not "no GPU"
     try:
-        import cupy  # noqa: PLC0415 - optional, imported lazily
+        cupy = _cupy()  # the real CuPy, or the fake GPU of gpunets.fakegpu; imported lazily
     except Exception as exc:  # ImportError, or a broken CUDA install
         return False, 0, f"CuPy is not importable ({type(exc).__name__}: {exc})"
     try:

@@ -199,7 +199,7 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, stream: str = "ptds") -> None:
-        import cupy
+        from .._gpulibs import cupy as _cupy; cupy = _cupy()  # noqa: E702 - real CuPy or the fake GPU
 
         self.cupy = cupy
         self.kind = stream
