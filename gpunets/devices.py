@@ -50,6 +50,8 @@ __all__ = [
     "local_ordinal",
     "physical_index",
     "same_device",
+    "host_only",
+    "is_host_only",
 ]
 
 _VALID_FORMS = "'cpu', 'cuda', 'cuda:N' (N >= 0), or 'auto'"
@@ -475,3 +477,28 @@ def _visible_ids() -> list[str]:
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     return [x.strip() for x in visible.split(",")] if visible else []
+
+
+def host_only(fn: Any) -> Any:
+    """Mark operation ``fn`` as host-only: its nodes always run on the CPU, their inputs moved there first.
+
+    For functions that call NumPy (``np.asarray``, ``np.hstack``...) and so cannot read GPU arrays.
+    It wins over every placement, ``override_placement`` included: the inputs move to the host
+    as explicit moves of the plan.  Returns ``fn`` (a plain function or a ``functools.partial``).
+
+    >>> import numpy as np
+    >>> f = host_only(lambda a: np.asarray(a).sum())
+    >>> is_host_only(f), is_host_only(np.sum)
+    (True, False)
+    """
+    try:
+        fn.__gn_host_only__ = True
+    except (AttributeError, TypeError) as exc:
+        msg = f"host_only: cannot mark {fn!r} (a {type(fn).__name__}); wrap it in a def or functools.partial first."
+        raise TypeError(msg) from exc
+    return fn
+
+
+def is_host_only(fn: Any) -> bool:
+    """Whether operation ``fn`` was marked with :func:`host_only`."""
+    return getattr(fn, "__gn_host_only__", False) is True

@@ -434,6 +434,9 @@ _METHODS = ("copy astype reshape ravel flatten transpose squeeze swapaxes sum me
 
 def _method(name: str) -> Callable[..., Any]:
     def call(self: ndarray, *args: Any, **kwargs: Any) -> Any:
+        if name == "copy":   # CuPy: copies to the *current* device
+            return _wrap_call(name, lambda a, *r, **k: a.copy(*r, **k), (self, *args), kwargs,
+                              device=Device(_current_device()))
         if name == "fill":
             _read("fill", [self], None)
             self._a.fill(*args)
