@@ -317,6 +317,8 @@ class ndarray:  # noqa: N801 - CuPy's name
     # --- host moves
     def get(self, stream: Stream | None = None, out: Any = None, order: str = "C", blocking: bool = True) -> np.ndarray:
         _read("get", [self], stream)
+        if blocking:   # a blocking copy waits, on the host, for the stream it ran on
+            (stream if stream is not None else get_current_stream()).synchronize()
         return np.array(self._a, order=order)
 
     def item(self) -> Any:
@@ -688,7 +690,8 @@ def _build(count: int) -> Any:
                   legacy_work=legacy_work, implicit_conversions=implicit_conversions, launch=launch,
                   order_violations=order_violations, reset_log=reset_log, __version__="fake")
     _state.cupy = _Namespace("gpunets.fakegpu.cupy", np, array_api=False, extra=shared)
-    _state.xp = _Namespace("gpunets.fakegpu.xp", compat, array_api=True,
+    # named "cupy": scikit-learn moves arrays of a namespace called "cupy" to the host with .get(), as for CuPy
+    _state.xp = _Namespace("cupy", compat, array_api=True,
                            extra=dict(shared, __array_namespace_info__=_Info,
                                       __array_api_version__=compat.__array_api_version__))
     _state.count = count
