@@ -357,7 +357,10 @@ class ndarray:  # noqa: N801 - CuPy's name
                             f"got shape {self.shape}. Use .get() to read it on the host.")
         return self.get()[()]
 
-    def __reduce__(self) -> Any:   # pickling copies through the host, as CuPy's does
+    def __reduce__(self) -> Any:
+        # pickling copies through the host, as CuPy's does; it may run on any thread (dask's comms), so it is
+        # treated as a device-wide synchronisation first (lenient: the fake does not model serialisers' streams)
+        Device(self._dev).synchronize()
         return _rebuild, (self.get(), self._dev)
 
     # --- attributes
@@ -426,6 +429,8 @@ def _new(a: Any, dev: int, issued: tuple[int, int]) -> ndarray:
 
 
 def _rebuild(host: np.ndarray, dev: int) -> ndarray:
+    if _state.cupy is None:   # unpickled in a fresh process (a dask worker)
+        module()
     with Device(min(dev, _count() - 1)):
         return asarray(host)
 
