@@ -432,7 +432,9 @@ def _rebuild(host: np.ndarray, dev: int) -> ndarray:
     if _state.cupy is None:   # unpickled in a fresh process (a dask worker)
         module()
     with Device(min(dev, _count() - 1)):
-        return asarray(host)
+        out = asarray(host)
+        get_current_stream().synchronize()   # unpickled on any thread (dask's comms): complete before use
+        return out
 
 
 _METHODS = ("copy astype reshape ravel flatten transpose squeeze swapaxes sum mean min max prod any all argmax "

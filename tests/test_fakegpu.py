@@ -254,3 +254,44 @@ print("ok")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["array_api", "cuda:0", "ok"]
+
+
+# ----------------------------------------------------------------- two devices
+
+
+def test_cuda1_placement_and_moves_between_devices(cp2, gn_executor):
+    X = gn.source(np.arange(12.0).reshape(6, 2), name="X")
+    on1 = gn.node(lambda a: a * 2, X, device="cuda:1", name="on1")
+    on0 = gn.node(lambda a: a + 1, on1, device="cuda:0", name="on0")   # moved cuda:1 -> cuda:0 by the plan
+    follow = gn.node(lambda a: a - 1, on0, name="follow")               # follows its input: cuda:0
+    assert on1(output="device").device.id == 1
+    assert follow(output="device").device.id == 0
+    np.testing.assert_array_equal(follow(), np.arange(12.0).reshape(6, 2) * 2)
+    assert cp2.implicit_conversions() == []
+
+
+def test_mean_of_branches_on_two_devices_runs_where_the_config_says(cp2):
+    X = gn.source(np.arange(4.0), name="X")
+    a = gn.node(lambda v: v + 0, X, device="cuda:0", name="a")
+    b = gn.node(lambda v: v * 3, X, device="cuda:1", name="b")
+    with gn.config(device="cuda:1"):
+        out = gn.mean(a, b)                                              # inputs disagree: the config decides
+        assert out(output="device").device.id == 1
+        np.testing.assert_array_equal(out(), np.arange(4.0) * 2)
+
+
+# ----------------------------------------------------------------- acceptance (issue 11 §1)
+
+
+def test_every_executor_gives_the_cpu_answer_on_the_fake_gpu(cp, gn_executor):
+    from gpunets.testing import assert_same_results
+
+    X, y = _data(60)
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    stack = gn.StackingRegressor([("r", Ridge(solver="svd")), ("t", DecisionTreeRegressor(max_depth=2, random_state=0))],
+                                 Ridge(solver="svd"), cv=KFold(3))
+    yhat = gn.mean(gn.machine(Ridge(solver="svd"), Xs, ys).predict(Xs), gn.machine(stack, Xs, ys).predict(Xs))
+    results = assert_same_results(yhat, devices=["cpu", "cuda"], executors=["serial", gn_executor], rtol=1e-6,
+                                  atol=1e-9)
+    assert ("cuda", "serial") in results
+    assert cp.implicit_conversions() == [] and cp.legacy_work() == [] and cp.order_violations() == []
