@@ -260,6 +260,8 @@ print("ok")
 
 
 def test_cuda1_placement_and_moves_between_devices(cp2, gn_executor):
+    if getattr(gn_executor, "name", "") == "dask":
+        pytest.skip("the session's dask workers were started with the lane's device count, not this block's")
     X = gn.source(np.arange(12.0).reshape(6, 2), name="X")
     on1 = gn.node(lambda a: a * 2, X, device="cuda:1", name="on1")
     on0 = gn.node(lambda a: a + 1, on1, device="cuda:0", name="on0")   # moved cuda:1 -> cuda:0 by the plan
