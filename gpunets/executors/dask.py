@@ -107,7 +107,7 @@ def _run_remote(run_id: str, key: int, payload: Any, *args: Any) -> Any:
 def _run_on_gpu(local_index: int, run_id: str, key: int, payload: Any, *args: Any) -> Any:
     """Run a task with GPU ``local_index`` (this process's ordinal) current, when CuPy is present."""
     try:
-        import cupy
+        from .._gpulibs import cupy as _cupy; cupy = _cupy()  # noqa: E702 - real CuPy or the fake GPU
 
         usable = bool(cupy.cuda.is_available())
     except Exception:  # noqa: BLE001 - no CuPy, or no driver: run as on a CPU worker

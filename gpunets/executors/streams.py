@@ -104,10 +104,10 @@ _THREAD = threading.local()    # per worker thread: its streams, made once and k
 
 
 def _cupy() -> Any:
-    """CuPy, imported here only when the CUDA backend is used (tests replace this function)."""
-    import cupy
+    """CuPy (or the fake GPU), imported here only when the CUDA backend is used (tests replace this function)."""
+    from .._gpulibs import cupy
 
-    return cupy
+    return cupy()
 
 
 def wants_cuda(plan: Any) -> bool:

@@ -268,9 +268,9 @@ def _cupy_stream_for(cp: Any, nb: Any) -> Any:
 # ---- array handling ------------------------------------------------------------------------------------------
 
 def _cupy():
-    import cupy
+    from .._gpulibs import cupy  # noqa: PLC0415 - real CuPy or the fake GPU
 
-    return cupy
+    return cupy()
 
 
 class _Launch:
