@@ -93,8 +93,9 @@ def check_run_options(**options: Any) -> None:
                 raise TypeError(msg)
         elif name == "output":
             if value not in OUTPUT_TYPES:
-                msg = (f"output={value!r}: use 'auto' (the type family given), 'device' (where it was computed), "
-                       "'numpy' or 'pandas'; gn.set_config(output=...) sets the default.")
+                msg = (f"output={value!r} is not an output type: use 'auto' (the type family given), "
+                       "'device' (where it was computed), 'numpy' or 'pandas'; gn.set_config(output=...) sets "
+                       "the default.")
                 raise ValueError(msg)
         else:  # pragma: no cover - a programming error
             raise TypeError(f"unknown run option {name!r}")

@@ -44,6 +44,7 @@ from typing import Any, Union
 import numpy as np
 
 from .devices import CPU, Device, device_exists, local_ordinal, physical_index, same_device, why_unavailable
+from ._gpulibs import cupy as _cupy, hidden_by_fake, loaded_cupy
 from .exceptions import DeviceUnavailableError
 
 __all__ = [
@@ -79,7 +80,7 @@ def is_cupy_array(x: Any) -> bool:
     >>> is_cupy_array(np.zeros(1))
     False
     """
-    cp = sys.modules.get("cupy")
+    cp = loaded_cupy()
     return cp is not None and isinstance(x, cp.ndarray)
 
 
@@ -138,6 +139,8 @@ def installed(name: str) -> bool:
     >>> installed("numpy"), installed("surely_not_a_module")
     (True, False)
     """
+    if hidden_by_fake(name):   # GPUNETS_FAKE_GPU: cuDF and cuML are absent, as on a GPU image without RAPIDS
+        return name.split(".")[0] == "cupy"
     if name in sys.modules:
         return sys.modules[name] is not None
     try:
@@ -159,7 +162,7 @@ def _describe(x: Any) -> str:
 
 
 def _cudf_device(x: Any) -> Device:
-    import cupy as cp  # noqa: PLC0415
+    cp = _cupy()
 
     try:
         col = x if not hasattr(x, "columns") else (x[x.columns[0]] if len(x.columns) else None)
@@ -314,7 +317,7 @@ def to_device(value: Any, device: DeviceLike, *, stream: Any = None, frames: str
 
 def _to_host(value: Any, stream: Any) -> Any:
     if is_cupy_array(value):
-        import cupy as cp  # noqa: PLC0415
+        cp = _cupy()
 
         return cp.asnumpy(value, stream=stream)
     if is_cudf(value):
@@ -326,7 +329,7 @@ def _to_host(value: Any, stream: Any) -> Any:
 
 
 def _to_gpu(value: Any, dev: Device, stream: Any, frames: str) -> Any:
-    import cupy as cp  # noqa: PLC0415
+    cp = _cupy()
 
     if is_sparse(value):
         raise TypeError(f"Cannot move a scipy.sparse {type(value).__name__} to {dev}: densify it with "
@@ -458,7 +461,7 @@ def _row_index(rows: Any, n: int) -> Union[slice, np.ndarray]:
         raise TypeError(f"rows={rows!r}: expected a list/array of row indices, a slice or a boolean "
                         f"mask; for one row write [{rows!r}].")
     if is_cupy_array(rows):
-        import cupy as cp  # noqa: PLC0415
+        cp = _cupy()
 
         rows = cp.asnumpy(rows)
     elif is_pandas(rows):
@@ -521,7 +524,7 @@ def take_rows(value: Any, rows: Any) -> Any:
     if is_cupy_array(value):
         if isinstance(idx, slice):
             return value[idx]
-        import cupy as cp  # noqa: PLC0415
+        cp = _cupy()
 
         with cp.cuda.Device(value.device.id):
             return value[cp.asarray(idx)]
@@ -560,7 +563,7 @@ def same_data(a: Any, b: Any) -> bool:
     if is_frame(a):
         return bool(a.equals(b))
     if is_cupy_array(a):
-        import cupy as cp  # noqa: PLC0415
+        cp = _cupy()
 
         if a.shape != b.shape or a.dtype != b.dtype or a.device.id != b.device.id:
             return False
@@ -591,7 +594,7 @@ def array_namespace(value: Any) -> types.ModuleType:
         ns = getattr(value, "__array_namespace__", None)
         return ns() if ns is not None else sys.modules["cupy"]
     if is_cudf(value):
-        import cupy as cp  # noqa: PLC0415
+        cp = _cupy()
 
         return cp
     if hasattr(type(value), "__array_namespace__"):

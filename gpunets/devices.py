@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Union
 
+from . import _gpulibs
 from ._warn import fallback_owner, warn_once, warn_user
 from .config import get_config
 from .exceptions import DeviceUnavailableError
@@ -50,6 +51,8 @@ __all__ = [
     "local_ordinal",
     "physical_index",
     "same_device",
+    "host_only",
+    "is_host_only",
 ]
 
 _VALID_FORMS = "'cpu', 'cuda', 'cuda:N' (N >= 0), or 'auto'"
@@ -186,8 +189,9 @@ def _parse_str(spec: str) -> Device:
 @functools.lru_cache(maxsize=1)
 def _gpu_probe() -> tuple[bool, int, str]:
     """(usable, count, why-not) for this process; cached, never raises."""
+    _gpulibs.fake_gpu_count()  # a bad GPUNETS_FAKE_GPU is an error, not "no GPU"
     try:
-        import cupy  # noqa: PLC0415 - optional, imported lazily
+        cupy = _gpulibs.cupy()  # the real CuPy, or the fake GPU of gpunets.fakegpu; imported lazily
     except Exception as exc:  # ImportError, or a broken CUDA install
         return False, 0, f"CuPy is not importable ({type(exc).__name__}: {exc})"
     try:
@@ -486,3 +490,28 @@ def _visible_ids() -> list[str]:
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     return [x.strip() for x in visible.split(",")] if visible else []
+
+
+def host_only(fn: Any) -> Any:
+    """Mark operation ``fn`` as host-only: its nodes always run on the CPU, their inputs moved there first.
+
+    For functions that call NumPy (``np.asarray``, ``np.hstack``...) and so cannot read GPU arrays.
+    It wins over every placement, ``override_placement`` included: the inputs move to the host
+    as explicit moves of the plan.  Returns ``fn`` (a plain function or a ``functools.partial``).
+
+    >>> import numpy as np
+    >>> f = host_only(lambda a: np.asarray(a).sum())
+    >>> is_host_only(f), is_host_only(np.sum)
+    (True, False)
+    """
+    try:
+        fn.__gn_host_only__ = True
+    except (AttributeError, TypeError) as exc:
+        msg = f"host_only: cannot mark {fn!r} (a {type(fn).__name__}); wrap it in a def or functools.partial first."
+        raise TypeError(msg) from exc
+    return fn
+
+
+def is_host_only(fn: Any) -> bool:
+    """Whether operation ``fn`` was marked with :func:`host_only`."""
+    return getattr(fn, "__gn_host_only__", False) is True

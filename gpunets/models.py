@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterator, Union
 from sklearn.base import clone
 
 from .config import get_config
+from ._gpulibs import loaded_cupy
 from .data import device_of, installed, is_cudf, to_device
 from .devices import CPU, Device, device_exists, local_ordinal, why_unavailable
 from .exceptions import DeviceUnavailableError
@@ -457,7 +458,7 @@ def fit_context(resolved: Union[Resolved, str], device: Union[str, Device, None]
             import sklearn  # noqa: PLC0415
 
             stack.enter_context(sklearn.config_context(array_api_dispatch=True))
-        cp = sys.modules.get("cupy")
+        cp = loaded_cupy()
         if path in ("array_api", "cuml") and dev is not None and dev.is_cuda and cp is not None:
             stack.enter_context(cp.cuda.Device(local_ordinal(dev.index)))
         yield

@@ -17,9 +17,12 @@ pandas with the first branch's index.
 from __future__ import annotations
 
 import builtins
+import os
 from functools import partial
 from typing import Any, Sequence
 
+from . import _gpulibs
+from .data import is_cupy_array
 from .nodes import Node, is_node
 
 __all__ = ["mean", "weighted_sum", "vote", "hstack", "sum", "min", "max", "var", "combine"]
@@ -55,7 +58,7 @@ def _unwrap(values: Sequence[Any]) -> tuple[list[Any], Any, str]:
     """Arrays for the kernels, a function that re-wraps the result, and the target."""
     first = values[0]
     mod = type(first).__module__.split(".")[0]
-    target = "cuda" if mod in ("cupy", "cudf") else "cpu"
+    target = "cuda" if mod == "cudf" or is_cupy_array(first) else "cpu"
     wrap = None
     if mod == "pandas" or mod == "cudf":
         index = first.index
@@ -74,7 +77,7 @@ def _unwrap(values: Sequence[Any]) -> tuple[list[Any], Any, str]:
 
 def _common_dtype(arrays: list[Any], target: str) -> list[Any]:
     if target == "cuda":
-        import cupy as xp
+        xp = _gpulibs.cupy()
     else:
         import numpy as xp
     arrays = [xp.asarray(a) for a in arrays]
@@ -91,9 +94,13 @@ def combine(kernel: str, *values: Any, **kw: Any) -> Any:
         arrays = _common_dtype(arrays, target)
     stream = None
     if target == "cuda":
-        import cupy
-
-        stream = cupy.cuda.get_current_stream()
+        cp = _gpulibs.cupy()
+        if _gpulibs.fake_gpu_count():  # the fake GPU: one emulated launch on the device buffers (see gpunets.fakegpu)
+            sim = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"  # CUDA kernels on the simulator, else the CPU's
+            fn = partial(getattr(kernels, kernel), target="cuda" if sim else "cpu", **kw)
+            out = cp.launch(lambda bufs: fn(list(bufs)), arrays, what=f"kernel {kernel}")
+            return wrap(out) if wrap is not None else out
+        stream = cp.cuda.get_current_stream()
     out = getattr(kernels, kernel)(arrays, target=target, stream=stream, **kw)
     return wrap(out) if wrap is not None else out
 

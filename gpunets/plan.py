@@ -30,7 +30,7 @@ from functools import partial
 from typing import Any, Callable, Sequence
 
 from .data import check_placeable, device_of, installed, n_rows, take_rows, to_device
-from .devices import CPU, Device, check_available, resolve, same_device
+from .devices import CPU, Device, check_available, is_host_only, placement_override, resolve, same_device
 from .estimators import apply_estimator, fit_estimator, fit_transform_estimator
 from .exceptions import NetworkError, NotFittedError
 from .fingerprint import scope
@@ -217,7 +217,7 @@ class _Builder:
             if path == "array_api":
                 frames = "array"
         else:
-            dev = self.placed(x.device, lambda: f"node {x._short()}", owner=x)
+            dev = self._op_device(x)
         deps: list[int] = []
         spec: list[tuple[bool, Any]] = []
         plain = True                  # every argument a node, in order: call the operation as it is
@@ -287,6 +287,32 @@ class _Builder:
                "network's answer would mix them. Call fit() on the node to bring them in step (only they and "
                "what depends on them retrain), or wait for the running fit to finish.")
         raise NotFittedError(msg)
+
+    def _op_device(self, x: Node) -> Any:
+        """Where operation node ``x`` runs (docs/devices.md, "Operation nodes follow their inputs").
+
+        A host-only operation (:func:`~gpunets.devices.host_only`) runs on the CPU, always; then an
+        ``override_placement`` block, then the node's explicit placement (``device=`` or a ``gn.device``
+        block); else the node runs where its inputs live when they agree, and where the config/``"auto"``
+        says when they do not (or when it has no node inputs).
+        """
+        if is_host_only(x.operation):
+            return CPU
+        spec = x.device
+        explicit = spec is not None and not (spec.__class__ is str and spec.strip().lower() == "auto")
+        if not explicit and placement_override() is None:
+            found = None
+            for a in x._args:
+                if isinstance(a, AbstractNode):
+                    d = self.dev[self.memo[a._uid]]
+                    if found is None:
+                        found = d
+                    elif not same_device(found, d):
+                        found = None
+                        break
+            if found is not None:
+                return found
+        return self.placed(spec, lambda: f"node {x._short()}", owner=x)
 
     def _source_value(self, s: Source) -> Any:
         if s._uid in self.bindings:

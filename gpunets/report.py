@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .graph import machine_parents, machine_sources, upstream_machines
 from .machines import Machine, _equal, _same_rows, labels, snapshot_params
-from .plan import _rows_key
+from .plan import _n_rows_of, _rows_key
 from .nodes import is_node
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -39,7 +39,7 @@ def explain(plan: "Plan", rows: Any = None, force: bool = False) -> dict["Machin
     'hyperparameter alpha changed'
     """
     names = labels(list(plan.actions))
-    rows_key = _rows_key(rows)
+    rows_key = _rows_key(rows, _n_rows_of(list(plan.actions)) if rows is not None else None)
     out: dict[Machine, str] = {}
     for m, action in plan.actions.items():
         st = m._state
@@ -62,13 +62,17 @@ def explain(plan: "Plan", rows: Any = None, force: bool = False) -> dict["Machin
         if not _same_rows(st.rows, rows_key):
             out[m] = "new rows"
             continue
-        now = m._upstream_versions()
-        if st.upstream != now:
-            new_data = [s.label for s in machine_sources(m) if st.upstream.get(("source", s._uid)) != s._version]
-            parents = [names.get(p, p.label) for p in machine_parents(m)
-                       if st.upstream.get(("machine", p._uid)) != p._version]
-            out[m] = (f"new data in source {', '.join(new_data)}" if new_data
-                      else f"upstream {', '.join(parents) or 'machine'} retrained since")
+        if st.upstream != m._upstream_versions():
+            # the digest says something upstream changed; the nearest machines' versions say whether it was one
+            # of them, else it was a source's data (replaced or changed in place)
+            parents = [names.get(p, p.label) for p, v in st.parents if p._version != v]
+            srcs = [s.label for s in machine_sources(m)]
+            if parents:
+                out[m] = f"upstream {', '.join(parents)} retrained since"
+            elif len(srcs) == 1:
+                out[m] = f"new data in source {srcs[0]}"
+            else:
+                out[m] = f"new data in one of sources {', '.join(srcs)}"
             continue
         params = snapshot_params(m.model)
         changed = sorted(k for k in set(params) | set(st.params)

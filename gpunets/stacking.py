@@ -35,6 +35,7 @@ from sklearn.utils.multiclass import check_classification_targets, type_of_targe
 
 from .composite import Composite, NetworkState
 from .data import take_rows as _take
+from .devices import host_only
 from .machines import machine
 from .nodes import Source, node
 
@@ -54,6 +55,7 @@ def _to_numpy(p: Any) -> Any:
     return p
 
 
+@host_only  # NumPy inside: runs on the CPU, its GPU inputs moved to the host by the plan
 def assemble_folds(test_indices: tuple[np.ndarray, ...], n_rows: int, *preds: Any) -> Any:
     """Out-of-fold predictions in original row order (``cross_val_predict``'s result)."""
     preds = [_to_numpy(p) for p in preds]
@@ -66,6 +68,7 @@ def assemble_folds(test_indices: tuple[np.ndarray, ...], n_rows: int, *preds: An
     return out
 
 
+@host_only  # NumPy inside: runs on the CPU, its GPU inputs moved to the host by the plan
 def enforce_order(classes: np.ndarray, n_classes: int, method: str, predictions: Any) -> Any:
     """Columns for classes absent from a fold's training rows (``cross_val_predict``'s rule)."""
     from sklearn.model_selection._validation import _enforce_prediction_order
@@ -73,6 +76,7 @@ def enforce_order(classes: np.ndarray, n_classes: int, method: str, predictions:
     return _enforce_prediction_order(classes, np.asarray(predictions), n_classes, method)
 
 
+@host_only  # NumPy inside: runs on the CPU, its GPU inputs moved to the host by the plan
 def concat_predictions(methods: tuple[str, ...], n_classes: int, passthrough: bool, *values: Any) -> Any:
     """scikit-learn's ``_concatenate_predictions``: 2-D columns, binary ``predict_proba`` minus its first column."""
     from scipy import sparse
@@ -97,6 +101,7 @@ def concat_predictions(methods: tuple[str, ...], n_classes: int, passthrough: bo
     return np.hstack(X_meta)
 
 
+@host_only  # NumPy inside: runs on the CPU, its GPU inputs moved to the host by the plan
 def decode_labels(classes: np.ndarray, y: Any) -> Any:
     """Encoded predictions back to the original labels (``LabelEncoder.inverse_transform``)."""
     return classes[np.asarray(y).astype(np.intp)]
@@ -351,7 +356,7 @@ def enforce_order_partial(present: np.ndarray, n_classes: int, method: str) -> A
 
     fn = partial(enforce_order, present, n_classes, method)
     fn.__name__ = "enforce_order"  # type: ignore[attr-defined]
-    return fn
+    return host_only(fn)
 
 
 class StackingRegressor(RegressorMixin, _BaseStacking):

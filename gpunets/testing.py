@@ -6,6 +6,11 @@
   ``conftest.py``) it provides the fixtures ``gn_executor`` and ``gn_device``,
   parametrized over every executor and device present here (MLJ's
   ``@testset_accelerated``), and the ``gpu`` marker, skipped where no GPU is.
+* :func:`fake_gpu` (and ``GPUNETS_FAKE_GPU=1`` or ``2`` in the environment)
+  makes gpunets see one or two CUDA devices on a machine without one: a
+  strict CuPy stand-in (:mod:`gpunets.fakegpu`) that refuses implicit moves to
+  the host and checks stream order, so a network's GPU placement can be tested
+  on a laptop (docs/testing.md, "The fake-GPU lane").
 
 >>> import numpy as np, gpunets as gn
 >>> from sklearn.linear_model import Ridge
@@ -21,12 +26,14 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Iterable, Sequence
 
+from ._gpulibs import fake_gpu_count
 from .config import config
+from .data import is_cupy_array
 from . import devices as _devices
-from .devices import Device, device_exists, override_placement
+from .devices import Device, _gpu_probe, device_exists, override_placement
 from .executors import SerialExecutor, StreamsExecutor, ThreadsExecutor
 
-__all__ = ["assert_same_results", "executors_present", "devices_present", "assert_allclose_any"]
+__all__ = ["assert_same_results", "executors_present", "devices_present", "assert_allclose_any", "fake_gpu"]
 
 
 def executors_present() -> list[str]:
@@ -42,13 +49,64 @@ def devices_present() -> list[str]:
     return ["cpu", "cuda"] if _devices.gpu_available() else ["cpu"]
 
 
+class fake_gpu:  # noqa: N801 - a context manager used like a function
+    """Context manager: inside, gpunets sees ``n`` fake CUDA devices (``GPUNETS_FAKE_GPU=n``).
+
+    Yields the fake ``cupy`` module (:mod:`gpunets.fakegpu`) with its logs
+    reset; on exit the environment and GPU detection are restored.  The
+    variables CuPy reads when CUDA starts cannot be changed here: set
+    ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1`` in the environment (or
+    ``per_thread_default_stream=True``) for per-thread default streams.
+
+    >>> import numpy as np
+    >>> from gpunets.data import device_of, to_device
+    >>> from gpunets.devices import resolve
+    >>> with fake_gpu(1) as cp:
+    ...     x = to_device(np.ones(3), "cuda")
+    ...     (str(device_of(x)), str(resolve("auto")), cp.implicit_conversions())
+    ('cuda:0', 'cuda:0', [])
+    """
+
+    def __init__(self, n: int = 1, *, per_thread_default_stream: bool = True) -> None:
+        if n not in (1, 2):
+            msg = f"fake_gpu(n={n!r}): the fake GPU has 1 or 2 devices."
+            raise ValueError(msg)
+        self.n = n
+        self.ptds = per_thread_default_stream
+        self._saved: dict[str, Any] = {}
+
+    def __enter__(self) -> Any:
+        import os
+
+        from . import fakegpu  # lazy: the fake GPU loads only when a test asks for it
+
+        for var, value in (("GPUNETS_FAKE_GPU", str(self.n)),
+                           ("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "1" if self.ptds else "0")):
+            self._saved[var] = os.environ.get(var)
+            os.environ[var] = value
+        _gpu_probe.cache_clear()
+        cp = fakegpu.module(self.n)
+        cp.reset_log()
+        return cp
+
+    def __exit__(self, *exc: object) -> None:
+        import os
+
+        for var, value in self._saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+        _gpu_probe.cache_clear()
+
+
 def _to_numpy(x: Any) -> Any:
     import numpy as np
 
     mod = type(x).__module__.split(".")[0]
     if mod == "cudf":
         x = x.to_pandas()
-    if mod == "cupy":
+    if is_cupy_array(x):   # CuPy, or the fake GPU's arrays
         return x.get()
     if hasattr(x, "to_numpy"):
         return x.to_numpy()
@@ -152,7 +210,7 @@ if pytest is not None:
         config.addinivalue_line("markers", "gpu: needs a real NVIDIA GPU with CuPy (skipped where none is present)")
 
     def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
-        gpu = "cuda" in devices_present()
+        gpu = "cuda" in devices_present() and not fake_gpu_count()   # the fake GPU is no real GPU
         skip = pytest.mark.skip(reason="needs a real NVIDIA GPU with CuPy (none present, or the CUDA simulator is on)")
         for item in items:
             if "gpu" in item.keywords and (not gpu or _cudasim()):

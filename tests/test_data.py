@@ -121,6 +121,7 @@ class FakeStream:
 @pytest.fixture
 def fake_cupy(monkeypatch):
     cp = make_fake_cupy()
+    monkeypatch.delenv("GPUNETS_FAKE_GPU", raising=False)  # this mock stands for the real CuPy module
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setitem(sys.modules, "cupy.cuda", cp.cuda)
     monkeypatch.setitem(sys.modules, "cudf", None)  # hide any real cuDF

@@ -147,7 +147,7 @@ def test_repr_svg_falls_back_when_dot_fails(net, monkeypatch, tmp_path):
 
 def test_fit_report_html_table(net):
     out, parts = net
-    report = out.fit(executor="serial")
+    report = out.fit(executor="serial", device="cpu")   # the table's device column: the CPU in every lane
     html = report._repr_html_()
     assert html.startswith("<table>") and html.endswith("</table>")
     for col in ("machine", "action", "why", "device", "lane", "ms"):
@@ -182,7 +182,7 @@ def test_machine_repr_html(net):
     out, parts = net
     html = parts["r1"]._repr_html_()
     assert "Ridge" in html and "not trained" in html
-    out.fit(executor="serial")
+    out.fit(executor="serial", device="cpu")
     html = parts["r1"]._repr_html_()
     assert "trained (train, cpu, 30 rows)" in html
     assert "<svg" in html

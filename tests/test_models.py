@@ -127,6 +127,7 @@ def make_fake_cuml():
 @pytest.fixture
 def fake_cuml(monkeypatch):
     mods = make_fake_cuml()
+    monkeypatch.delenv("GPUNETS_FAKE_GPU", raising=False)  # these mocks stand for the real CuPy/cuML modules
     for name, mod in mods.items():
         monkeypatch.setitem(sys.modules, name, mod)
     return mods
@@ -417,6 +418,7 @@ def _fake_cupy(monkeypatch):
     finally:
         sys.path.pop(0)
     cp = make_fake_cupy()
+    monkeypatch.delenv("GPUNETS_FAKE_GPU", raising=False)  # this mock stands for the real CuPy module
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setitem(sys.modules, "cupy.cuda", cp.cuda)
     monkeypatch.setitem(sys.modules, "cudf", None)

@@ -176,7 +176,7 @@ def test_a_call_while_another_thread_refits_sees_one_fit_or_a_clear_error(execut
     t = threading.Thread(target=refit)
     t.start()
     seen = {"fit": 0, "error": 0}
-    while not stop.is_set():
+    while not stop.is_set() or seen["fit"] == 0:   # at least one answer, even if the refits finish first
         try:
             got = out(Xtest)
         except gn.NotFittedError as e:

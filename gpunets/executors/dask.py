@@ -45,6 +45,7 @@ import weakref
 from collections import OrderedDict
 from typing import Any, Callable
 
+from .. import _gpulibs
 from ..exceptions import EvaluationError, FitError, wrap_exception
 from ..scheduler import Run
 from ..trace import TraceRecord
@@ -110,7 +111,7 @@ def _run_remote(run_id: str, key: int, payload: Any, *args: Any) -> Any:
 def _run_on_gpu(local_index: int, run_id: str, key: int, payload: Any, *args: Any) -> Any:
     """Run a task with GPU ``local_index`` (this process's ordinal) current, when CuPy is present."""
     try:
-        import cupy
+        cupy = _gpulibs.cupy()   # real CuPy or the fake GPU
 
         usable = bool(cupy.cuda.is_available())
     except Exception:  # noqa: BLE001 - no CuPy, or no driver: run as on a CPU worker

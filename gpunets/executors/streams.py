@@ -32,6 +32,7 @@ import time
 import warnings
 from typing import Any, Callable
 
+from .. import _gpulibs
 from ..devices import Device, gpu_available, local_ordinal
 from ..exceptions import StreamOrderError
 from ..gpu_memory import ensure_gpu_memory
@@ -106,10 +107,8 @@ _THREAD = threading.local()    # per worker thread: its streams, made once and k
 
 
 def _cupy() -> Any:
-    """CuPy, imported here only when the CUDA backend is used (tests replace this function)."""
-    import cupy
-
-    return cupy
+    """CuPy (or the fake GPU), imported here only when the CUDA backend is used (tests replace this function)."""
+    return _gpulibs.cupy()
 
 
 def wants_cuda(plan: Any) -> bool:

@@ -18,6 +18,7 @@ import numba
 import numpy as np
 from numba import cuda
 
+from .. import _gpulibs
 from ..exceptions import DeviceUnavailableError
 from . import _labels
 from . import _validate as V
@@ -268,9 +269,7 @@ def _cupy_stream_for(cp: Any, nb: Any) -> Any:
 # ---- array handling ------------------------------------------------------------------------------------------
 
 def _cupy():
-    import cupy
-
-    return cupy
+    return _gpulibs.cupy()   # real CuPy or the fake GPU
 
 
 class _Launch:

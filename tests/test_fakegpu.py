@@ -1,0 +1,311 @@
+"""The fake GPU (gpunets.fakegpu, GPUNETS_FAKE_GPU) and data-driven placement of operation nodes.
+
+These tests switch the fake on themselves (``gn.testing.fake_gpu``), so they run in every lane;
+the fake-GPU lane (``GPUNETS_FAKE_GPU=1``) also runs the whole suite with it on.
+"""
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.ensemble import StackingClassifier as SkStackingClassifier
+from sklearn.ensemble import StackingRegressor as SkStackingRegressor
+from sklearn.linear_model import LogisticRegression, Ridge
+from sklearn.model_selection import KFold, StratifiedKFold
+from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
+
+import gpunets as gn
+from gpunets import StreamOrderError
+from gpunets._gpulibs import fake_gpu_count
+from gpunets.data import device_of, to_device
+from gpunets.devices import Device, gpu_available, gpu_count, host_only, resolve
+from gpunets.testing import assert_allclose_any, fake_gpu
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _threads_gpu_discipline_pending(request, executor):
+    """The threads executor hands GPU values between threads with no event (issue 11 §3.2): the fake catches it.
+
+    Fixed on the executors branch; strict, so this marker fails (XPASS) once the fix is merged: remove it then.
+    """
+    if getattr(executor, "name", "") == "threads":
+        request.applymarker(pytest.mark.xfail(strict=True, reason="issue 11 §3.2: threads executor has no "
+                                              "cross-thread CUDA events (executors branch)"))
+
+
+@pytest.fixture
+def cp():
+    with fake_gpu(1) as mod:
+        yield mod
+
+
+@pytest.fixture
+def cp2():
+    with fake_gpu(2) as mod:
+        yield mod
+
+
+# ----------------------------------------------------------------- the switch
+
+
+@pytest.mark.parametrize("value", ["3", "0", "yes", "1.5"])
+def test_bad_env_value_is_a_clear_error(monkeypatch, value):
+    from gpunets.devices import _gpu_probe
+
+    monkeypatch.setenv("GPUNETS_FAKE_GPU", value)
+    _gpu_probe.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=rf"GPUNETS_FAKE_GPU='{value}' is not allowed: set it to 1 or 2"):
+            gpu_available()
+    finally:
+        monkeypatch.delenv("GPUNETS_FAKE_GPU")
+        _gpu_probe.cache_clear()
+
+
+def test_fake_gpu_is_seen_as_cuda_devices(cp2):
+    assert gpu_available() and gpu_count() == 2 and fake_gpu_count() == 2
+    assert resolve("auto") == Device("cuda", 0)
+    assert cp.__name__ if False else cp2.cuda.runtime.getDeviceCount() == 2
+    assert cp2.cuda.is_available()
+    assert not gn.data.installed("cudf") and not gn.data.installed("cuml")
+
+
+def test_fake_gpu_block_restores_detection():
+    before = gpu_available()
+    with fake_gpu(1):
+        assert gpu_available()
+    assert gpu_available() == before
+
+
+# ----------------------------------------------------------------- as strict as CuPy
+
+
+def test_no_implicit_conversion_to_host(cp):
+    x = cp.asarray(np.arange(6.0).reshape(2, 3))
+    for convert in (np.asarray, lambda v: v.__array__(), float, pd.Series, lambda v: np.mean(v) + np.zeros(1)):
+        with pytest.raises(TypeError):
+            convert(x if convert is not float else x[0])
+    assert len(cp.implicit_conversions()) >= 3
+    assert cp.asnumpy(x).tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    assert x.get().sum() == 15.0 and float(x.sum()) == 15.0      # 0-d: allowed, as in CuPy
+    with pytest.raises(TypeError, match="Unsupported type"):
+        cp.concatenate([x, np.ones((1, 3))])                       # no host array inside a device op
+
+
+def test_devices_do_not_mix(cp2):
+    x = cp2.ones(3)
+    with cp2.cuda.Device(1):
+        y = cp2.ones(3)
+        assert cp2.cuda.Device().id == 1
+    assert x.device.id == 0 and y.device.id == 1
+    with pytest.raises(ValueError, match="different from the current device"):
+        _ = x + y
+    assert (to_device(y, "cuda:0") + x).device.id == 0
+    with pytest.raises(gn.exceptions.DeviceUnavailableError if hasattr(gn, "exceptions") else Exception):
+        to_device(np.ones(2), "cuda:2")
+
+
+def test_current_device_and_stream_are_per_thread(cp2):
+    seen = {}
+    s = cp2.cuda.Stream(non_blocking=True)
+    with cp2.cuda.Device(1), s:
+        def other():
+            seen["device"] = cp2.cuda.Device().id
+            seen["stream"] = cp2.cuda.get_current_stream()
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert cp2.cuda.get_current_stream() is s
+    assert seen["device"] == 0 and seen["stream"] is not s
+    assert cp2.cuda.Stream.null.ptr == 0 and cp2.cuda.Stream.ptds.ptr == 2
+
+
+def test_reading_another_streams_value_needs_an_event(cp):
+    a, b = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    with a:
+        x = cp.ones(4) * 2
+    with b, pytest.raises(StreamOrderError, match="without waiting for an event"):
+        _ = x + 1
+    ev = cp.cuda.Event(disable_timing=True)
+    with a:
+        y = x * 3
+        ev.record(a)
+    b.wait_event(ev)
+    with b:
+        assert cp.asnumpy(y + 1).tolist() == [7.0] * 4
+    with a:
+        z = y + 1
+    a.synchronize()                 # the host waited: later work on any stream is ordered after it
+    with b:
+        _ = z * 2
+    assert len(cp.order_violations()) == 1
+
+
+def test_legacy_stream_work_is_recorded(cp):
+    x = cp.ones(2)                   # on this thread's per-thread default stream
+    assert cp.legacy_work() == []
+    with cp.cuda.Stream.null:
+        _ = x + 1
+    assert cp.legacy_work() == ["__add__"]
+
+
+def test_value_pickles_through_the_host(cp):
+    import pickle
+
+    x = cp.arange(3)
+    y = pickle.loads(pickle.dumps(x))
+    assert isinstance(y, cp.ndarray) and cp.asnumpy(y).tolist() == [0, 1, 2]
+
+
+# ----------------------------------------------------------------- placement (issue 11, section 3.1)
+
+
+def _data(n=80, seed=0):
+    rng = np.random.RandomState(seed)
+    X = rng.rand(n, 4)
+    return X, X @ np.array([1.0, -2.0, 3.0, 0.5]) + 0.1 * rng.rand(n)
+
+
+def test_stacking_regressor_on_auto_device_gives_the_cpu_answer(cp, gn_executor):
+    X, y = _data()
+    ests = [("r", Ridge(alpha=1.0)), ("t", DecisionTreeRegressor(max_depth=3, random_state=0))]
+    cv = KFold(4, shuffle=True, random_state=0)
+    got = gn.StackingRegressor(ests, Ridge(), cv=cv).fit(X, y).predict(X)
+    ref = SkStackingRegressor(ests, Ridge(), cv=cv).fit(X, y).predict(X)
+    assert_allclose_any(got, ref, rtol=1e-6, atol=1e-8)
+    assert cp.implicit_conversions() == [] and cp.legacy_work() == []
+
+
+def test_stacking_classifier_on_auto_device_gives_the_cpu_answer(cp, gn_executor):
+    X, y = _data()
+    labels = np.where(y > np.median(y), "hi", "lo")
+    ests = [("l", LogisticRegression()), ("t", DecisionTreeClassifier(max_depth=3, random_state=0))]
+    cv = StratifiedKFold(4, shuffle=True, random_state=0)
+    st = gn.StackingClassifier(ests, LogisticRegression(), cv=cv).fit(X, labels)
+    ref = SkStackingClassifier(ests, LogisticRegression(), cv=cv).fit(X, labels)
+    assert (st.predict(X) == ref.predict(X)).all()
+    assert_allclose_any(st.predict_proba(X), ref.predict_proba(X), rtol=1e-6, atol=1e-8)
+    assert cp.implicit_conversions() == [] and cp.legacy_work() == []
+
+
+def _on_gpu(v):
+    return gn.node(lambda a: a * 2, v, name="double")
+
+
+def test_operation_nodes_follow_their_inputs(cp):
+    X = gn.source(np.arange(6.0), name="X")
+    with gn.device("cuda"):
+        moved = gn.node(lambda a: a + 1, X, name="plus")    # placed on the GPU explicitly (block)
+    follow = gn.node(lambda a: a * 2, moved, name="double")  # no placement: runs where `moved` lives
+    seen = gn.node(lambda a: str(device_of(a)), follow, device="cuda")
+    assert seen() == "cuda:0"
+    assert follow(output="device").device.id == 0
+    host = gn.node(np.sum, follow, device="cpu")               # explicit CPU: the input moves to the host
+    assert float(host()) == 42.0
+    assert cp.implicit_conversions() == []
+
+
+def test_host_only_helpers_run_on_the_cpu_even_when_forced(cp):
+    X = gn.source(np.arange(4.0), name="X")
+    on_gpu = gn.node(lambda a: a + 0, X, device="cuda")
+    total = gn.node(host_only(lambda a: float(np.asarray(a).sum())), on_gpu)
+    assert total() == 6.0
+    total.fit(device="cuda")                                   # override_placement: host-only still wins
+    with gn.devices.override_placement("cuda"):
+        assert total() == 6.0
+    assert cp.implicit_conversions() == []
+
+
+def test_user_numpy_node_on_gpu_values_fails_loudly(cp):
+    X = gn.source(np.arange(4.0), name="X")
+    on_gpu = gn.node(lambda a: a + 0, X, device="cuda")
+    bad = gn.node(lambda a: np.asarray(a).sum(), on_gpu)        # follows its GPU input; NumPy refuses it
+    with pytest.raises(Exception, match="Implicit conversion"):
+        bad()
+
+
+def test_host_only_rejects_what_it_cannot_mark():
+    with pytest.raises(TypeError, match="host_only: cannot mark"):
+        host_only(len)
+
+
+# ----------------------------------------------------------------- array-API twins on the fake GPU
+
+
+def test_array_api_twins_run_on_the_fake_gpu():
+    code = """
+import warnings, numpy as np, gpunets as gn
+from sklearn.linear_model import Ridge
+from sklearn.decomposition import PCA
+from sklearn.preprocessing import StandardScaler
+import gpunets.fakegpu as fg
+rng = np.random.RandomState(0); X = rng.rand(50, 4); y = X @ [1.0, 2.0, 3.0, 4.0]
+Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+Z = gn.machine(StandardScaler(), Xs).transform(Xs)
+P = gn.machine(PCA(3), Z).transform(Z)
+m = gn.machine(Ridge(solver="svd"), P, ys)
+with warnings.catch_warnings():
+    warnings.filterwarnings("error", message=".*falling back to CPU")  # every model ran on the fake GPU
+    m.predict(P).fit(device="cuda")
+print(m._state.path, str(m._state.device))
+from sklearn.pipeline import make_pipeline
+ref = make_pipeline(StandardScaler(), PCA(3), Ridge(solver="svd")).fit(X, y).predict(X)
+np.testing.assert_allclose(m.predict(P)(), ref, rtol=1e-6, atol=1e-8)
+assert fg.implicit_conversions() == [] and fg.legacy_work() == []
+print("ok")
+"""
+    env = dict(os.environ, GPUNETS_FAKE_GPU="1", SCIPY_ARRAY_API="1", CUPY_CUDA_PER_THREAD_DEFAULT_STREAM="1",
+               PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["array_api", "cuda:0", "ok"]
+
+
+# ----------------------------------------------------------------- two devices
+
+
+def test_cuda1_placement_and_moves_between_devices(cp2, gn_executor, request):
+    _threads_gpu_discipline_pending(request, gn_executor)
+    if getattr(gn_executor, "name", "") == "dask":
+        pytest.skip("the session's dask workers were started with the lane's device count, not this block's")
+    X = gn.source(np.arange(12.0).reshape(6, 2), name="X")
+    on1 = gn.node(lambda a: a * 2, X, device="cuda:1", name="on1")
+    on0 = gn.node(lambda a: a + 1, on1, device="cuda:0", name="on0")   # moved cuda:1 -> cuda:0 by the plan
+    follow = gn.node(lambda a: a - 1, on0, name="follow")               # follows its input: cuda:0
+    assert on1(output="device").device.id == 1
+    assert follow(output="device").device.id == 0
+    np.testing.assert_array_equal(follow(), np.arange(12.0).reshape(6, 2) * 2)
+    assert cp2.implicit_conversions() == []
+
+
+def test_mean_of_branches_on_two_devices_runs_where_the_config_says(cp2):
+    X = gn.source(np.arange(4.0), name="X")
+    a = gn.node(lambda v: v + 0, X, device="cuda:0", name="a")
+    b = gn.node(lambda v: v * 3, X, device="cuda:1", name="b")
+    with gn.config(device="cuda:1"):
+        out = gn.mean(a, b)                                              # inputs disagree: the config decides
+        assert out(output="device").device.id == 1
+        np.testing.assert_array_equal(out(), np.arange(4.0) * 2)
+
+
+# ----------------------------------------------------------------- acceptance (issue 11 §1)
+
+
+def test_every_executor_gives_the_cpu_answer_on_the_fake_gpu(cp, gn_executor, request):
+    _threads_gpu_discipline_pending(request, gn_executor)
+    from gpunets.testing import assert_same_results
+
+    X, y = _data(60)
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    stack = gn.StackingRegressor([("r", Ridge(solver="svd")), ("t", DecisionTreeRegressor(max_depth=2, random_state=0))],
+                                 Ridge(solver="svd"), cv=KFold(3))
+    yhat = gn.mean(gn.machine(Ridge(solver="svd"), Xs, ys).predict(Xs), gn.machine(stack, Xs, ys).predict(Xs))
+    results = assert_same_results(yhat, devices=["cpu", "cuda"], executors=["serial", gn_executor], rtol=1e-6,
+                                  atol=1e-9)
+    assert ("cuda", "serial") in results
+    assert cp.implicit_conversions() == [] and cp.legacy_work() == [] and cp.order_violations() == []
