@@ -57,6 +57,7 @@ _LAZY = {
     "CompositeTransformer": ("gpunets.composite", "CompositeTransformer"),
     "StackingRegressor": ("gpunets.stacking", "StackingRegressor"),
     "StackingClassifier": ("gpunets.stacking", "StackingClassifier"),
+    "from_sklearn": ("gpunets.sklearn_import", "from_sklearn"),
 }
 _LAZY_MODULES = ("testing", "kernels", "data", "models", "plan", "scheduler", "graph")
 
