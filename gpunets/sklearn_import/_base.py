@@ -58,7 +58,7 @@ def root_name(est: Any) -> str:
 def leaf(est: Any, X: Any, y: Any, path: str, ctx: Context, kind: str = "leaf", note: str = "") -> dict[str, Any]:
     """One machine for ``est`` trained on ``(X, y)``; a node per operation it has."""
     name = path or root_name(est)
-    m = machine(est, X, y, name=name)
+    m = machine(est, *((X,) if y is None else (X, y)), name=name)
     ctx.leaves[name] = est
     ctx.note(name, kind, est, note)
     return {op: getattr(m, op)(X) for op in OPS if hasattr(est, op)}
@@ -115,6 +115,11 @@ def operations(est: Any) -> tuple[str, ...]:
     """The operations of :data:`OPS` that ``est`` offers (a stack without a final estimator: its default's)."""
     from sklearn.base import is_classifier
     from sklearn.ensemble import StackingClassifier, StackingRegressor
+    from sklearn.pipeline import Pipeline
+
+    if isinstance(est, Pipeline) and est.steps:
+        last = est.steps[-1][1]
+        return ("transform",) if is_passthrough(last) else operations(last)
 
     if isinstance(est, (StackingRegressor, StackingClassifier)) and est.final_estimator is None:
         from sklearn.linear_model import LogisticRegression, RidgeCV
@@ -122,3 +127,15 @@ def operations(est: Any) -> tuple[str, ...]:
         probe = LogisticRegression() if is_classifier(est) else RidgeCV()
         return ("transform",) + tuple(op for op in OPS if op != "transform" and hasattr(probe, op))
     return tuple(op for op in OPS if hasattr(est, op))
+
+
+def first_part(est: Any) -> Any:
+    """The estimator that receives the input first (through leading pipeline steps)."""
+    from sklearn.pipeline import Pipeline
+
+    while isinstance(est, Pipeline):
+        steps = [s for _, s in est.steps if not is_passthrough(s)]
+        if not steps:
+            return None
+        est = steps[0]
+    return est

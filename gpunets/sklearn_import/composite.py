@@ -2,7 +2,7 @@
 
 Parameters are the original's (``get_params()`` / ``set_params()`` with its
 nested names, e.g. ``columntransformer__num__scaler__with_mean``) plus
-``executor``, ``device``, ``workers``, ``reuse_fitted`` and
+``executor``, ``device``, ``workers`` and
 ``sklearn_estimator`` (the composition itself, a clone of what was given).
 The network is rebuilt from the composition at each ``fit``; machines whose
 inputs are unchanged keep their fitted state, so only what changed retrains.
@@ -22,7 +22,7 @@ from ._base import OPS, Context, build, operations
 __all__ = ["FromSklearnRegressor", "FromSklearnClassifier", "FromSklearnTransformer", "OWN_PARAMS"]
 
 #: the composite's own parameters; every other parameter name is the original's
-OWN_PARAMS = ("sklearn_estimator", "executor", "device", "workers", "reuse_fitted")
+OWN_PARAMS = ("sklearn_estimator", "executor", "device", "workers")
 
 
 def _as_input(X: Any) -> Any:
@@ -33,12 +33,11 @@ def _as_input(X: Any) -> Any:
 
 class _FromSklearn(Composite):
     def __init__(self, sklearn_estimator: Any, *, executor: Any = "auto", device: Any = "auto",
-                 workers: int | None = None, reuse_fitted: bool = False) -> None:
+                 workers: int | None = None) -> None:
         self.sklearn_estimator = sklearn_estimator
         self.executor = executor
         self.device = device
         self.workers = workers
-        self.reuse_fitted = reuse_fitted
 
     # --- parameters: the original's names --------------------------------------------------------------
     def get_params(self, deep: bool = True) -> dict[str, Any]:
@@ -70,7 +69,7 @@ class _FromSklearn(Composite):
     def network(self, X: Any, y: Any) -> dict[str, Any]:
         """The original composition as a network, recursively (see :mod:`gpunets.sklearn_import`)."""
         ctx = Context(data=X.data, root_X=X, cache=self.__dict__.setdefault("_gn_cache", {}))
-        outs = build(self.sklearn_estimator, X, y, "", ctx)
+        outs = build(self.sklearn_estimator, X, None if y.data is None else y, "", ctx)
         self._gn_ctx = ctx
         wanted = operations(self.sklearn_estimator)
         return {op: outs[op] for op in wanted if op in outs and op in COMPOSITE_OPERATIONS}
@@ -100,8 +99,13 @@ class _FromSklearn(Composite):
     def _gn_validate_call(self, X: Any, op: str) -> Any:
         from sklearn.utils.validation import _check_feature_names
 
+        from sklearn.compose import ColumnTransformer
+
+        from ._base import first_part
+
         X = _as_input(X)
-        _check_feature_names(self, X, reset=False)
+        if not isinstance(first_part(self.sklearn_estimator), ColumnTransformer):  # it selects by name itself
+            _check_feature_names(self, X, reset=False)
         return X
 
     def _gn_fit_network(self, X: Any, y: Any, fit_params: dict[str, Any]) -> None:
@@ -109,12 +113,6 @@ class _FromSklearn(Composite):
             msg = (f"from_sklearn composites take no fit parameters yet; got {sorted(fit_params)}. Hint: set "
                    "them as estimator parameters, or fit the original scikit-learn object.")
             raise TypeError(msg)
-        adopt = self.__dict__.get("_gn_fitted_original") if self.reuse_fitted else None
-        if adopt is not None and "_gn_state" not in self.__dict__:
-            from .reuse import fit_adopting
-
-            fit_adopting(self, X, y, adopt)
-            return
         super()._gn_fit_network(X, y, fit_params)
 
     # --- reports -----------------------------------------------------------------------------------------
@@ -151,7 +149,7 @@ class _FromSklearn(Composite):
     # --- display: the original structure -------------------------------------------------------------------
     def __repr__(self, N_CHAR_MAX: int = 700) -> str:
         opts = [f"{k}={getattr(self, k)!r}" for k, d in (("executor", "auto"), ("device", "auto"),
-                                                          ("workers", None), ("reuse_fitted", False))
+                                                          ("workers", None))
                 if getattr(self, k) != d]
         inner = repr(self.sklearn_estimator)
         return f"from_sklearn({inner}{', ' if opts else ''}{', '.join(opts)})"

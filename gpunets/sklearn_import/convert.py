@@ -18,8 +18,7 @@ def not_an_estimator(obj: Any) -> TypeError:
                      f"{kind}: {obj!r:.80}.{hint}")
 
 
-def from_sklearn(estimator: Any, *, executor: Any = "auto", device: Any = "auto", workers: int | None = None,
-                 reuse_fitted: bool = False) -> Any:
+def from_sklearn(estimator: Any, *, executor: Any = "auto", device: Any = "auto", workers: int | None = None) -> Any:
     """Turn a scikit-learn composition into a gpunets composite whose network mirrors it.
 
     ``Pipeline``, ``FeatureUnion``, ``ColumnTransformer``, ``VotingRegressor`` /
@@ -33,16 +32,13 @@ def from_sklearn(estimator: Any, *, executor: Any = "auto", device: Any = "auto"
     Parameters
     ----------
     estimator : scikit-learn estimator
-        The composition (fitted or not; it is cloned, the given object is never changed).
+        The composition (fitted or not: it is cloned, its fitted state is not reused and the given object is never changed).
     executor : str or Executor, default="auto"
         Where independent branches run concurrently (``"serial"``, ``"threads"``, ``"streams"``, ``"dask"``).
     device : str, default="auto"
         ``"cuda"`` puts each leaf on its GPU twin where one exists (see :mod:`gpunets.models`).
     workers : int, optional
         Concurrent tasks for the executor.
-    reuse_fitted : bool, default=False
-        When ``estimator`` is fitted, adopt its fitted parts at the first ``fit`` where the
-        structure allows (reported in ``conversion_``) instead of training them again.
 
     Returns
     -------
@@ -70,8 +66,4 @@ def from_sklearn(estimator: Any, *, executor: Any = "auto", device: Any = "auto"
     if isinstance(estimator, type) or not (callable(getattr(estimator, "fit", None))
                                            and callable(getattr(estimator, "get_params", None))):
         raise not_an_estimator(estimator)
-    model = make_composite(estimator, executor=executor, device=device, workers=workers,
-                           reuse_fitted=reuse_fitted)
-    if reuse_fitted:
-        model._gn_fitted_original = estimator
-    return model
+    return make_composite(estimator, executor=executor, device=device, workers=workers)
