@@ -240,3 +240,60 @@ def test_repr_and_html_show_the_original():
     assert repr(model).startswith("from_sklearn(Pipeline(steps=[('standardscaler', StandardScaler())")
     html = model._repr_html_()
     assert "StandardScaler" in html and "Ridge" in html
+
+
+class Rendezvous(StandardScaler):
+    """A scaler whose fit waits for its twin's: it only completes when two fits run at the same time."""
+
+    def __init__(self, barrier=None, *, copy=True, with_mean=True, with_std=True):
+        super().__init__(copy=copy, with_mean=with_mean, with_std=with_std)
+        self.barrier = barrier
+
+    def fit(self, X, y=None, sample_weight=None):
+        self.barrier.wait(timeout=20)
+        return super().fit(X, y)
+
+    def __sklearn_clone__(self):  # the barrier is shared, not copied
+        return type(self)(self.barrier, copy=self.copy, with_mean=self.with_mean, with_std=self.with_std)
+
+
+def test_independent_branches_run_concurrently():
+    import threading
+
+    barrier = threading.Barrier(2)
+    est = ColumnTransformer([("a", Rendezvous(barrier), [0, 1]), ("b", Rendezvous(barrier), [2, 3])])
+    model = gn.from_sklearn(est, executor="threads", workers=2).fit(X)  # serially, the first wait would time out
+    np.testing.assert_allclose(model.transform(X), StandardScaler().fit_transform(X), rtol=0, atol=1e-12)
+
+
+def test_device_placement_is_reported(gn_device):
+    est = make_pipeline(StandardScaler(), Ridge())
+    model = gn.from_sklearn(est, executor="serial", device=gn_device).fit(X, y)
+    for rep in model.report_.values():
+        assert rep["device"].startswith("cpu") == (gn_device == "cpu" or rep["path"] == "cpu_fallback"), rep
+    np.testing.assert_allclose(model.predict(X), clone(est).fit(X, y).predict(X), rtol=1e-6, atol=1e-6)
+
+
+def test_reuse_fitted_adopts_what_the_structure_allows(executor):
+    est = make_pipeline(ColumnTransformer([("num", StandardScaler(), ["a", "b"]), ("cat", OneHotEncoder(), ["cat"])]),
+                        VotingRegressor([("r", Ridge()), ("rf", RandomForestRegressor(5, random_state=0))]))
+    est.fit(df, y)
+    model = gn.from_sklearn(est, reuse_fitted=True).fit(df, y)
+    assert set(model.fit_report_.actions.by_label().values()) == {"skip"}
+    assert model.conversion_["votingregressor__rf"]["notes"] == ["reuse_fitted: adopted"]
+    np.testing.assert_array_equal(model.predict(df), est.predict(df))
+    assert model.machines_["votingregressor__rf"].estimator_ is not est[-1].named_estimators_["rf"]
+
+
+def test_reuse_fitted_trains_what_differs_or_cannot_be_adopted():
+    stack = StackingRegressor([("r", Ridge()), ("l", LinearRegression())], final_estimator=Ridge(), cv=3)
+    est = make_pipeline(StandardScaler(), stack).fit(X, y)
+    model = gn.from_sklearn(est, reuse_fitted=True, executor="serial")
+    model.set_params(standardscaler__with_mean=False).fit(X, y)
+    acts = model.fit_report_.actions.by_label()
+    assert acts["standardscaler"] == "train" and acts["stackingregressor__final_estimator"] == "train"
+    assert "parameters differ" in model.conversion_["standardscaler"]["notes"][0]
+    ref = clone(est).set_params(standardscaler__with_mean=False).fit(X, y)
+    np.testing.assert_allclose(model.predict(X), ref.predict(X), rtol=0, atol=1e-12)
+    unfitted = gn.from_sklearn(make_pipeline(StandardScaler(), Ridge()), reuse_fitted=True, executor="serial")
+    assert set(unfitted.fit(X, y).fit_report_.actions.by_label().values()) == {"train"}

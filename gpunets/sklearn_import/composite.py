@@ -2,7 +2,7 @@
 
 Parameters are the original's (``get_params()`` / ``set_params()`` with its
 nested names, e.g. ``columntransformer__num__scaler__with_mean``) plus
-``executor``, ``device``, ``workers`` and
+``executor``, ``device``, ``workers``, ``reuse_fitted`` and
 ``sklearn_estimator`` (the composition itself, a clone of what was given).
 The network is rebuilt from the composition at each ``fit``; machines whose
 inputs are unchanged keep their fitted state, so only what changed retrains.
@@ -22,7 +22,7 @@ from ._base import OPS, Context, build, operations
 __all__ = ["FromSklearnRegressor", "FromSklearnClassifier", "FromSklearnTransformer", "OWN_PARAMS"]
 
 #: the composite's own parameters; every other parameter name is the original's
-OWN_PARAMS = ("sklearn_estimator", "executor", "device", "workers")
+OWN_PARAMS = ("sklearn_estimator", "executor", "device", "workers", "reuse_fitted")
 
 
 def _as_input(X: Any) -> Any:
@@ -33,11 +33,12 @@ def _as_input(X: Any) -> Any:
 
 class _FromSklearn(Composite):
     def __init__(self, sklearn_estimator: Any, *, executor: Any = "auto", device: Any = "auto",
-                 workers: int | None = None) -> None:
+                 workers: int | None = None, reuse_fitted: bool = False) -> None:
         self.sklearn_estimator = sklearn_estimator
         self.executor = executor
         self.device = device
         self.workers = workers
+        self.reuse_fitted = reuse_fitted
 
     # --- parameters: the original's names --------------------------------------------------------------
     def get_params(self, deep: bool = True) -> dict[str, Any]:
@@ -71,6 +72,15 @@ class _FromSklearn(Composite):
         ctx = Context(data=X.data, root_X=X, cache=self.__dict__.setdefault("_gn_cache", {}))
         outs = build(self.sklearn_estimator, X, None if y.data is None else y, "", ctx)
         self._gn_ctx = ctx
+        original = self.__dict__.pop("_gn_adopt_from", None)
+        if original is not None:
+            from ..graph import upstream_machines
+            from .reuse import adopt
+
+            done = adopt(upstream_machines(list(outs.values())), original)
+            for name, what in done.items():
+                ctx.parts.setdefault(name, {"kind": "helper", "estimator": "", "notes": []})["notes"].append(
+                    "reuse_fitted: " + what)
         wanted = operations(self.sklearn_estimator)
         return {op: outs[op] for op in wanted if op in outs and op in COMPOSITE_OPERATIONS}
 
@@ -113,7 +123,13 @@ class _FromSklearn(Composite):
             msg = (f"from_sklearn composites take no fit parameters yet; got {sorted(fit_params)}. Hint: set "
                    "them as estimator parameters, or fit the original scikit-learn object.")
             raise TypeError(msg)
-        super()._gn_fit_network(X, y, fit_params)
+        original = self.__dict__.get("_gn_fitted_original")
+        if self.reuse_fitted and original is not None and "_gn_state" not in self.__dict__:
+            self._gn_adopt_from = original  # read (once) by network(), which installs the fitted states
+        try:
+            super()._gn_fit_network(X, y, fit_params)
+        finally:
+            self.__dict__.pop("_gn_adopt_from", None)
 
     # --- reports -----------------------------------------------------------------------------------------
     @property
@@ -149,7 +165,7 @@ class _FromSklearn(Composite):
     # --- display: the original structure -------------------------------------------------------------------
     def __repr__(self, N_CHAR_MAX: int = 700) -> str:
         opts = [f"{k}={getattr(self, k)!r}" for k, d in (("executor", "auto"), ("device", "auto"),
-                                                          ("workers", None))
+                                                          ("workers", None), ("reuse_fitted", False))
                 if getattr(self, k) != d]
         inner = repr(self.sklearn_estimator)
         return f"from_sklearn({inner}{', ' if opts else ''}{', '.join(opts)})"

@@ -18,7 +18,8 @@ def not_an_estimator(obj: Any) -> TypeError:
                      f"{kind}: {obj!r:.80}.{hint}")
 
 
-def from_sklearn(estimator: Any, *, executor: Any = "auto", device: Any = "auto", workers: int | None = None) -> Any:
+def from_sklearn(estimator: Any, *, executor: Any = "auto", device: Any = "auto", workers: int | None = None,
+                 reuse_fitted: bool = False) -> Any:
     """Turn a scikit-learn composition into a gpunets composite whose network mirrors it.
 
     ``Pipeline``, ``FeatureUnion``, ``ColumnTransformer``, ``VotingRegressor`` /
@@ -32,13 +33,18 @@ def from_sklearn(estimator: Any, *, executor: Any = "auto", device: Any = "auto"
     Parameters
     ----------
     estimator : scikit-learn estimator
-        The composition (fitted or not: it is cloned, its fitted state is not reused and the given object is never changed).
+        The composition (fitted or not: it is cloned and never changed; its fitted state is reused only with ``reuse_fitted``).
     executor : str or Executor, default="auto"
         Where independent branches run concurrently (``"serial"``, ``"threads"``, ``"streams"``, ``"dask"``).
     device : str, default="auto"
         ``"cuda"`` puts each leaf on its GPU twin where one exists (see :mod:`gpunets.models`).
     workers : int, optional
         Concurrent tasks for the executor.
+
+    reuse_fitted : bool, default=False
+        When ``estimator`` is fitted, its fitted parts are adopted at the first ``fit`` wherever the
+        structure allows (same class and parameters, every upstream part adopted too); the fit skips
+        them, and ``conversion_`` says per machine what was adopted (stacks always train).
 
     Returns
     -------
@@ -66,4 +72,8 @@ def from_sklearn(estimator: Any, *, executor: Any = "auto", device: Any = "auto"
     if isinstance(estimator, type) or not (callable(getattr(estimator, "fit", None))
                                            and callable(getattr(estimator, "get_params", None))):
         raise not_an_estimator(estimator)
-    return make_composite(estimator, executor=executor, device=device, workers=workers)
+    model = make_composite(estimator, executor=executor, device=device, workers=workers,
+                           reuse_fitted=reuse_fitted)
+    if reuse_fitted:
+        model._gn_fitted_original = estimator
+    return model
