@@ -16,6 +16,8 @@ from sklearn.multiclass import OneVsRestClassifier
 from sklearn.naive_bayes import GaussianNB
 from sklearn.pipeline import FeatureUnion, Pipeline, make_pipeline, make_union
 from sklearn.preprocessing import MinMaxScaler, OneHotEncoder, QuantileTransformer, StandardScaler
+from sklearn.feature_extraction.text import CountVectorizer
+from sklearn.svm import SVC
 from sklearn.tree import DecisionTreeClassifier
 
 import gpunets as gn
@@ -27,9 +29,10 @@ yc = np.where(X[:, 0] + X[:, 1] > 0, "pos", "neg")
 y3 = np.digitize(X[:, 0], [-0.5, 0.5])
 df = pd.DataFrame(X, columns=["a", "b", "c", "d"])
 df["cat"] = rng.choice(["x", "y", "z"], 80)
+text = pd.DataFrame({"text": rng.choice(["red apple", "green pear", "red pear", "blue sky"], 80), "a": X[:, 0]})
 
 
-def same(model, ref, data, ops=("predict", "predict_proba", "decision_function", "transform")):
+def same(model, ref, data, ops=("predict", "predict_proba", "predict_log_proba", "decision_function", "transform")):
     done = []
     for op in ops:
         if hasattr(ref, op):
@@ -92,6 +95,15 @@ CASES = [
     ("ttr-func", lambda: make_pipeline(StandardScaler(), TransformedTargetRegressor(
         Ridge(), func=np.log1p, inverse_func=np.expm1)), X, np.abs(y)),
     ("opaque", lambda: OneVsRestClassifier(LogisticRegression()), X, y3),
+    ("pipeline-svc-decision", lambda: make_pipeline(StandardScaler(), SVC(probability=False)), X, yc),
+    ("ct-text-scalar-column", lambda: make_pipeline(ColumnTransformer(
+        [("words", CountVectorizer(), "text"), ("num", StandardScaler(), ["a"])]), LogisticRegression()), text, yc),
+    ("union-inside-ct", lambda: make_pipeline(ColumnTransformer(
+        [("both", make_union(StandardScaler(), PCA(1)), ["a", "b", "c"])], remainder="drop"), Ridge()), df, y),
+    ("voting-soft-pandas", lambda: make_pipeline(ColumnTransformer([("n", StandardScaler(), ["a", "b"])]),
+                                                 VotingClassifier([("lr", LogisticRegression()),
+                                                                   ("dt", DecisionTreeClassifier(random_state=0))],
+                                                                  voting="soft")), df, yc),
 ]
 
 
