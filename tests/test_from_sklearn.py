@@ -19,6 +19,7 @@ from sklearn.preprocessing import MinMaxScaler, OneHotEncoder, QuantileTransform
 from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.svm import SVC
 from sklearn.tree import DecisionTreeClassifier
+from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import gpunets as gn
 
@@ -309,3 +310,18 @@ def test_reuse_fitted_trains_what_differs_or_cannot_be_adopted():
     np.testing.assert_allclose(model.predict(X), ref.predict(X), rtol=0, atol=1e-12)
     unfitted = gn.from_sklearn(make_pipeline(StandardScaler(), Ridge()), reuse_fitted=True, executor="serial")
     assert set(unfitted.fit(X, y).fit_report_.actions.by_label().values()) == {"train"}
+
+
+# check_dtype_object mutates X in place between two fits; a composite treats the same array object as the
+# same data (gpunets.composite), so its second fit skips. check_estimators_nan_inf: StandardScaler lets NaN
+# through, as scikit-learn's own Pipeline does (it fails that check too).
+_EXPECTED = {"check_dtype_object": "X mutated in place between fits: the composite sees the same data",
+             "check_estimators_nan_inf": "StandardScaler accepts NaN; scikit-learn's Pipeline fails this too"}
+
+
+@parametrize_with_checks([gn.from_sklearn(make_pipeline(StandardScaler(), Ridge()), executor="serial"),
+                          gn.from_sklearn(make_pipeline(StandardScaler(), LogisticRegression()), executor="serial"),
+                          gn.from_sklearn(make_pipeline(StandardScaler()), executor="serial")],
+                         expected_failed_checks=lambda est: _EXPECTED)
+def test_sklearn_estimator_checks(estimator, check):
+    check(estimator)

@@ -28,6 +28,8 @@ OWN_PARAMS = ("sklearn_estimator", "executor", "device", "workers", "reuse_fitte
 def _as_input(X: Any) -> Any:
     if X is None or hasattr(X, "shape") or hasattr(X, "columns"):
         return X
+    if hasattr(X, "__array__"):
+        return np.asarray(X)
     return np.asarray(X, dtype=object) if any(isinstance(v, str) for v in X) else np.asarray(X)
 
 
@@ -98,6 +100,10 @@ class _FromSklearn(Composite):
     def _gn_validate_fit(self, X: Any, y: Any) -> tuple[Any, Any]:
         from sklearn.utils.validation import _check_feature_names, _check_n_features
 
+        if y is None and self.__sklearn_tags__().target_tags.required:
+            msg = (f"This {type(self).__name__} estimator requires y to be passed, but the target y is None. "
+                   f"Its composition, {type(self.sklearn_estimator).__name__}, needs targets to fit.")
+            raise ValueError(msg)
         X, y = _as_input(X), (y if y is None or hasattr(y, "shape") else np.asarray(y))
         _check_feature_names(self, X, reset=True)
         try:
@@ -184,7 +190,7 @@ class _FromSklearn(Composite):
         try:
             inner = get_tags(self.sklearn_estimator)
             tags.input_tags = inner.input_tags
-            tags.target_tags.required = inner.target_tags.required
+            tags.target_tags = inner.target_tags
         except Exception:  # noqa: BLE001 - tags are advisory
             pass
         return tags
