@@ -47,7 +47,11 @@ def make_data(n: int, seed: int = 0) -> tuple[Any, np.ndarray]:
 
 def composition(n_jobs: int | None) -> Any:
     from sklearn.compose import ColumnTransformer
-    from sklearn.ensemble import ExtraTreesRegressor, RandomForestRegressor, VotingRegressor
+    from sklearn.ensemble import (
+        ExtraTreesRegressor,
+        RandomForestRegressor,
+        VotingRegressor,
+    )
     from sklearn.linear_model import Ridge
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import OneHotEncoder, QuantileTransformer, StandardScaler

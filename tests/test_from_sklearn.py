@@ -5,18 +5,32 @@ import pandas as pd
 import pytest
 from scipy import sparse
 from sklearn.base import clone
-from sklearn.compose import ColumnTransformer, TransformedTargetRegressor, make_column_selector
-from sklearn.decomposition import PCA, TruncatedSVD
-from sklearn.ensemble import (RandomForestClassifier, RandomForestRegressor, StackingClassifier, StackingRegressor,
-                              VotingClassifier, VotingRegressor)
+from sklearn.compose import (
+    ColumnTransformer,
+    TransformedTargetRegressor,
+    make_column_selector,
+)
+from sklearn.decomposition import PCA
+from sklearn.ensemble import (
+    RandomForestRegressor,
+    StackingClassifier,
+    StackingRegressor,
+    VotingClassifier,
+    VotingRegressor,
+)
+from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.feature_selection import SelectKBest
 from sklearn.linear_model import LinearRegression, LogisticRegression, Ridge
 from sklearn.model_selection import GridSearchCV
 from sklearn.multiclass import OneVsRestClassifier
 from sklearn.naive_bayes import GaussianNB
 from sklearn.pipeline import FeatureUnion, Pipeline, make_pipeline, make_union
-from sklearn.preprocessing import MinMaxScaler, OneHotEncoder, QuantileTransformer, StandardScaler
-from sklearn.feature_extraction.text import CountVectorizer
+from sklearn.preprocessing import (
+    MinMaxScaler,
+    OneHotEncoder,
+    QuantileTransformer,
+    StandardScaler,
+)
 from sklearn.svm import SVC
 from sklearn.tree import DecisionTreeClassifier
 from sklearn.utils.estimator_checks import parametrize_with_checks
@@ -110,7 +124,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_same_answers_as_sklearn(case, executor):
-    name, make, data, target = case
+    _name, make, data, target = case
     ref = make().fit(data, target)
     model = gn.from_sklearn(make()).fit(data, target)
     same(model, ref, data)
@@ -121,11 +135,11 @@ def test_same_answers_as_sklearn(case, executor):
 @pytest.mark.parametrize("case", [c for c in CASES if c[0].startswith(("ct", "union", "pipeline-t"))],
                          ids=lambda c: c[0])
 def test_feature_names_out(case):
-    name, make, data, target = case
+    _name, make, data, target = case
     ref = make().fit(data, target)
     if not hasattr(ref[-1] if isinstance(ref, Pipeline) else ref, "get_feature_names_out"):
         ref = ref[:-1]
-        data, target, make = data, target, (lambda m=make: m()[:-1])
+        make = (lambda m=make: m()[:-1])
     model = gn.from_sklearn(make(), executor="serial").fit(data, target)
     np.testing.assert_array_equal(model.get_feature_names_out(), ref.get_feature_names_out())
 

@@ -7,7 +7,11 @@ stacking, :mod:`.target` for ``TransformedTargetRegressor``), the dispatch in
 imports scikit-learn but none of cupy, cudf, cuml, numba or dask.
 """
 
-from .composite import FromSklearnClassifier, FromSklearnRegressor, FromSklearnTransformer
+from .composite import (
+    FromSklearnClassifier,
+    FromSklearnRegressor,
+    FromSklearnTransformer,
+)
 from .convert import from_sklearn
 
-__all__ = ["from_sklearn", "FromSklearnRegressor", "FromSklearnClassifier", "FromSklearnTransformer"]
+__all__ = ["FromSklearnClassifier", "FromSklearnRegressor", "FromSklearnTransformer", "from_sklearn"]

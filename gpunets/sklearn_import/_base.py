@@ -9,12 +9,13 @@ parameter path (``columntransformer__num__scaler``), so reports and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..machines import machine
 
-__all__ = ["Context", "build", "leaf", "OPS", "join", "is_passthrough", "is_drop"]
+__all__ = ["OPS", "Context", "build", "is_drop", "is_passthrough", "join", "leaf"]
 
 #: the operations a converted composition may expose, in the order they are built
 OPS = ("predict", "predict_proba", "predict_log_proba", "decision_function", "transform")
@@ -66,7 +67,12 @@ def leaf(est: Any, X: Any, y: Any, path: str, ctx: Context, kind: str = "leaf", 
 
 def _known() -> list[tuple[Callable[[Any], bool], Callable[..., dict[str, Any]]]]:
     from sklearn.compose import ColumnTransformer, TransformedTargetRegressor
-    from sklearn.ensemble import StackingClassifier, StackingRegressor, VotingClassifier, VotingRegressor
+    from sklearn.ensemble import (
+        StackingClassifier,
+        StackingRegressor,
+        VotingClassifier,
+        VotingRegressor,
+    )
     from sklearn.pipeline import FeatureUnion, Pipeline
 
     from . import columns, ensembles, pipeline, target

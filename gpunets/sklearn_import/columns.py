@@ -21,7 +21,7 @@ from ..machines import machine
 from ..nodes import node
 from ._base import Context, build, is_drop, is_passthrough, join
 
-__all__ = ["build_column_transformer", "build_feature_union", "ColumnStack", "select_columns", "scale"]
+__all__ = ["ColumnStack", "build_column_transformer", "build_feature_union", "scale", "select_columns"]
 
 
 # --- node operations (module level so networks pickle) ------------------------------------------------------
@@ -59,7 +59,7 @@ class ColumnStack(BaseEstimator):
     def __init__(self, sparse_threshold: float | None = 0.3) -> None:
         self.sparse_threshold = sparse_threshold
 
-    def fit(self, *Xs: Any) -> "ColumnStack":
+    def fit(self, *Xs: Any) -> ColumnStack:
         from scipy import sparse
 
         if any(sparse.issparse(X) for X in Xs):

@@ -17,9 +17,9 @@ from sklearn.base import ClassifierMixin, RegressorMixin, TransformerMixin, clon
 from sklearn.utils.validation import check_is_fitted
 
 from ..composite import COMPOSITE_OPERATIONS, Composite
-from ._base import OPS, Context, build, operations
+from ._base import Context, build, operations
 
-__all__ = ["FromSklearnRegressor", "FromSklearnClassifier", "FromSklearnTransformer", "OWN_PARAMS"]
+__all__ = ["OWN_PARAMS", "FromSklearnClassifier", "FromSklearnRegressor", "FromSklearnTransformer"]
 
 #: the composite's own parameters; every other parameter name is the original's
 OWN_PARAMS = ("sklearn_estimator", "executor", "device", "workers", "reuse_fitted")
@@ -51,12 +51,12 @@ class _FromSklearn(Composite):
                 out.setdefault(k, v)
         return out
 
-    def set_params(self, **params: Any) -> "_FromSklearn":
+    def set_params(self, **params: Any) -> _FromSklearn:
         """Set the composite's own parameters, and the original's by its names (``ridge__alpha=2``)."""
         own = {k: params.pop(k) for k in list(params) if k in OWN_PARAMS}
         for k, v in own.items():
             setattr(self, k, v)
-        nested = {k[len("sklearn_estimator__"):] if k.startswith("sklearn_estimator__") else k: v
+        nested = {k.removeprefix("sklearn_estimator__"): v
                   for k, v in params.items()}
         if nested:
             self.sklearn_estimator.set_params(**nested)
@@ -113,9 +113,8 @@ class _FromSklearn(Composite):
         return X, y
 
     def _gn_validate_call(self, X: Any, op: str) -> Any:
-        from sklearn.utils.validation import _check_feature_names
-
         from sklearn.compose import ColumnTransformer
+        from sklearn.utils.validation import _check_feature_names
 
         from ._base import first_part
 
@@ -191,7 +190,7 @@ class _FromSklearn(Composite):
             inner = get_tags(self.sklearn_estimator)
             tags.input_tags = inner.input_tags
             tags.target_tags = inner.target_tags
-        except Exception:  # noqa: BLE001 - tags are advisory
+        except Exception:  # noqa: BLE001, S110 - tags are advisory
             pass
         return tags
 

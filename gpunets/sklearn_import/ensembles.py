@@ -22,12 +22,12 @@ from ..machines import machine
 from ..nodes import Source, node
 from ._base import Context, build, is_drop, join, leaf
 
-__all__ = ["build_voting_regressor", "build_voting_classifier", "build_stacking"]
+__all__ = ["build_stacking", "build_voting_classifier", "build_voting_regressor"]
 
 
 def _members(est: Any, path: str) -> tuple[list[str], list[Any], list[float] | None]:
     """Kept members and their weights; scikit-learn's validation errors before anything is built."""
-    names, all_est = est._validate_estimators()
+    est._validate_estimators()  # scikit-learn's checks: names, at least one estimator, kinds
     if est.weights is not None and len(est.weights) != len(est.estimators):
         msg = (f"Number of `estimators` and weights must be equal; got {len(est.weights)} weights, "
                f"{len(est.estimators)} estimators")
@@ -123,7 +123,7 @@ def build_stacking(est: Any, X: Any, y: Any, path: str, ctx: Context) -> dict[st
         return leaf(est, X, y, path, ctx, kind="opaque",
                     note="a stack trained on a transformed target runs as one opaque machine.")
     ctx.note(path, "stacking", est)
-    kw = dict(final_estimator=est.final_estimator, cv=est.cv, passthrough=est.passthrough)
+    kw = {"final_estimator": est.final_estimator, "cv": est.cv, "passthrough": est.passthrough}
     if is_classifier(est):
         gs = stacking.StackingClassifier(est.estimators, stack_method=est.stack_method, **kw)
         y_data = np.asarray(y.data)

@@ -30,7 +30,7 @@ class TargetTransformer(BaseEstimator):
         self.inverse_func = inverse_func
         self.check_inverse = check_inverse
 
-    def fit(self, y: Any) -> "TargetTransformer":
+    def fit(self, y: Any) -> TargetTransformer:
         from sklearn.compose import TransformedTargetRegressor
         from sklearn.utils.validation import check_array
 
