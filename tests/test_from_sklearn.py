@@ -298,7 +298,8 @@ def test_device_placement_is_reported(gn_device):
     model = gn.from_sklearn(est, executor="serial", device=gn_device).fit(X, y)
     for rep in model.report_.values():
         assert rep["device"].startswith("cpu") == (gn_device == "cpu" or rep["path"] == "cpu_fallback"), rep
-    np.testing.assert_allclose(model.predict(X), clone(est).fit(X, y).predict(X), rtol=1e-6, atol=1e-6)
+    tol = 1e-12 if gn_device == "cpu" else 1e-4  # GPU twins (cuML) may compute in another order or precision
+    np.testing.assert_allclose(model.predict(X), clone(est).fit(X, y).predict(X), rtol=tol, atol=tol)
 
 
 def test_reuse_fitted_adopts_what_the_structure_allows(executor):
