@@ -68,6 +68,7 @@ _LAZY = {
     "StackingClassifier": ("gpunets.stacking", "StackingClassifier"),
     "GridSearchCV": ("gpunets.tuning", "GridSearchCV"),
     "RandomizedSearchCV": ("gpunets.tuning", "RandomizedSearchCV"),
+    "from_sklearn": ("gpunets.sklearn_import", "from_sklearn"),
 }
 _LAZY_MODULES = ("testing", "kernels", "data", "models", "plan", "scheduler", "graph")
 

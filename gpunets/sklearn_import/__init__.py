@@ -1,0 +1,17 @@
+"""Import scikit-learn compositions as gpunets networks: :func:`from_sklearn`.
+
+One module per kind of composition (:mod:`.pipeline`, :mod:`.columns` for
+``ColumnTransformer``/``FeatureUnion``, :mod:`.ensembles` for voting and
+stacking, :mod:`.target` for ``TransformedTargetRegressor``), the dispatch in
+:mod:`._base`, the composites in :mod:`.composite`.  Importing this package
+imports scikit-learn but none of cupy, cudf, cuml, numba or dask.
+"""
+
+from .composite import (
+    FromSklearnClassifier,
+    FromSklearnRegressor,
+    FromSklearnTransformer,
+)
+from .convert import from_sklearn
+
+__all__ = ["FromSklearnClassifier", "FromSklearnRegressor", "FromSklearnTransformer", "from_sklearn"]

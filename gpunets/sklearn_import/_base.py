@@ -1,0 +1,147 @@
+"""What every conversion shares: the build context, leaves, opaque machines and the dispatch.
+
+``build(est, X, y, path, ctx)`` returns ``{operation: node}`` for the
+operations ``est`` offers, built on the nodes ``X`` and ``y``.  Each kind of
+composition has its own module; anything else is one machine named by its
+parameter path (``columntransformer__num__scaler``), so reports and
+``get_params`` use the same names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..machines import machine
+
+__all__ = ["OPS", "Context", "build", "is_drop", "is_passthrough", "join", "leaf"]
+
+#: the operations a converted composition may expose, in the order they are built
+OPS = ("predict", "predict_proba", "predict_log_proba", "decision_function", "transform")
+
+
+@dataclass
+class Context:
+    """What a conversion records: every part by path (kind, notes) and the leaf estimators."""
+
+    parts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    leaves: dict[str, Any] = field(default_factory=dict)     # machine name -> the user's estimator
+    data: Any = None                                          # the training X (for column selection)
+    root_X: Any = None                                        # the source holding it
+    cache: dict = field(default_factory=dict)                 # kept by the composite across fits
+
+    def note(self, path: str, kind: str, est: Any, note: str = "") -> None:
+        entry = self.parts.setdefault(path or "(root)", {"kind": kind, "estimator": type(est).__name__,
+                                                          "notes": []})
+        if note:
+            entry["notes"].append(note)
+
+
+def join(path: str, name: str) -> str:
+    """``path__name`` (the parameter prefix of a nested estimator)."""
+    return f"{path}__{name}" if path else name
+
+
+def is_passthrough(step: Any) -> bool:
+    return step is None or (isinstance(step, str) and step == "passthrough")
+
+
+def is_drop(step: Any) -> bool:
+    return isinstance(step, str) and step == "drop"
+
+
+def root_name(est: Any) -> str:
+    """The report name of a top-level leaf: its class name in lower case (``make_pipeline``'s rule)."""
+    return type(est).__name__.lower()
+
+
+def leaf(est: Any, X: Any, y: Any, path: str, ctx: Context, kind: str = "leaf", note: str = "") -> dict[str, Any]:
+    """One machine for ``est`` trained on ``(X, y)``; a node per operation it has."""
+    name = path or root_name(est)
+    m = machine(est, *((X,) if y is None else (X, y)), name=name)
+    ctx.leaves[name] = est
+    ctx.note(name, kind, est, note)
+    return {op: getattr(m, op)(X) for op in OPS if hasattr(est, op)}
+
+
+def _known() -> list[tuple[Callable[[Any], bool], Callable[..., dict[str, Any]]]]:
+    from sklearn.compose import ColumnTransformer, TransformedTargetRegressor
+    from sklearn.ensemble import (
+        StackingClassifier,
+        StackingRegressor,
+        VotingClassifier,
+        VotingRegressor,
+    )
+    from sklearn.pipeline import FeatureUnion, Pipeline
+
+    from . import columns, ensembles, pipeline, target
+
+    return [
+        (lambda e: isinstance(e, Pipeline), pipeline.build_pipeline),
+        (lambda e: isinstance(e, ColumnTransformer), columns.build_column_transformer),
+        (lambda e: isinstance(e, FeatureUnion), columns.build_feature_union),
+        (lambda e: isinstance(e, VotingRegressor), ensembles.build_voting_regressor),
+        (lambda e: isinstance(e, VotingClassifier), ensembles.build_voting_classifier),
+        (lambda e: isinstance(e, (StackingRegressor, StackingClassifier)), ensembles.build_stacking),
+        (lambda e: isinstance(e, TransformedTargetRegressor), target.build_transformed_target),
+    ]
+
+
+def is_meta(est: Any) -> bool:
+    """Whether ``est`` holds other estimators among its parameters (a meta-estimator)."""
+    try:
+        params = est.get_params(deep=False)
+    except Exception:  # noqa: BLE001 - not a scikit-learn estimator: treated as a leaf
+        return False
+
+    def has_est(v: Any) -> bool:
+        if not isinstance(v, type) and callable(getattr(v, "fit", None)):
+            return True
+        if isinstance(v, (list, tuple)):
+            return any(has_est(x) for x in v)
+        return False
+
+    return any(has_est(v) for v in params.values())
+
+
+def build(est: Any, X: Any, y: Any, path: str, ctx: Context) -> dict[str, Any]:
+    """``{operation: node}`` for ``est`` (a composition, recursively, or one machine)."""
+    for test, builder in _known():
+        if test(est):
+            return builder(est, X, y, path, ctx)
+    if is_meta(est):
+        return leaf(est, X, y, path, ctx, kind="opaque",
+                    note=f"{type(est).__name__} is a meta-estimator gpunets does not convert: it runs as one "
+                         "opaque machine (its inner estimators train inside it, one after another).")
+    return leaf(est, X, y, path, ctx)
+
+
+def operations(est: Any) -> tuple[str, ...]:
+    """The operations of :data:`OPS` that ``est`` offers (a stack without a final estimator: its default's)."""
+    from sklearn.base import is_classifier
+    from sklearn.ensemble import StackingClassifier, StackingRegressor
+    from sklearn.pipeline import Pipeline
+
+    if isinstance(est, Pipeline) and est.steps:
+        last = est.steps[-1][1]
+        return ("transform",) if is_passthrough(last) else operations(last)
+
+    if isinstance(est, (StackingRegressor, StackingClassifier)) and est.final_estimator is None:
+        from sklearn.linear_model import LogisticRegression, RidgeCV
+
+        probe = LogisticRegression() if is_classifier(est) else RidgeCV()
+        return ("transform",) + tuple(op for op in OPS if op != "transform" and hasattr(probe, op))
+    return tuple(op for op in OPS if hasattr(est, op))
+
+
+def first_part(est: Any) -> Any:
+    """The estimator that receives the input first (through leading pipeline steps)."""
+    from sklearn.pipeline import Pipeline
+
+    while isinstance(est, Pipeline):
+        steps = [s for _, s in est.steps if not is_passthrough(s)]
+        if not steps:
+            return None
+        est = steps[0]
+    return est

@@ -1,0 +1,228 @@
+"""The composites :func:`from_sklearn` returns: a gpunets network that keeps the original's face.
+
+Parameters are the original's (``get_params()`` / ``set_params()`` with its
+nested names, e.g. ``columntransformer__num__scaler__with_mean``) plus
+``executor``, ``device``, ``workers``, ``reuse_fitted`` and
+``sklearn_estimator`` (the composition itself, a clone of what was given).
+The network is rebuilt from the composition at each ``fit``; machines whose
+inputs are unchanged keep their fitted state, so only what changed retrains.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from sklearn.base import ClassifierMixin, RegressorMixin, TransformerMixin, clone
+from sklearn.utils.validation import check_is_fitted
+
+from ..composite import COMPOSITE_OPERATIONS, Composite
+from ._base import Context, build, operations
+
+__all__ = ["OWN_PARAMS", "FromSklearnClassifier", "FromSklearnRegressor", "FromSklearnTransformer"]
+
+#: the composite's own parameters; every other parameter name is the original's
+OWN_PARAMS = ("sklearn_estimator", "executor", "device", "workers", "reuse_fitted")
+
+
+def _as_input(X: Any) -> Any:
+    if X is None or hasattr(X, "shape") or hasattr(X, "columns"):
+        return X
+    if hasattr(X, "__array__"):
+        return np.asarray(X)
+    return np.asarray(X, dtype=object) if any(isinstance(v, str) for v in X) else np.asarray(X)
+
+
+class _FromSklearn(Composite):
+    def __init__(self, sklearn_estimator: Any, *, executor: Any = "auto", device: Any = "auto",
+                 workers: int | None = None, reuse_fitted: bool = False) -> None:
+        self.sklearn_estimator = sklearn_estimator
+        self.executor = executor
+        self.device = device
+        self.workers = workers
+        self.reuse_fitted = reuse_fitted
+
+    # --- parameters: the original's names --------------------------------------------------------------
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The composite's own parameters and, with ``deep``, the original's (by its own names)."""
+        out = {k: getattr(self, k) for k in OWN_PARAMS}
+        if deep:
+            for k, v in self.sklearn_estimator.get_params(deep=True).items():
+                out.setdefault(k, v)
+        return out
+
+    def set_params(self, **params: Any) -> _FromSklearn:
+        """Set the composite's own parameters, and the original's by its names (``ridge__alpha=2``)."""
+        own = {k: params.pop(k) for k in list(params) if k in OWN_PARAMS}
+        for k, v in own.items():
+            setattr(self, k, v)
+        nested = {k.removeprefix("sklearn_estimator__"): v
+                  for k, v in params.items()}
+        if nested:
+            self.sklearn_estimator.set_params(**nested)
+        return self
+
+    # --- the network ------------------------------------------------------------------------------------
+    def _gn_available_operations(self) -> tuple[str, ...]:
+        st = self.__dict__.get("_gn_state")
+        if st is not None:
+            return tuple(st.outputs)
+        return operations(self.sklearn_estimator)
+
+    def network(self, X: Any, y: Any) -> dict[str, Any]:
+        """The original composition as a network, recursively (see :mod:`gpunets.sklearn_import`)."""
+        ctx = Context(data=X.data, root_X=X, cache=self.__dict__.setdefault("_gn_cache", {}))
+        outs = build(self.sklearn_estimator, X, None if y.data is None else y, "", ctx)
+        self._gn_ctx = ctx
+        original = self.__dict__.pop("_gn_adopt_from", None)
+        if original is not None:
+            from ..graph import upstream_machines
+            from .reuse import adopt
+
+            done = adopt(upstream_machines(list(outs.values())), original)
+            for name, what in done.items():
+                ctx.parts.setdefault(name, {"kind": "helper", "estimator": "", "notes": []})["notes"].append(
+                    "reuse_fitted: " + what)
+        wanted = operations(self.sklearn_estimator)
+        return {op: outs[op] for op in wanted if op in outs and op in COMPOSITE_OPERATIONS}
+
+    def _gn_names(self, machines: tuple[Any, ...]) -> dict[int, str]:
+        return {id(m): m.label for m in machines}
+
+    def _gn_check_params(self, X: Any, y: Any) -> None:
+        super()._gn_check_params(X, y)
+        if not callable(getattr(self.sklearn_estimator, "fit", None)):
+            from .convert import not_an_estimator
+
+            raise not_an_estimator(self.sklearn_estimator)
+
+    # --- validation: the leaves validate, as in scikit-learn's meta-estimators -------------------------------
+    def _gn_validate_fit(self, X: Any, y: Any) -> tuple[Any, Any]:
+        from sklearn.utils.validation import _check_feature_names, _check_n_features
+
+        if y is None and self.__sklearn_tags__().target_tags.required:
+            msg = (f"This {type(self).__name__} estimator requires y to be passed, but the target y is None. "
+                   f"Its composition, {type(self.sklearn_estimator).__name__}, needs targets to fit.")
+            raise ValueError(msg)
+        X, y = _as_input(X), (y if y is None or hasattr(y, "shape") else np.asarray(y))
+        _check_feature_names(self, X, reset=True)
+        try:
+            _check_n_features(self, X, reset=True)
+        except (TypeError, ValueError):  # 1-D input (text): no n_features_in_, as in scikit-learn
+            pass
+        return X, y
+
+    def _gn_validate_call(self, X: Any, op: str) -> Any:
+        from sklearn.compose import ColumnTransformer
+        from sklearn.utils.validation import _check_feature_names
+
+        from ._base import first_part
+
+        X = _as_input(X)
+        if not isinstance(first_part(self.sklearn_estimator), ColumnTransformer):  # it selects by name itself
+            _check_feature_names(self, X, reset=False)
+        return X
+
+    def _gn_fit_network(self, X: Any, y: Any, fit_params: dict[str, Any]) -> None:
+        if fit_params:
+            msg = (f"from_sklearn composites take no fit parameters yet; got {sorted(fit_params)}. Hint: set "
+                   "them as estimator parameters, or fit the original scikit-learn object.")
+            raise TypeError(msg)
+        original = self.__dict__.get("_gn_fitted_original")
+        if self.reuse_fitted and original is not None and "_gn_state" not in self.__dict__:
+            self._gn_adopt_from = original  # read (once) by network(), which installs the fitted states
+        try:
+            super()._gn_fit_network(X, y, fit_params)
+        finally:
+            self.__dict__.pop("_gn_adopt_from", None)
+
+    # --- reports -----------------------------------------------------------------------------------------
+    @property
+    def conversion_(self) -> dict[str, dict[str, Any]]:
+        """``{path: {"kind", "estimator", "notes"}}``: how each part of the original was converted."""
+        check_is_fitted(self, "fit_report_")
+        return {k: {kk: vv for kk, vv in v.items() if kk != "columns"} for k, v in self._gn_ctx.parts.items()}
+
+    @property
+    def report_(self) -> dict[str, dict[str, Any]]:
+        """``{machine name: machine report}`` plus, per machine, how its part was converted (``kind``, ``notes``)."""
+        out = super().report_
+        parts = self._gn_ctx.parts
+        for name, rep in out.items():
+            part = parts.get(name)
+            if part is not None:
+                rep["kind"] = part["kind"]
+                rep["notes"] = list(part["notes"])
+        return out
+
+    def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
+        """Output feature names, computed from the fitted parts by scikit-learn's rules."""
+        from sklearn.utils.validation import _check_feature_names_in
+
+        from .names import feature_names_out
+
+        check_is_fitted(self, "fit_report_")
+        names_in = _check_feature_names_in(self, input_features)
+        machines = self.machines_
+        return feature_names_out(self.sklearn_estimator, "", names_in, lambda n: machines[n].estimator_,
+                                 self._gn_ctx.parts)
+
+    # --- display: the original structure -------------------------------------------------------------------
+    def __repr__(self, N_CHAR_MAX: int = 700) -> str:
+        opts = [f"{k}={getattr(self, k)!r}" for k, d in (("executor", "auto"), ("device", "auto"),
+                                                          ("workers", None), ("reuse_fitted", False))
+                if getattr(self, k) != d]
+        inner = repr(self.sklearn_estimator)
+        return f"from_sklearn({inner}{', ' if opts else ''}{', '.join(opts)})"
+
+    def _sk_visual_block_(self) -> Any:
+        from sklearn.utils._repr_html.estimator import _VisualBlock
+
+        where = ", ".join(f"{k}={getattr(self, k)!r}" for k in ("executor", "device"))
+        return _VisualBlock("serial", [self.sklearn_estimator], names=[f"gpunets network ({where})"],
+                            name_details=[str(self.sklearn_estimator)], dash_wrapped=True)
+
+    def __sklearn_tags__(self):
+        from sklearn.utils import get_tags
+
+        tags = super().__sklearn_tags__()
+        try:
+            inner = get_tags(self.sklearn_estimator)
+            tags.input_tags = inner.input_tags
+            tags.target_tags = inner.target_tags
+        except Exception:  # noqa: BLE001, S110 - tags are advisory
+            pass
+        return tags
+
+
+class FromSklearnRegressor(RegressorMixin, _FromSklearn):
+    """A scikit-learn regressor composition converted to a gpunets network (see :func:`gpunets.from_sklearn`)."""
+
+
+class FromSklearnClassifier(ClassifierMixin, _FromSklearn):
+    """A scikit-learn classifier composition converted to a gpunets network; ``classes_`` as scikit-learn."""
+
+    def _gn_validate_fit(self, X: Any, y: Any) -> tuple[Any, Any]:
+        X, y = super()._gn_validate_fit(X, y)
+        yv = np.asarray(y)
+        self.classes_ = np.unique(yv) if yv.ndim == 1 else [np.unique(c) for c in yv.T]
+        return X, y
+
+
+class FromSklearnTransformer(TransformerMixin, _FromSklearn):
+    """A scikit-learn transformer composition converted to a gpunets network."""
+
+    _default_operation = "transform"
+
+    def fit_transform(self, X: Any, y: Any = None, **fit_params: Any) -> Any:
+        """``fit(X, y).transform(X)``."""
+        return self.fit(X, y, **fit_params).transform(X)
+
+
+def make_composite(est: Any, **kw: Any) -> _FromSklearn:
+    """The composite class matching ``est``'s kind (classifier, regressor, else transformer)."""
+    from sklearn.base import is_classifier, is_regressor
+
+    cls = (FromSklearnClassifier if is_classifier(est) else FromSklearnRegressor if is_regressor(est)
+           else FromSklearnTransformer)
+    return cls(clone(est), **kw)

@@ -1,0 +1,79 @@
+"""``from_sklearn``: checks its argument and builds the composite."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .composite import make_composite
+
+__all__ = ["from_sklearn", "not_an_estimator"]
+
+
+def not_an_estimator(obj: Any) -> TypeError:
+    """The error for an argument that is not a scikit-learn estimator."""
+    kind = "a class" if isinstance(obj, type) else f"an object of type {type(obj).__module__}.{type(obj).__qualname__}"
+    hint = (" Hint: pass an instance, e.g. from_sklearn(make_pipeline(StandardScaler(), Ridge()))."
+            if isinstance(obj, type) else " Hint: pass a scikit-learn estimator such as a Pipeline.")
+    return TypeError(f"from_sklearn needs a scikit-learn estimator (an object with fit and get_params); got "
+                     f"{kind}: {obj!r:.80}.{hint}")
+
+
+def from_sklearn(estimator: Any, *, executor: Any = "auto", device: Any = "auto", workers: int | None = None,
+                 reuse_fitted: bool = False) -> Any:
+    """Turn a scikit-learn composition into a gpunets composite whose network mirrors it.
+
+    ``Pipeline``, ``FeatureUnion``, ``ColumnTransformer``, ``VotingRegressor`` /
+    ``VotingClassifier``, ``StackingRegressor`` / ``StackingClassifier`` and
+    ``TransformedTargetRegressor`` become networks, recursively; any other
+    estimator is one machine (a meta-estimator gpunets does not know, such as
+    ``OneVsRestClassifier``, is one opaque machine and ``conversion_`` says so).
+    Predictions, probabilities, transforms and feature names are the
+    original's; so are the parameter names.
+
+    Parameters
+    ----------
+    estimator : scikit-learn estimator
+        The composition (fitted or not: it is cloned and never changed; its fitted state is reused only with ``reuse_fitted``).
+    executor : str or Executor, default="auto"
+        Where independent branches run concurrently (``"serial"``, ``"threads"``, ``"streams"``, ``"dask"``).
+    device : str, default="auto"
+        ``"cuda"`` puts each leaf on its GPU twin where one exists (see :mod:`gpunets.models`).
+    workers : int, optional
+        Concurrent tasks for the executor.
+
+    reuse_fitted : bool, default=False
+        When ``estimator`` is fitted, its fitted parts are adopted at the first ``fit`` wherever the
+        structure allows (same class and parameters, every upstream part adopted too); the fit skips
+        them, and ``conversion_`` says per machine what was adopted (stacks always train).
+
+    Returns
+    -------
+    FromSklearnRegressor, FromSklearnClassifier or FromSklearnTransformer
+
+    Raises
+    ------
+    TypeError
+        ``estimator`` is not a scikit-learn estimator.
+
+    Examples
+    --------
+    >>> import numpy as np, gpunets as gn
+    >>> from sklearn.pipeline import make_pipeline
+    >>> from sklearn.preprocessing import StandardScaler
+    >>> from sklearn.linear_model import Ridge
+    >>> rng = np.random.default_rng(0)
+    >>> X, y = rng.normal(size=(40, 3)), rng.normal(size=40)
+    >>> model = gn.from_sklearn(make_pipeline(StandardScaler(), Ridge()), executor="serial").fit(X, y)
+    >>> bool(np.allclose(model.predict(X), make_pipeline(StandardScaler(), Ridge()).fit(X, y).predict(X)))
+    True
+    >>> model.set_params(ridge__alpha=3.0).fit(X, y).fit_report_.actions.by_label()
+    {'standardscaler': 'skip', 'ridge': 'update'}
+    """
+    if isinstance(estimator, type) or not (callable(getattr(estimator, "fit", None))
+                                           and callable(getattr(estimator, "get_params", None))):
+        raise not_an_estimator(estimator)
+    model = make_composite(estimator, executor=executor, device=device, workers=workers,
+                           reuse_fitted=reuse_fitted)
+    if reuse_fitted:
+        model._gn_fitted_original = estimator
+    return model

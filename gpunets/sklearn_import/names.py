@@ -1,0 +1,53 @@
+"""``get_feature_names_out`` of a converted composition, from its fitted leaves (scikit-learn's rules)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ._base import is_drop, is_passthrough, join
+
+__all__ = ["feature_names_out"]
+
+
+def feature_names_out(est: Any, path: str, names_in: np.ndarray, fitted: Callable[[str], Any],
+                      parts: dict[str, dict[str, Any]]) -> np.ndarray:
+    """Output feature names of ``est`` (at ``path``) given its input names; ``fitted(name)`` is a fitted leaf."""
+    from sklearn.compose import ColumnTransformer
+    from sklearn.pipeline import FeatureUnion, Pipeline
+
+    if isinstance(est, Pipeline):
+        names = names_in
+        for name, step in est.steps:
+            if not is_passthrough(step):
+                names = feature_names_out(step, join(path, name), names, fitted, parts)
+        return names
+    if isinstance(est, ColumnTransformer):
+        out = []
+        for name, trans, idx in parts[path or "(root)"]["columns"]:
+            sub_in = np.asarray(names_in, dtype=object)[idx]
+            if is_passthrough(trans):
+                out.append((name, sub_in))
+            else:
+                out.append((name, feature_names_out(trans, join(path, name), sub_in, fitted, parts)))
+        if not out:
+            return np.array([], dtype=object)
+        return est._add_prefix_for_feature_names_out(out)
+    if isinstance(est, FeatureUnion):
+        out = []
+        for name, trans in est.transformer_list:
+            if is_drop(trans):
+                continue
+            if isinstance(trans, str) and trans == "passthrough":
+                out.append((name, np.asarray(names_in, dtype=object)))
+            else:
+                out.append((name, feature_names_out(trans, join(path, name), names_in, fitted, parts)))
+        return est._add_prefix_for_feature_names_out(out)
+    leaf = fitted(path or type(est).__name__.lower())
+    get = getattr(leaf, "get_feature_names_out", None)
+    if get is None:
+        msg = f"Estimator {type(est).__name__} at {path or 'the top'!r} does not provide get_feature_names_out."
+        raise AttributeError(msg)
+    return get(names_in)

@@ -1,0 +1,135 @@
+"""``reuse_fitted=True``: give the network's machines the fitted state of a fitted original.
+
+At the first fit, each machine whose counterpart in the fitted original is
+fitted, of the same class with the same parameters, and whose upstream
+machines were all adopted too, takes a copy of that fitted estimator; the fit
+then skips it.  Counterparts: a ``Pipeline``'s steps, a ``ColumnTransformer``'s
+``named_transformers_`` (and its ``sparse_output_`` for the join), a
+``FeatureUnion``'s transformers, a voting ensemble's ``named_estimators_`` (and
+``le_``), a ``TransformedTargetRegressor``'s ``regressor_`` and ``transformer_``,
+a top-level leaf itself.  Stacks are never adopted (scikit-learn keeps no
+per-fold models): they train.  What was adopted, and why not otherwise, is in
+``conversion_``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ..machines import FittedState, _equal, snapshot_params
+
+__all__ = ["adopt"]
+
+
+def _is_est(v: Any) -> bool:
+    return not isinstance(v, type) and callable(getattr(v, "fit", None))
+
+
+def same_params(a: Any, b: Any) -> bool:
+    """Same class and hyperparameters (nested estimators by class and their own parameters)."""
+    if type(a) is not type(b):
+        return False
+    pa, pb = a.get_params(deep=True), b.get_params(deep=True)
+    if pa.keys() != pb.keys():
+        return False
+    for k in pa:
+        x, y = pa[k], pb[k]
+        if _is_est(x) or _is_est(y):
+            if type(x) is not type(y):
+                return False
+        elif isinstance(x, (list, tuple)) and any(_is_est(v) or isinstance(v, tuple) for v in x):
+            continue  # lists of (name, estimator): the estimators' own parameters are compared by name
+        elif not _equal(x, y):
+            return False
+    return True
+
+
+def _is_fitted(est: Any) -> bool:
+    from sklearn.utils.validation import check_is_fitted
+
+    try:
+        check_is_fitted(est)
+    except Exception:  # noqa: BLE001 - NotFittedError or not an estimator
+        return False
+    return True
+
+
+def counterpart(original: Any, name: str) -> tuple[Any, str]:
+    """The fitted object in ``original`` for machine ``name`` (or None) and why not."""
+    from sklearn.compose import ColumnTransformer, TransformedTargetRegressor
+    from sklearn.ensemble import VotingClassifier, VotingRegressor
+    from sklearn.pipeline import FeatureUnion, Pipeline
+
+    from ._base import root_name
+    from .columns import ColumnStack
+    from .target import TargetTransformer
+
+    if name == root_name(original) and not isinstance(original, (Pipeline, ColumnTransformer, FeatureUnion)):
+        return original, ""
+    est = original
+    segs = name.split("__")
+    for i, seg in enumerate(segs):
+        last = i == len(segs) - 1
+        try:
+            if isinstance(est, Pipeline):
+                est = est.named_steps[seg]
+            elif isinstance(est, ColumnTransformer):
+                if seg == "<stack>":
+                    cs = ColumnStack(est.sparse_threshold)
+                    cs.sparse_output_ = est.sparse_output_
+                    return cs, ""
+                est = est.named_transformers_[seg]
+            elif isinstance(est, FeatureUnion):
+                if seg == "<stack>":
+                    cs = ColumnStack(None)
+                    cs.sparse_output_ = False
+                    return cs, ""
+                est = dict(est.transformer_list)[seg]
+            elif isinstance(est, (VotingRegressor, VotingClassifier)):
+                if seg == "<labels>":
+                    return est.le_, ""
+                est = est.named_estimators_[seg]
+            elif isinstance(est, TransformedTargetRegressor):
+                if seg == "transformer" and last:
+                    tt = TargetTransformer(est.transformer, est.func, est.inverse_func, est.check_inverse)
+                    tt.transformer_ = est.transformer_
+                    tt.training_dim_ = est._training_dim
+                    return tt, ""
+                if seg != "regressor":
+                    return None, f"no fitted counterpart for {seg!r}"
+                est = est.regressor_
+            else:
+                return None, f"{type(est).__name__} keeps no fitted part named {seg!r}"
+        except (KeyError, AttributeError):
+            return None, f"the original has no fitted part {'__'.join(segs[:i + 1])!r}"
+    return est, ""
+
+
+def adopt(machines: tuple[Any, ...], original: Any) -> dict[str, str]:
+    """Install fitted states on ``machines`` (dependency order); ``{machine name: what happened}``."""
+    from ..graph import machine_parents
+
+    out: dict[str, str] = {}
+    adopted: set[int] = set()
+    for m in machines:
+        name = m.label
+        if any(p._uid not in adopted for p in machine_parents(m)):
+            out[name] = "trained: an upstream part was not adopted"
+            continue
+        fitted, why = counterpart(original, name)
+        if fitted is None:
+            out[name] = f"trained: {why}"
+            continue
+        if not same_params(m.model, fitted):
+            out[name] = "trained: its parameters differ from the fitted original's"
+            continue
+        if not _is_fitted(fitted):
+            out[name] = "trained: the original's part is not fitted"
+            continue
+        m._state = FittedState(copy.deepcopy(fitted), snapshot_params(m.model), None, m._upstream_versions(),
+                               m._version + 1, "adopt", 0.0, history=("adopt",))
+        m._version += 1
+        adopted.add(m._uid)
+        out[name] = "adopted"
+    return out
