@@ -21,6 +21,11 @@ import sys
 import time
 from typing import Any, Sequence
 
+import gpunets as gn
+from gpunets import __version__
+from gpunets.devices import Device, device_exists, gpu_available, gpu_count, why_unavailable
+from gpunets.executors.base import default_workers
+
 __all__ = ["main", "build_network", "demo"]
 
 
@@ -30,7 +35,6 @@ class DemoError(Exception):
 
 def build_network(X: Any, y: Any, *, device: str = "cpu", executor: str = "serial") -> tuple[Any, dict[str, Any]]:
     """The demo network on training data ``X, y``; returns the output node and the named parts."""
-    import gpunets as gn
     from sklearn.ensemble import ExtraTreesRegressor, RandomForestRegressor
     from sklearn.linear_model import LinearRegression, Ridge
     from sklearn.neighbors import KNeighborsRegressor
@@ -57,8 +61,6 @@ def build_network(X: Any, y: Any, *, device: str = "cpu", executor: str = "seria
 
 def modes(device: str | None, executor: str | None) -> list[tuple[str, str, str]]:
     """(label, device, executor) for every mode present, filtered by the options."""
-    from gpunets.devices import Device, device_exists, gpu_available, why_unavailable
-
     if device is not None:
         try:
             dev = Device.parse(device)
@@ -91,8 +93,6 @@ EMULATED_STREAMS = ("emulated streams: the GPU's schedule run on the CPU, one th
 
 def gpu_line() -> str:
     """One line: the GPU the demo uses, or that none was found and why (no CuPy, no device...)."""
-    from gpunets.devices import gpu_available, gpu_count, why_unavailable
-
     if gpu_available():
         return f"GPU: {gpu_count()} found; the GPU modes run on cuda:0."
     return f"GPU: none found, so only the CPU modes run ({why_unavailable('cuda:0')})."
@@ -183,8 +183,6 @@ def demo(rows: int = 12_000, device: str | None = None, executor: str | None = N
 
 
 def _cores() -> int:
-    from gpunets.executors.base import default_workers
-
     return default_workers()
 
 
@@ -194,8 +192,6 @@ def _within_noise(r: dict[str, Any], base: dict[str, Any]) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from gpunets import __version__
-
     parser = argparse.ArgumentParser(prog="python -m gpunets", description="gpunets command line")
     parser.add_argument("--version", action="version", version=f"gpunets {__version__}")
     sub = parser.add_subparsers(dest="command")

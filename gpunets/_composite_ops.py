@@ -24,6 +24,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from .data import same_data
 from .nodes import Node, Source, is_node
 
 __all__ = ["same_value", "match_machines", "adopt_states"]
@@ -31,8 +32,6 @@ __all__ = ["same_value", "match_machines", "adopt_states"]
 
 def same_value(a: Any, b: Any) -> bool:
     """Whether two constants (or data) are equal: identity, then value (NaN equals NaN)."""
-    from .data import same_data
-
     if a is b:
         return True
     try:

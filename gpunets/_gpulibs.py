@@ -51,7 +51,7 @@ def cupy() -> ModuleType:
         When CuPy is not installed and no fake GPU is asked for.
     """
     if fake_gpu_count():
-        from . import fakegpu  # noqa: PLC0415
+        from . import fakegpu  # noqa: PLC0415  # lazy: the fake GPU loads only under GPUNETS_FAKE_GPU
 
         return fakegpu.module()
     import cupy as real  # noqa: PLC0415 - optional, imported lazily

@@ -71,9 +71,19 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
+from . import verbs
 from ._composite_ops import adopt_states, match_machines, same_value
-from .machines import Machine
+from ._warn import _OWNER
+from .config import config
+from .devices import override_placement
+from .executors import get_executor
+from .fingerprint import fingerprint, scope
+from .graph import upstream_machines
+from .machines import Machine, labels
+from .network import evaluate
+from .network import fit as gn_fit
 from .nodes import AbstractNode, Source, is_node
+from .report import ActionMap
 
 __all__ = ["Composite", "CompositeRegressor", "CompositeClassifier", "CompositeTransformer", "COMPOSITE_OPERATIONS"]
 
@@ -112,8 +122,6 @@ def _has_operation(op: str):
 
 def _relabel(report: Any, names: dict[int, str]) -> None:
     """Key the report by component name (``report.actions["first"]``) instead of class labels."""
-    from .report import ActionMap
-
     labels = {m: names.get(id(m), lab) for m, lab in report.labels.items()}
     if len(set(labels.values())) == len(labels):
         report.labels = labels
@@ -262,8 +270,6 @@ class Composite(BaseEstimator):
         return out
 
     def _gn_names(self, machines: tuple[Machine, ...]) -> dict[int, str]:
-        from .report import labels
-
         by_id = {id(v): k for k, v in self._gn_components().items()}
         labs = labels(machines)
         count: dict[str, int] = {}
@@ -286,8 +292,6 @@ class Composite(BaseEstimator):
     # --- validation ----------------------------------------------------------------------------
     def _gn_check_params(self, X: Any, y: Any) -> None:
         """Check hyperparameters before any work (subclasses extend)."""
-        from .executors import get_executor
-
         get_executor(getattr(self, "executor", "auto"), getattr(self, "workers", None))
 
     def _gn_validate_fit(self, X: Any, y: Any) -> tuple[Any, Any]:
@@ -338,15 +342,10 @@ class Composite(BaseEstimator):
         return self
 
     def _gn_fit_network(self, X: Any, y: Any, fit_params: dict[str, Any]) -> None:
-        from .fingerprint import scope
-
         with scope():   # the data are fingerprinted once, here and by the core's retraining rules
             self._gn_fit_network_scoped(X, y, fit_params)
 
     def _gn_fit_network_scoped(self, X: Any, y: Any, fit_params: dict[str, Any]) -> None:
-        from .fingerprint import fingerprint
-        from .network import fit as gn_fit
-
         old: NetworkState | None = self.__dict__.get("_gn_state")
         data = {"X": X, "y": y}
         extra: dict[str, Any] = {}
@@ -362,8 +361,6 @@ class Composite(BaseEstimator):
         else:
             sources = {k: Source(v, name=k) for k, v in data.items()}
         outputs = self._gn_build(sources, extra)
-        from .graph import upstream_machines
-
         machines = upstream_machines(list(outputs.values()))
         names = self._gn_names(machines)
         plain = self._gn_plain_params()
@@ -373,8 +370,6 @@ class Composite(BaseEstimator):
             mapping = match_machines(machines, old.machines, new_names=names, old_names=old.names, strict=strict)
             adopt_states(machines, mapping)
         opts = self._gn_run_options()
-        from ._warn import _OWNER
-
         token = _OWNER.set(self)   # fallback warnings name this estimator, not its internal machines
         try:
             report = gn_fit(*outputs.values(), **opts)
@@ -390,8 +385,6 @@ class Composite(BaseEstimator):
 
     # --- calling -----------------------------------------------------------------------------------
     def _gn_call(self, op: str, X: Any) -> Any:
-        from .network import evaluate
-
         check_is_fitted(self, "fit_report_")
         st: NetworkState = self._gn_state
         if op not in st.outputs:
@@ -404,14 +397,9 @@ class Composite(BaseEstimator):
         named = {"X": Xv} if any(s.name == "X" for s in origins) else {}
         keep = tuple(s.name for s in origins if s.name not in (None, "X")) if named else ()
         opts = self._gn_run_options()
-        from ._warn import _OWNER
-
         token = _OWNER.set(self)   # fallback warnings name this estimator, not its internal nodes
         try:
             if opts["device"] is not None:
-                from .config import config
-                from .devices import override_placement
-
                 with config(device=opts["device"]), override_placement(opts["device"]):
                     return evaluate(node, executor=opts["executor"], workers=opts["workers"], keep_training=keep,
                                     **named)
@@ -490,20 +478,16 @@ class Composite(BaseEstimator):
         ValueError
             If the network can only be built from data and the composite is not fitted yet.
         """
-        from .display import to_dot
-
         outs = self._gn_display_outputs()
         if outs is None:
             msg = (f"{type(self).__name__}.network cannot be built without data; fit the composite first, "
                    "then call to_dot() again.")
             raise ValueError(msg)
-        return to_dot(list(outs.values()))
+        return verbs.get("to_dot")(list(outs.values()))   # display.py stays lazy
 
     def _repr_html_(self) -> str:
         """scikit-learn's estimator diagram, then the network as SVG (Graphviz where ``dot`` exists)."""
         import html
-
-        from .display import repr_html
 
         try:
             from sklearn.utils import estimator_html_repr
@@ -517,7 +501,7 @@ class Composite(BaseEstimator):
         targets = list(outs.values())
         ops = ", ".join(outs)
         fitted = "fitted" if "_gn_state" in self.__dict__ else "not fitted"
-        picture = repr_html(targets)   # the graph as inline SVG, rendered once per display
+        picture = verbs.get("repr_html")(targets)   # the graph as inline SVG, rendered once per display
         return head + f"<p>network ({fitted}; operations: {html.escape(ops)}):</p>" + picture
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, str]:

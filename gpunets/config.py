@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
+from . import verbs
+
 __all__ = ["config", "get_config", "set_config", "check_run_options", "FALLBACK_POLICIES"]
 
 FALLBACK_POLICIES = ("warn", "raise", "silent")
@@ -58,17 +60,11 @@ def _validate(changes: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(msg)
     check_run_options(**{k: v for k, v in changes.items() if k in ("workers", "executor", "progress", "output")})
     if "gpu_memory" in changes:
-        from .gpu_memory import check_gpu_memory
-
-        check_gpu_memory(changes["gpu_memory"])
+        verbs.get("check_gpu_memory")(changes["gpu_memory"])
     if "thread_unsafe" in changes:
-        from .threadsafety import check_thread_unsafe_setting
-
-        changes = {**changes, "thread_unsafe": check_thread_unsafe_setting(changes["thread_unsafe"])}
+        changes = {**changes, "thread_unsafe": verbs.get("check_thread_unsafe")(changes["thread_unsafe"])}
     if "device" in changes and changes["device"] not in (None, "auto"):
-        from .devices import Device
-
-        Device.parse(changes["device"])  # raises a ValueError listing the valid forms
+        verbs.get("check_device")(changes["device"])  # Device.parse: raises a ValueError listing the valid forms
     return changes
 
 
@@ -90,9 +86,7 @@ def check_run_options(**options: Any) -> None:
                 msg = f"workers={value!r} must be a positive integer or None (the number of cores)."
                 raise ValueError(msg)
         elif name == "executor":
-            from .executors import check_executor_spec
-
-            check_executor_spec(value)
+            verbs.get("check_executor")(value)   # the executors live above config
         elif name in ("progress", "force", "trace"):
             if not isinstance(value, bool):
                 msg = f"{name}={value!r} must be True or False."
@@ -120,9 +114,7 @@ def set_config(**changes: Any) -> None:
     """
     changes = _validate(changes)
     if "gpu_memory" in changes:
-        from .gpu_memory import apply_gpu_memory
-
-        apply_gpu_memory(changes["gpu_memory"])   # raises (RMM missing, already set) before any change
+        verbs.get("apply_gpu_memory")(changes["gpu_memory"])   # raises (RMM missing, already set) before any change
     _GLOBAL.update(changes)
 
 

@@ -10,6 +10,11 @@ CuPy and cuDF are never imported to *recognise* a value: if ``"cupy"`` is not in
 :data:`sys.modules`, no value can be a CuPy array (the narwhals trick).  They are
 imported only to move data to or from a GPU.
 
+This module moves values; recognising them (``is_*``, :func:`device_of`,
+:func:`array_namespace`) lives in :mod:`gpunets.value_types` and rows
+(:func:`n_rows`, :func:`take_rows`, :func:`same_data`) in :mod:`gpunets.rows`.
+Every one of those names is importable from here too.
+
 Moves keep what the user gave:
 
 * NumPy <-> CuPy keeps dtype and shape (``cupy.asarray`` under
@@ -36,16 +41,18 @@ True
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import types
 from typing import Any, Union
 
 import numpy as np
 
-from .devices import CPU, Device, device_exists, local_ordinal, physical_index, same_device, why_unavailable
-from ._gpulibs import cupy as _cupy, hidden_by_fake, loaded_cupy
+from .devices import Device, device_exists, local_ordinal, same_device, why_unavailable
+from ._gpulibs import cupy as _cupy
 from .exceptions import DeviceUnavailableError
+from .rows import n_rows, same_data, take_rows
+from .value_types import (_ACCEPTED, _describe, _host_numpy, _is_other_array_api, _is_scalar, array_namespace,
+                          device_of, installed, is_cudf, is_cupy_array, is_frame, is_pandas, is_sparse)
 
 __all__ = [
     "device_of",
@@ -64,158 +71,7 @@ __all__ = [
     "installed",
 ]
 
-_SCALARS = (bool, int, float, complex, str, bytes, np.generic)
-_ACCEPTED = ("NumPy arrays, pandas DataFrame/Series, CuPy arrays, cuDF DataFrame/Series, "
-             "other array-API arrays, scalars and None (scipy.sparse matrices on the CPU only)")
-
 DeviceLike = Union[str, Device]
-
-
-# ----------------------------------------------------------------- recognising
-
-
-def is_cupy_array(x: Any) -> bool:
-    """Whether ``x`` is a CuPy array, without importing CuPy.
-
-    >>> is_cupy_array(np.zeros(1))
-    False
-    """
-    cp = loaded_cupy()
-    return cp is not None and isinstance(x, cp.ndarray)
-
-
-def is_cudf(x: Any) -> bool:
-    """Whether ``x`` is a cuDF DataFrame, Series or Index, without importing cuDF.
-
-    >>> is_cudf(np.zeros(1))
-    False
-    """
-    cudf = sys.modules.get("cudf")
-    if cudf is None:
-        return False
-    kinds = tuple(k for k in (getattr(cudf, n, None) for n in ("DataFrame", "Series", "Index"))
-                  if isinstance(k, type))
-    return bool(kinds) and isinstance(x, kinds)
-
-
-def is_pandas(x: Any) -> bool:
-    """Whether ``x`` is a pandas DataFrame or Series.
-
-    >>> import pandas as pd
-    >>> is_pandas(pd.Series([1])), is_pandas([1])
-    (True, False)
-    """
-    pd = sys.modules.get("pandas")
-    return pd is not None and isinstance(x, (pd.DataFrame, pd.Series))
-
-
-def is_frame(x: Any) -> bool:
-    """Whether ``x`` is a pandas or cuDF frame/series."""
-    return is_pandas(x) or is_cudf(x)
-
-
-def is_sparse(x: Any) -> bool:
-    """Whether ``x`` is a scipy.sparse matrix or array.
-
-    >>> import scipy.sparse as sp
-    >>> is_sparse(sp.eye(2)), is_sparse(np.eye(2))
-    (True, False)
-    """
-    sp = sys.modules.get("scipy.sparse")
-    return sp is not None and bool(sp.issparse(x))
-
-
-def _is_other_array_api(x: Any) -> bool:
-    """An array-API array that is neither NumPy nor CuPy (e.g. array_api_strict)."""
-    return (hasattr(type(x), "__array_namespace__") and not isinstance(x, np.ndarray)
-            and not is_cupy_array(x) and not is_frame(x))
-
-
-def installed(name: str) -> bool:
-    """Whether module ``name`` can be imported here, without importing it.
-
-    A ``None`` entry in :data:`sys.modules` (how tests hide a module) counts as absent.
-
-    >>> installed("numpy"), installed("surely_not_a_module")
-    (True, False)
-    """
-    if hidden_by_fake(name):   # GPUNETS_FAKE_GPU: cuDF and cuML are absent, as on a GPU image without RAPIDS
-        return name.split(".")[0] == "cupy"
-    if name in sys.modules:
-        return sys.modules[name] is not None
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def _is_scalar(x: Any) -> bool:
-    return isinstance(x, _SCALARS)
-
-
-def _describe(x: Any) -> str:
-    t = type(x)
-    return f"{t.__module__}.{t.__qualname__}" if t.__module__ != "builtins" else t.__qualname__
-
-
-# ----------------------------------------------------------------- device_of
-
-
-def _cudf_device(x: Any) -> Device:
-    cp = _cupy()
-
-    try:
-        col = x if not hasattr(x, "columns") else (x[x.columns[0]] if len(x.columns) else None)
-        ptr = col.__cuda_array_interface__["data"][0] if col is not None else 0
-        if ptr:
-            return Device("cuda", physical_index(int(cp.cuda.runtime.pointerGetAttributes(ptr).device)))
-    except Exception:  # strings, nulls, empty frames: fall back to the current device
-        pass
-    return Device("cuda", physical_index(int(cp.cuda.Device().id)))
-
-
-def device_of(value: Any) -> Device:
-    """The device ``value`` lives on.
-
-    NumPy, pandas, scipy.sparse, scalars and None are on the CPU; a CuPy array
-    on ``cuda:<x.device.id>`` (as a physical index: mapped back through
-    ``CUDA_VISIBLE_DEVICES``, see :func:`~gpunets.devices.physical_index`);
-    a cuDF object on the GPU holding its first column (else CuPy's current
-    device).  For tuples, lists and dicts, the device of their array
-    elements, which must agree.
-
-    Raises
-    ------
-    ValueError
-        When a container holds arrays on different devices.
-
-    Examples
-    --------
-    >>> import pandas as pd
-    >>> device_of((np.ones(2), pd.Series([1.0]), None, 3))
-    Device('cpu')
-    """
-    if is_cupy_array(value):
-        return Device("cuda", physical_index(int(value.device.id)))
-    if is_cudf(value):
-        return _cudf_device(value)
-    if isinstance(value, (tuple, list)):
-        return _agree(value)
-    if isinstance(value, dict):
-        return _agree(value.values())
-    if _is_other_array_api(value):
-        dev = str(getattr(value, "device", "cpu"))
-        if dev.startswith("cuda"):
-            return Device.parse(dev if ":" in dev else "cuda:0")
-    return CPU
-
-
-def _agree(values: Any) -> Device:
-    found = sorted({device_of(v) for v in values if v is not None and not _is_scalar(v)}, key=str)
-    if len(found) > 1:
-        raise ValueError(f"The container holds arrays on different devices: {[str(d) for d in found]}. "
-                         f"Move them to one device first with gn.to_device(value, device).")
-    return found[0] if found else CPU
 
 
 # ----------------------------------------------------------------- to_device
@@ -226,13 +82,6 @@ def _require(dev: Device, what: str) -> None:
         raise DeviceUnavailableError(
             f"Cannot move {what} to {dev}: {why_unavailable(dev)}. Place it on 'cpu', or run where "
             f"a GPU is present; gn.config(fallback='warn') runs placed work on the CPU with a warning.")
-
-
-def _host_numpy(x: Any) -> np.ndarray:
-    try:
-        return np.from_dlpack(x)
-    except Exception:
-        return np.asarray(x)
 
 
 def _frame_dtypes(value: Any) -> list[tuple[Any, Any]]:
@@ -435,169 +284,3 @@ def check_placeable(value: Any, *, what: str, device: DeviceLike) -> None:
     else:
         hint = "Convert it to one of these types first."
     raise TypeError(f"{what}: cannot place a {_describe(value)} on {dev}. Accepted: {_ACCEPTED}. {hint}")
-
-
-def n_rows(value: Any) -> int:
-    """The number of rows (samples) of ``value``.
-
-    >>> n_rows(np.zeros((4, 2)))
-    4
-    """
-    if is_frame(value):
-        return len(value)
-    shape = getattr(value, "shape", None)
-    if shape is not None and len(shape) >= 1 and (isinstance(value, np.ndarray) or is_cupy_array(value)
-                                                  or is_sparse(value) or _is_other_array_api(value)):
-        return int(shape[0])
-    if shape is not None and len(shape) == 0:
-        raise TypeError(f"A 0-dimensional {_describe(value)} has no rows.")
-    raise TypeError(f"Cannot count the rows of a {_describe(value)}. Accepted: {_ACCEPTED}.")
-
-
-def _row_index(rows: Any, n: int) -> Union[slice, np.ndarray]:
-    if isinstance(rows, slice):
-        return rows
-    if isinstance(rows, (bool, int, np.integer)):
-        raise TypeError(f"rows={rows!r}: expected a list/array of row indices, a slice or a boolean "
-                        f"mask; for one row write [{rows!r}].")
-    if is_cupy_array(rows):
-        cp = _cupy()
-
-        rows = cp.asnumpy(rows)
-    elif is_pandas(rows):
-        rows = rows.to_numpy()
-    elif _is_other_array_api(rows):
-        rows = _host_numpy(rows)
-    arr = np.asarray(list(rows) if isinstance(rows, (range, set)) or not hasattr(rows, "__len__")
-                     else rows)
-    if arr.ndim != 1:
-        raise TypeError(f"rows must be one-dimensional; got shape {arr.shape}.")
-    if arr.dtype == bool:
-        if len(arr) != n:
-            raise IndexError(f"The boolean row mask has length {len(arr)}, but the data have {n} rows.")
-        return np.flatnonzero(arr)
-    if arr.size == 0:
-        return arr.astype(np.intp)
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"rows must be integers or a boolean mask; got dtype {arr.dtype}.")
-    bad = (arr >= n) | (arr < -n)
-    if bad.any():
-        raise IndexError(f"Row index {int(arr[bad][0])} is out of range for data with {n} rows "
-                         f"(valid: 0 to {n - 1}, or -{n} to -1).")
-    return arr.astype(np.intp)
-
-
-def take_rows(value: Any, rows: Any) -> Any:
-    """Select ``rows`` of ``value``, respecting its type (``.iloc`` for frames).
-
-    ``rows`` is a list/array of ints, a slice or a boolean mask; indices are
-    checked against the number of rows before anything is selected.  None
-    stays None and tuples are selected element-wise.
-
-    Raises
-    ------
-    IndexError
-        Naming the number of rows and the first offending index.
-
-    Examples
-    --------
-    >>> take_rows(np.arange(5), [0, 4])
-    array([0, 4])
-    >>> take_rows(np.arange(5), [5])
-    Traceback (most recent call last):
-    ...
-    IndexError: Row index 5 is out of range for data with 5 rows (valid: 0 to 4, or -5 to -1).
-    """
-    if value is None:
-        return None
-    if isinstance(value, tuple):
-        return type(value)(take_rows(v, rows) for v in value)
-    idx = _row_index(rows, n_rows(value))
-    if is_frame(value):  # a cuDF Index (a "frame" here) has no .iloc but takes positions
-        return value.iloc[idx] if hasattr(value, "iloc") else value[idx]
-    if is_sparse(value):
-        if value.format not in ("csr", "csc", "lil"):
-            value = value.tocsr()
-        return value[idx]
-    if isinstance(value, np.ndarray):
-        return value[idx]
-    if is_cupy_array(value):
-        if isinstance(idx, slice):
-            return value[idx]
-        cp = _cupy()
-
-        with cp.cuda.Device(value.device.id):
-            return value[cp.asarray(idx)]
-    xp = value.__array_namespace__()
-    if isinstance(idx, slice):
-        return value[idx, ...]
-    return xp.take(value, xp.asarray(idx, device=value.device), axis=0)
-
-
-def same_data(a: Any, b: Any) -> bool:
-    """Whether ``a`` and ``b`` hold the same data: identity first, then equality (NaN equals NaN).
-
-    Used to tell whether a network was given new data.
-
-    Examples
-    --------
-    >>> x = np.array([1.0, np.nan])
-    >>> same_data(x, x.copy()), same_data(x, np.array([1.0, 2.0]))
-    (True, False)
-    """
-    if a is b:
-        return True
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, (tuple, list)):
-        return len(a) == len(b) and all(same_data(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same_data(a[k], b[k]) for k in a)
-    if isinstance(a, np.ndarray):
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return False
-        try:
-            return bool(np.array_equal(a, b, equal_nan=True))
-        except TypeError:  # non-numeric dtypes
-            return bool(np.array_equal(a, b))
-    if is_frame(a):
-        return bool(a.equals(b))
-    if is_cupy_array(a):
-        cp = _cupy()
-
-        if a.shape != b.shape or a.dtype != b.dtype or a.device.id != b.device.id:
-            return False
-        return bool(cp.array_equal(a, b, equal_nan=True))
-    if is_sparse(a):
-        return a.shape == b.shape and a.dtype == b.dtype and (a != b).nnz == 0
-    if _is_other_array_api(a):
-        if getattr(a, "device", None) != getattr(b, "device", None):
-            return False
-        return same_data(_host_numpy(a), _host_numpy(b))
-    if isinstance(a, float) and a != a:
-        return b != b
-    try:
-        return bool(a == b)
-    except Exception:
-        return False
-
-
-def array_namespace(value: Any) -> types.ModuleType:
-    """The array-API namespace of ``value`` (for a frame: that of its values).
-
-    >>> array_namespace(np.zeros(2)).__name__
-    'numpy'
-    """
-    if isinstance(value, np.ndarray) or is_pandas(value):
-        return np
-    if is_cupy_array(value):
-        ns = getattr(value, "__array_namespace__", None)
-        return ns() if ns is not None else sys.modules["cupy"]
-    if is_cudf(value):
-        cp = _cupy()
-
-        return cp
-    if hasattr(type(value), "__array_namespace__"):
-        return value.__array_namespace__()
-    raise TypeError(f"A {_describe(value)} has no array namespace: it is not an array-API array. "
-                    f"Convert it with numpy.asarray(...) first.")

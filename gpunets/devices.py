@@ -29,6 +29,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Union
 
+from . import _gpulibs
+from ._warn import fallback_owner, warn_once, warn_user
 from .config import get_config
 from .exceptions import DeviceUnavailableError
 
@@ -187,11 +189,9 @@ def _parse_str(spec: str) -> Device:
 @functools.lru_cache(maxsize=1)
 def _gpu_probe() -> tuple[bool, int, str]:
     """(usable, count, why-not) for this process; cached, never raises."""
-    from ._gpulibs import cupy as _cupy, fake_gpu_count  # noqa: PLC0415
-
-    fake_gpu_count()  # a bad GPUNETS_FAKE_GPU is an error, not "no GPU"
+    _gpulibs.fake_gpu_count()  # a bad GPUNETS_FAKE_GPU is an error, not "no GPU"
     try:
-        cupy = _cupy()  # the real CuPy, or the fake GPU of gpunets.fakegpu; imported lazily
+        cupy = _gpulibs.cupy()  # the real CuPy, or the fake GPU of gpunets.fakegpu; imported lazily
     except Exception as exc:  # ImportError, or a broken CUDA install
         return False, 0, f"CuPy is not importable ({type(exc).__name__}: {exc})"
     try:
@@ -416,8 +416,6 @@ def check_available(dev: Union[str, Device], *, what: str, fallback: Union[str, 
                f"present; gn.config(fallback='warn') runs it on the CPU with a warning.")
         raise DeviceUnavailableError(msg)
     if policy == "warn":
-        from ._warn import fallback_owner, warn_once, warn_user
-
         composite = fallback_owner()
         if composite is not None:   # inside a composite's own network: name the user's estimator
             inner = re.sub(r"\[fold \d+\]", "", what) if what.startswith("machine ") else "an operation"

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .graph import all_nodes
+from .machines import labels
 from .nodes import AbstractNode, Node, Source
 
 __all__ = ["to_dot", "repr_svg", "graphviz_svg", "fallback_svg", "mimebundle", "repr_html", "to_text"]
@@ -52,8 +53,6 @@ def _slug(text: str) -> str:
 
 def _graph(targets: Sequence[AbstractNode]) -> _Graph:
     """Sources, nodes and machines upstream of ``targets``, each once, with readable unique ids."""
-    from .report import labels
-
     nodes = all_nodes(list(targets))
     machines = []
     for n in nodes:

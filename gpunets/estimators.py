@@ -8,18 +8,19 @@ module only clones, fits and applies.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .machines import FittedState, Machine
+from sklearn.base import clone
+
+from .data import device_of
+from .models import call_context, fit_context
+from .threadsafety import serialized, unsafe_groups
 
 __all__ = ["fresh_estimator", "fit_estimator", "fit_transform_estimator", "apply_estimator"]
 
 
 def fresh_estimator(model: Any) -> Any:
     """An unfitted copy of ``model`` (scikit-learn's ``clone``, deep copy for other objects)."""
-    from sklearn.base import clone
-
     return clone(model, safe=False)
 
 
@@ -30,14 +31,10 @@ def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None,
     Pure apart from fitting ``est`` itself, so it can run on any thread or Dask worker.
     With ``method="fit_transform"`` the result of ``est.fit_transform`` is in ``info["output"]``.
     """
-    from .threadsafety import serialized, unsafe_groups
-
     start = time.perf_counter()
     info: dict[str, Any] = {"device": "cpu", "path": "sklearn"}
     groups = unsafe_groups(est)   # estimators with process-wide state fit one at a time
     if resolved is not None:
-        from .models import fit_context
-
         info = {"device": str(resolved.device), "path": resolved.path}
         if getattr(resolved, "reason", ""):
             info["reason"] = resolved.reason
@@ -64,8 +61,6 @@ def fit_transform_estimator(est: Any, values: tuple[Any, ...],
 
 def apply_estimator(est: Any, op: str, values: tuple[Any, ...], path: str = "sklearn") -> Any:
     """Call operation ``op`` of the fitted estimator ``est`` on ``values``."""
-    from .threadsafety import serialized, unsafe_groups
-
     method = getattr(est, op, None)
     if method is None:
         msg = f"The fitted {type(est).__name__} has no method {op!r}."
@@ -79,9 +74,6 @@ def apply_estimator(est: Any, op: str, values: tuple[Any, ...], path: str = "skl
 
 def _apply(method: Any, values: tuple[Any, ...], path: str) -> Any:
     if path in ("array_api", "cuml"):
-        from .data import device_of
-        from .models import call_context
-
         try:  # the GPU the inputs were moved to is the one the estimator runs on
             dev = next((d for d in map(device_of, values) if d.is_cuda), None)
         except ValueError:  # inputs on several devices: let the estimator report it

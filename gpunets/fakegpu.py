@@ -61,6 +61,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ._gpulibs import fake_gpu_count
 from .exceptions import StreamOrderError
 
 __all__ = ["module", "ndarray", "legacy_work", "implicit_conversions", "order_violations", "reset_log", "launch"]
@@ -710,8 +711,6 @@ def module(count: int | None = None) -> Any:
     Calling it again with another ``count`` changes the number of devices the fake has.
     """
     if count is None:
-        from ._gpulibs import fake_gpu_count  # noqa: PLC0415
-
         count = fake_gpu_count() or 1
     if count not in (1, 2):
         raise ValueError(f"fake GPU: count={count!r}; expected 1 or 2 devices.")

@@ -29,6 +29,8 @@ import importlib.util
 import threading
 from typing import Any
 
+from . import devices
+
 __all__ = ["GPU_MEMORY_CHOICES", "check_gpu_memory", "apply_gpu_memory", "ensure_gpu_memory", "gpu_memory_state"]
 
 GPU_MEMORY_CHOICES = ("default", "async", "pool")
@@ -73,9 +75,7 @@ def apply_gpu_memory(kind: str) -> None:
                    "then allocate with cudaMalloc, which synchronizes the device on free).")
             raise ImportError(msg)
         _STATE["kind"] = kind
-    from .devices import gpu_available
-
-    if kind != "default" and gpu_available():
+    if kind != "default" and devices.gpu_available():
         import cupy
 
         ensure_gpu_memory(range(cupy.cuda.runtime.getDeviceCount()))

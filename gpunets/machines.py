@@ -36,14 +36,18 @@ from __future__ import annotations
 import copy
 import itertools
 import random
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Iterable
 
+from . import verbs
+from .devices import Device, current_placement
+from .estimators import apply_estimator, fresh_estimator
 from .exceptions import NotFittedError
+from .fingerprint import fingerprint
+from .graph import Upstream
 from .nodes import AbstractNode, Node, Source, as_node, is_node
 
-__all__ = ["Machine", "machine", "OPERATIONS"]
+__all__ = ["Machine", "machine", "labels", "OPERATIONS"]
 
 #: How many past fit actions a machine's report keeps (``n_fits`` counts them all).
 HISTORY_LENGTH = 100
@@ -105,8 +109,6 @@ class Machine:
     """
 
     def __init__(self, model: Any, *args: Any, device: Any = None, name: str | None = None) -> None:
-        from .devices import Device, current_placement
-
         if isinstance(model, type) or not callable(getattr(model, "fit", None)):
             hint = (" It is a class: pass an instance, e.g. machine(Ridge(), X, y)."
                     if isinstance(model, type) else "")
@@ -152,13 +154,11 @@ class Machine:
     def _repr_html_(self) -> str:
         from html import escape
 
-        from .display import repr_html
-
         st = self._state
         state = "not trained" if st is None else f"trained ({st.action}, {st.device}, {st.n_rows} rows)"
         frozen = ", frozen" if self.frozen else ""
         return (f"<p><b>Machine {escape(self.label)}</b>: {escape(repr(self.model))}; {state}{frozen}</p>"
-                + repr_html(list(self.args)))
+                + verbs.get("repr_html")(list(self.args)))
 
     # --- operations return nodes ---------------------------------------------------------
     def _operation(self, op: str, *args: Any, name: str | None = None) -> Node:
@@ -229,10 +229,8 @@ class Machine:
 
         Takes no data (``mach.fit(X, y)`` raises a ``TypeError`` that says where data goes).
         """
-        from .network import fit, reject_fit_data
-
-        reject_fit_data(self, data)
-        return fit(self, rows=rows, force=force, **kw)
+        verbs.get("reject_fit_data")(self, data)
+        return verbs.get("fit")(self, rows=rows, force=force, **kw)
 
     # --- the retraining rule -------------------------------------------------------------
     def _upstream_versions(self, upstream: Any = None) -> bytes:
@@ -241,8 +239,6 @@ class Machine:
         ``upstream`` is a :class:`gpunets.graph.Upstream` shared by a whole compile (memoised walks).
         Sources contribute their version and their data's fingerprint, so data changed in place is seen.
         """
-        from .graph import Upstream
-
         return (upstream if upstream is not None else Upstream()).stamp(self)
 
     def _decide(self, rows_key: Any, force: bool, upstream_changing: bool, upstream: Any = None) -> str:
@@ -265,8 +261,6 @@ class Machine:
         ``upstream`` is the digest of the versions the upstream machines will have once
         this plan's fits have committed (:meth:`gpunets.graph.Upstream.stamp`).
         """
-        from .estimators import fresh_estimator
-
         previous = self._state
         if action == "update" and previous is not None and getattr(previous.estimator, "_gn_incremental", False):
             est = previous.estimator._gn_updated_copy(self.model)
@@ -285,8 +279,6 @@ class Machine:
         self.n_fits += 1
 
     def _apply(self, op: str, values: tuple[Any, ...]) -> Any:
-        from .estimators import apply_estimator
-
         if self._state is None:
             raise NotFittedError(self._not_fitted_message())
         return apply_estimator(self._state.estimator, op, values, self._state.path)
@@ -318,8 +310,6 @@ class Machine:
 
 def source_state(s: Source) -> tuple[int, Any]:
     """What a fit records of a source: its version (data replaced) and its data's fingerprint (changed in place)."""
-    from .fingerprint import fingerprint
-
     return s._version, fingerprint(s._data)
 
 
@@ -375,6 +365,26 @@ def machine(model: Any, *args: Any, device: Any = None, name: str | None = None)
     [-1.0, 1.0]
     """
     return Machine(model, *args, device=device, name=name)
+
+
+def labels(machines: Iterable[Machine]) -> dict[Machine, str]:
+    """Readable, unique labels for ``machines`` (in the order given).
+
+    Examples
+    --------
+    >>> import gpunets as gn
+    >>> from sklearn.linear_model import Ridge
+    >>> ms = [gn.machine(Ridge(), gn.source(name="X")) for _ in range(2)]
+    >>> list(labels(ms).values())
+    ['Ridge', 'Ridge#2']
+    """
+    out: dict[Machine, str] = {}
+    count: dict[str, int] = {}
+    for m in machines:
+        base = m.label
+        count[base] = count.get(base, 0) + 1
+        out[m] = base if count[base] == 1 else f"{base}#{count[base]}"
+    return out
 
 
 # --- hyperparameter snapshots ----------------------------------------------------------

@@ -11,9 +11,17 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ._warn import remember_user_site
+from .config import check_run_options, config, get_config
+from .data import check_placeable, device_of, is_pandas, to_device, to_host_like
+from .devices import override_placement
 from .exceptions import FitError, NetworkError
+from .executors import get_executor
+from .executors.base import default_workers, gpu_timing, inside_task
+from .graph import all_sources
 from .nodes import AbstractNode, Source, is_node
 from .plan import compile_call, compile_fit
+from .report import FitReport, explain
 from .trace import Trace
 
 __all__ = ["fit", "evaluate", "Evaluation", "last_trace", "remember_costs"]
@@ -27,9 +35,6 @@ def last_trace() -> Trace | None:
 
 
 def _max_lanes(executor: Any, workers: int | None) -> int:
-    from .config import get_config
-    from .executors.base import default_workers
-
     if workers is None:
         workers = get_config()["workers"]
     if workers is None:
@@ -81,15 +86,9 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
     >>> gn.fit(m.predict(X)).actions["Ridge"]
     'skip'
     """
-    from .config import config, get_config
-    from .executors import get_executor
-    from .report import FitReport, explain
-
     if not targets:
         msg = "gn.fit needs at least one node or machine to fit, e.g. gn.fit(yhat)."
         raise TypeError(msg)
-    from .config import check_run_options
-
     check_run_options(executor=executor, workers=workers, progress=progress, force=force)
     _remember_site()
     if device is not None:
@@ -132,8 +131,6 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
 
 def _adopt_nested_traces(report: Any) -> None:
     """Put the fits a composite ran inside its machine's task (a stack's folds) on the report's trace."""
-    from .report import FitReport
-
     for m, action in report.actions.items():
         st = m._state
         inner = getattr(st.estimator, "fit_report_", None) if st is not None and action != "skip" else None
@@ -156,17 +153,11 @@ def reject_fit_data(target: Any, data: tuple[Any, ...]) -> None:
 
 
 def _machine_sources(m: Any) -> tuple[Source, ...]:
-    from .graph import all_sources
-
     return all_sources(list(m.args))
 
 
 def _remember_site() -> None:
-    from .executors.base import inside_task
-
     if not inside_task():   # warnings from worker threads of this run point at the user's call
-        from ._warn import remember_user_site
-
         remember_user_site()
 
 
@@ -198,8 +189,6 @@ def remember_costs(plan: Any, trace: Trace) -> None:
 
 
 def _override_placement(device: Any) -> Any:
-    from .devices import override_placement
-
     return override_placement(device)
 
 
@@ -322,8 +311,6 @@ def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any],
                    f"node({', '.join(f'{s.label}=...' for s in origins)}), or say which sources keep their "
                    f"training data: keep_training={tuple(names)!r}.{hint}")
             raise NetworkError(msg)
-        from .data import check_placeable
-
         labels = {s._uid: s.label for s in origins}
         for uid, value in bindings.items():
             check_placeable(value, what=f"the data given for source {labels[uid]!r}", device="cpu")
@@ -345,13 +332,9 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
     >>> r.value.tolist(), len(r.trace)
     ([2.0, 2.0], 1)
     """
-    from .executors import get_executor
-
     if not is_node(target):
         msg = f"evaluate needs a node, got {target!r} of type {type(target).__name__}."
         raise TypeError(msg)
-    from .config import check_run_options, get_config
-
     if output is None:
         output = get_config()["output"]
     check_run_options(executor=executor, workers=workers, output=output, trace=trace)
@@ -359,8 +342,6 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
     bindings = _bindings(target, data, named, keep_training)
     plan = compile_call([target], bindings, rows=rows, max_lanes=_max_lanes(executor, workers))
     ex = get_executor(executor, workers, plan)
-    from .executors.base import gpu_timing
-
     with gpu_timing(trace):   # on a GPU the trace shows GPU time (timed CUDA events), not host issue time
         run = ex.run(plan)
     _LAST_TRACE.set(run.trace)
@@ -378,8 +359,6 @@ def _as_host(value: Any, kind: str, plan: Any) -> Any:
     import numpy as np
     import pandas as pd
 
-    from .data import is_pandas, to_device
-
     value = to_device(value, "cpu")
     if hasattr(value, "to_pandas"):            # cuDF moved to the host, or an Arrow-like object
         value = value.to_pandas()
@@ -395,8 +374,6 @@ def _as_host(value: Any, kind: str, plan: Any) -> Any:
 
 def _like_input(value: Any, plan: Any) -> Any:
     """Return ``value`` in the type family of the data the caller gave (pandas in, pandas out)."""
-    from .data import device_of, to_host_like
-
     sources = [t.value for t in plan.tasks if t.kind == "source" and t.value is not None]
     if not sources:
         return value

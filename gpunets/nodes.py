@@ -12,7 +12,6 @@ A network is made of three kinds of object (machines live in
 Calling a node evaluates it (``N`` below is ``op(mach, a1, a2)`` or
 ``fn(a1, a2)``; ``s`` ranges over the node's *origins*, the sources it reaches
 through operation edges, never through a machine's training edges)::
-
     N()             = op(mach, a1(), a2())                       sources' own data
     N(rows=r)       = op(mach, a1(rows=r), a2(rows=r))           those rows of it
     N(Xnew)         = op(mach, a1(Xnew), a2(Xnew))               the single origin replaced
@@ -38,7 +37,9 @@ import random
 import operator
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-from .exceptions import NetworkError
+from . import verbs
+from .data import check_placeable
+from .devices import Device, current_placement
 
 if TYPE_CHECKING:  # pragma: no cover
     from .machines import Machine
@@ -49,6 +50,12 @@ __all__ = ["AbstractNode", "Source", "Node", "source", "node", "is_node"]
 # Unique across processes (a random base), so that identities never collide.  A copy (``copy.deepcopy``,
 # ``pickle``) is a new node with a new identity: it must never be mistaken for its original in one graph.
 _uids = itertools.count(random.getrandbits(40) << 22)
+
+
+def _graph() -> Any:
+    from . import graph  # lazy: graph.py builds on this module's classes (same layer)
+
+    return graph
 
 
 #: Keywords of ``node(...)`` calls; a source cannot take one as its name.
@@ -65,6 +72,8 @@ class AbstractNode:
 
     __array_ufunc__ = None  # so that ``np.float64(2) * node`` defers to Node.__rmul__
     __slots__ = ("_uid", "name", "__weakref__")
+    _uid: int
+    name: str | None
 
     def __setstate__(self, state: Any) -> None:
         """Restore a copy (deepcopy, unpickling) under a new identity."""
@@ -81,23 +90,17 @@ class AbstractNode:
     @property
     def origins(self) -> tuple["Source", ...]:
         """The sources reached through operation edges (not training edges), in order."""
-        from .graph import origins
-
-        return origins(self)
+        return _graph().origins(self)
 
     @property
     def sources(self) -> tuple["Source", ...]:
         """Every source upstream, through operation and training edges."""
-        from .graph import all_sources
-
-        return all_sources([self])
+        return _graph().all_sources([self])
 
     @property
     def machines(self) -> tuple["Machine", ...]:
         """Every machine upstream, dependencies first."""
-        from .graph import upstream_machines
-
-        return upstream_machines([self])
+        return _graph().upstream_machines([self])
 
     # --- calling and fitting ----------------------------------------------------------
     def __call__(self, *data: Any, rows: Any = None, executor: Any = None, workers: int | None = None,
@@ -123,10 +126,8 @@ class AbstractNode:
         **named : array-like
             New data for origins, by source name.
         """
-        from .network import evaluate
-
-        return evaluate(self, *data, rows=rows, executor=executor, workers=workers, output=output,
-                        keep_training=keep_training, **named)
+        return verbs.get("evaluate")(self, *data, rows=rows, executor=executor, workers=workers, output=output,
+                                     keep_training=keep_training, **named)
 
     def fit(self, *data: Any, rows: Any = None, force: bool = False, executor: Any = None,
             workers: int | None = None, device: Any = None, progress: bool | None = None) -> "FitReport":
@@ -134,11 +135,9 @@ class AbstractNode:
 
         Takes no data (``node.fit(X, y)`` raises a ``TypeError`` that says where data goes).
         """
-        from .network import fit, reject_fit_data
-
-        reject_fit_data(self, data)
-        return fit(self, rows=rows, force=force, executor=executor, workers=workers, device=device,
-                   progress=progress)
+        verbs.get("reject_fit_data")(self, data)
+        return verbs.get("fit")(self, rows=rows, force=force, executor=executor, workers=workers, device=device,
+                                progress=progress)
 
     # --- arithmetic builds nodes ------------------------------------------------------
     def __add__(self, other: Any) -> "Node":
@@ -202,20 +201,14 @@ class AbstractNode:
         >>> print(gn.source(name="X").to_dot().splitlines()[0])
         digraph gpunets {
         """
-        from .display import to_dot
-
-        return to_dot([self])
+        return verbs.get("to_dot")([self])
 
     def _repr_svg_(self) -> str:
-        from .display import repr_svg
-
-        return repr_svg([self])
+        return verbs.get("repr_svg")([self])
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         """Jupyter shows the graph as SVG (Graphviz where ``dot`` exists, else a pure-Python layout)."""
-        from .display import mimebundle
-
-        return mimebundle([self], text=repr(self))
+        return verbs.get("mimebundle")([self], text=repr(self))
 
 
 class Source(AbstractNode):
@@ -292,8 +285,6 @@ class Node(AbstractNode):
 
     def __init__(self, operation: Callable[..., Any] | str, args: Sequence[Any], machine: "Machine | None" = None,
                  name: str | None = None, device: Any = None) -> None:
-        from .devices import current_placement
-
         if machine is None and not callable(operation):
             msg = f"gn.node needs a callable as its operation, got {operation!r} of type {type(operation).__name__}."
             raise TypeError(msg)
@@ -305,8 +296,6 @@ class Node(AbstractNode):
         if device is None:
             device = current_placement()
         elif device != "auto":
-            from .devices import Device
-
             device = Device.parse(device)
         self.device = device
 
@@ -343,8 +332,6 @@ def _const_repr(x: Any) -> str:
 
 
 def _check_data(value: Any, *, what: str) -> None:
-    from .data import check_placeable
-
     check_placeable(value, what=what, device="cpu")
 
 

@@ -21,6 +21,8 @@ import os
 from functools import partial
 from typing import Any, Sequence
 
+from . import _gpulibs
+from .data import is_cupy_array
 from .nodes import Node, is_node
 
 __all__ = ["mean", "weighted_sum", "vote", "hstack", "sum", "min", "max", "var", "combine"]
@@ -41,7 +43,7 @@ def _check_weights(weights: Any, k: int, fname: str) -> tuple[float, ...] | None
     if is_node(weights):
         msg = f"gn.{fname}: weights must be numbers known when the network is built, not a node."
         raise TypeError(msg)
-    from .kernels._validate import check_weights
+    from .kernels._validate import check_weights  # lazy: the kernels package imports numba
 
     if isinstance(weights, (str, bytes)) or not hasattr(weights, "__len__"):
         msg = f"gn.{fname}: weights must be a sequence of {k} numbers (one per branch), got {weights!r}."
@@ -55,8 +57,6 @@ def _check_weights(weights: Any, k: int, fname: str) -> tuple[float, ...] | None
 def _unwrap(values: Sequence[Any]) -> tuple[list[Any], Any, str]:
     """Arrays for the kernels, a function that re-wraps the result, and the target."""
     first = values[0]
-    from .data import is_cupy_array  # noqa: PLC0415
-
     mod = type(first).__module__.split(".")[0]
     target = "cuda" if mod == "cudf" or is_cupy_array(first) else "cpu"
     wrap = None
@@ -77,9 +77,7 @@ def _unwrap(values: Sequence[Any]) -> tuple[list[Any], Any, str]:
 
 def _common_dtype(arrays: list[Any], target: str) -> list[Any]:
     if target == "cuda":
-        from ._gpulibs import cupy
-
-        xp = cupy()
+        xp = _gpulibs.cupy()
     else:
         import numpy as xp
     arrays = [xp.asarray(a) for a in arrays]
@@ -89,17 +87,15 @@ def _common_dtype(arrays: list[Any], target: str) -> list[Any]:
 
 def combine(kernel: str, *values: Any, **kw: Any) -> Any:
     """Apply kernel ``kernel`` of :mod:`gpunets.kernels` to branch values (not nodes)."""
-    from . import kernels
+    from . import kernels  # lazy: the kernels import numba
 
     arrays, wrap, target = _unwrap(values)
     if kernel != "vote":
         arrays = _common_dtype(arrays, target)
     stream = None
     if target == "cuda":
-        from ._gpulibs import cupy, fake_gpu_count
-
-        cp = cupy()
-        if fake_gpu_count():  # the fake GPU: one emulated launch on the device buffers (see gpunets.fakegpu)
+        cp = _gpulibs.cupy()
+        if _gpulibs.fake_gpu_count():  # the fake GPU: one emulated launch on the device buffers (see gpunets.fakegpu)
             sim = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"  # CUDA kernels on the simulator, else the CPU's
             fn = partial(getattr(kernels, kernel), target="cuda" if sim else "cpu", **kw)
             out = cp.launch(lambda bufs: fn(list(bufs)), arrays, what=f"kernel {kernel}")
@@ -154,7 +150,7 @@ def max(*nodes: Any, name: str | None = None, device: Any = None) -> Node:  # no
 
 def var(*nodes: Any, ddof: int = 0, name: str | None = None, device: Any = None) -> Node:
     """Elementwise variance across the branches (``ddof=0``)."""
-    from .kernels._validate import check_ddof
+    from .kernels._validate import check_ddof  # lazy: the kernels package imports numba
 
     nodes = _branches(nodes, "var")
     return _node("var", nodes, name, device, ddof=check_ddof(ddof, len(nodes)))

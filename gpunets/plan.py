@@ -27,16 +27,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
-from .data import check_placeable, device_of, installed
+from .data import check_placeable, device_of, installed, n_rows, take_rows, to_device
 from .devices import CPU, Device, check_available, is_host_only, placement_override, resolve, same_device
+from .estimators import apply_estimator, fit_estimator, fit_transform_estimator
 from .exceptions import NetworkError, NotFittedError
-from .graph import Upstream, op_nodes, upstream_machines, machine_sources
+from .fingerprint import scope
+from .graph import Upstream, machine_sources, op_nodes, upstream_machines
+from .machines import Machine, labels
+from .models import is_cuml_estimator, resolve_estimator
 from .nodes import AbstractNode, Node, Source, is_node
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .machines import Machine
 
 __all__ = ["Task", "Plan", "compile_fit", "compile_call", "assign_lanes"]
 
@@ -108,9 +109,6 @@ class Plan:
 
     def machine_label(self, m: Any) -> str:
         """The machine's label in this network (``Ridge#2`` when two share a class)."""
-        from .graph import upstream_machines
-        from .report import labels
-
         machines = list(self.actions) if self.actions else list(
             upstream_machines([t.node for t in (self.tasks[k] for k in self.outputs) if t.node is not None]))
         return labels(machines).get(m, m.label)
@@ -281,8 +279,6 @@ class _Builder:
     def raise_if_stale(self) -> None:
         if not self.stale:
             return
-        from .report import labels
-
         ms = [m for m, _ in self.stale] + [p for _, ps in self.stale for p in ps]
         lab = labels(list(dict.fromkeys(ms)))
         parts = [f"{lab[m]} (trained before {', '.join(lab[p] for p in ps)} retrained)" for m, ps in self.stale]
@@ -319,8 +315,6 @@ class _Builder:
         return self.placed(spec, lambda: f"node {x._short()}", owner=x)
 
     def _source_value(self, s: Source) -> Any:
-        from .data import n_rows, take_rows
-
         if s._uid in self.bindings:
             value = self.bindings[s._uid]
             what = "the data given for"
@@ -346,28 +340,21 @@ def _call_with_constants(fn: Callable[..., Any], spec: tuple[tuple[bool, Any], .
 
 
 def _apply_state(op: str, spec: tuple[tuple[bool, Any], ...], est: Any, path: str, *values: Any) -> Any:
-    from .estimators import apply_estimator
-
     return apply_estimator(est, op, tuple(values[i] if is_dep else i for is_dep, i in spec), path)
 
 
 def _apply_fitted(op: str, spec: tuple[tuple[bool, Any], ...], *values: Any) -> Any:
-    from .estimators import apply_estimator
-
     est, info = values[-1][:2]       # a fit task's value: (estimator, info[, training output])
     return apply_estimator(est, op, tuple(values[i] if is_dep else i for is_dep, i in spec),
                            info.get("path", "sklearn"))
 
 
 def _move(dev: Any, frames: str, value: Any) -> Any:
-    from .data import to_device
-
     return to_device(value, dev, frames=frames)
 
 
 def _resolve_fit(b: "_Builder", m: "Machine", pending: Any) -> Any:
     """Where machine ``m`` trains and as which estimator (None: the CPU clone as it is)."""
-    from .models import is_cuml_estimator, resolve_estimator
 
     what = f"machine {m.label}"
     dev = b.placed(m.device, what, owner=m)
@@ -378,14 +365,10 @@ def _resolve_fit(b: "_Builder", m: "Machine", pending: Any) -> Any:
 
 
 def _fit_task(est: Any, n_args: int, resolved: Any, *values: Any) -> tuple[Any, dict[str, Any]]:
-    from .estimators import fit_estimator
-
     return fit_estimator(est, tuple(values[:n_args]), resolved)
 
 
 def _fit_transform_task(est: Any, n_args: int, resolved: Any, *values: Any) -> tuple[Any, dict[str, Any], Any]:
-    from .estimators import fit_transform_estimator
-
     return fit_transform_estimator(est, tuple(values[:n_args]), resolved)
 
 
@@ -419,8 +402,6 @@ def _rows_key(rows: Any, n: int | None = None) -> Any:
 
 def _n_rows_of(machines: Sequence[Any]) -> int | None:
     """The number of rows of the first source with data that the machines train on."""
-    from .data import n_rows
-
     for m in machines:
         for s in machine_sources(m):
             if s._data is not None:
@@ -434,14 +415,11 @@ def _n_rows_of(machines: Sequence[Any]) -> int | None:
 def compile_fit(targets: Sequence[Any], *, rows: Any = None, force: bool = False,
                 max_lanes: int | None = None) -> Plan:
     """The plan that trains every machine upstream of ``targets`` (nodes or machines)."""
-    from .fingerprint import scope
-
     with scope():   # each source's data is fingerprinted once per fit
         return _compile_fit(targets, rows=rows, force=force, max_lanes=max_lanes)
 
 
 def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: int | None) -> Plan:
-    from .machines import Machine
 
     nodes: list[AbstractNode] = []
     extra: list[Machine] = []

@@ -6,37 +6,19 @@ machines of the same class, in dependency order (``Ridge``, ``Ridge#2``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
-from .graph import upstream_machines
+from .graph import machine_parents, machine_sources, upstream_machines
+from .machines import Machine, _equal, _same_rows, labels, snapshot_params
+from .plan import _n_rows_of, _rows_key
 from .nodes import is_node
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .machines import Machine
     from .plan import Plan
     from .trace import Trace
 
+# labels (Ridge, Ridge#2) are made in machines.py, below the compile layer that needs them too
 __all__ = ["FitReport", "ActionMap", "Report", "labels", "report", "fitted_params", "explain"]
-
-
-def labels(machines: Iterable["Machine"]) -> dict["Machine", str]:
-    """Readable, unique labels for ``machines`` (in the order given).
-
-    Examples
-    --------
-    >>> import gpunets as gn
-    >>> from sklearn.linear_model import Ridge
-    >>> ms = [gn.machine(Ridge(), gn.source(name="X")) for _ in range(2)]
-    >>> list(labels(ms).values())
-    ['Ridge', 'Ridge#2']
-    """
-    out: dict[Machine, str] = {}
-    count: dict[str, int] = {}
-    for m in machines:
-        base = m.label
-        count[base] = count.get(base, 0) + 1
-        out[m] = base if count[base] == 1 else f"{base}#{count[base]}"
-    return out
 
 
 def explain(plan: "Plan", rows: Any = None, force: bool = False) -> dict["Machine", str]:
@@ -56,10 +38,6 @@ def explain(plan: "Plan", rows: Any = None, force: bool = False) -> dict["Machin
     >>> m.fit().why["Ridge"]
     'hyperparameter alpha changed'
     """
-    from .graph import machine_parents, machine_sources
-    from .machines import _equal, snapshot_params
-    from .plan import _n_rows_of, _rows_key
-
     names = labels(list(plan.actions))
     rows_key = _rows_key(rows, _n_rows_of(list(plan.actions)) if rows is not None else None)
     out: dict[Machine, str] = {}
@@ -81,8 +59,6 @@ def explain(plan: "Plan", rows: Any = None, force: bool = False) -> dict["Machin
         if retrained:
             out[m] = f"upstream {', '.join(retrained)} retrained"
             continue
-        from .machines import _same_rows
-
         if not _same_rows(st.rows, rows_key):
             out[m] = "new rows"
             continue
@@ -266,8 +242,6 @@ class FitReport:
 
 
 def _machines_of(target: Any) -> tuple["Machine", ...]:
-    from .machines import Machine
-
     if isinstance(target, Machine):
         return upstream_machines(list(target.args)) + (target,)
     if is_node(target):

@@ -27,13 +27,14 @@ from numbers import Integral
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from sklearn.base import ClassifierMixin, RegressorMixin, TransformerMixin, clone, is_classifier, is_regressor
+from sklearn.base import ClassifierMixin, RegressorMixin, TransformerMixin, is_classifier, is_regressor
 from sklearn.model_selection import check_cv
 from sklearn.preprocessing import LabelEncoder
 from sklearn.utils.metaestimators import _BaseComposition
 from sklearn.utils.multiclass import check_classification_targets, type_of_target
 
 from .composite import Composite, NetworkState
+from .data import take_rows as _take
 from .devices import host_only
 from .machines import machine
 from .nodes import Source, node
@@ -45,8 +46,6 @@ __all__ = ["StackingRegressor", "StackingClassifier"]
 
 def take_rows(value: Any, rows: np.ndarray) -> Any:
     """``value`` at ``rows`` (``.iloc`` for pandas)."""
-    from .data import take_rows as _take
-
     return _take(value, rows)
 
 
@@ -328,7 +327,7 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
         from sklearn.utils import Bunch
 
         named = Bunch()
-        for n, e in self.estimators:
+        for n, _e in self.estimators:
             named[n] = by_name[n].estimator_ if n in by_name else "drop"
         self.named_estimators_ = named
         self.final_estimator_ = by_name["final_estimator"].estimator_

@@ -26,6 +26,13 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Iterable, Sequence
 
+from ._gpulibs import fake_gpu_count
+from .config import config
+from .data import is_cupy_array
+from . import devices as _devices
+from .devices import Device, _gpu_probe, device_exists, override_placement
+from .executors import SerialExecutor, StreamsExecutor, ThreadsExecutor
+
 __all__ = ["assert_same_results", "executors_present", "devices_present", "assert_allclose_any", "fake_gpu"]
 
 
@@ -39,9 +46,7 @@ def executors_present() -> list[str]:
 
 def devices_present() -> list[str]:
     """``["cpu"]``, plus ``"cuda"`` where a GPU is available."""
-    from .devices import gpu_available
-
-    return ["cpu", "cuda"] if gpu_available() else ["cpu"]
+    return ["cpu", "cuda"] if _devices.gpu_available() else ["cpu"]
 
 
 class fake_gpu:  # noqa: N801 - a context manager used like a function
@@ -73,8 +78,7 @@ class fake_gpu:  # noqa: N801 - a context manager used like a function
     def __enter__(self) -> Any:
         import os
 
-        from . import fakegpu
-        from .devices import _gpu_probe
+        from . import fakegpu  # lazy: the fake GPU loads only when a test asks for it
 
         for var, value in (("GPUNETS_FAKE_GPU", str(self.n)),
                            ("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "1" if self.ptds else "0")):
@@ -88,8 +92,6 @@ class fake_gpu:  # noqa: N801 - a context manager used like a function
     def __exit__(self, *exc: object) -> None:
         import os
 
-        from .devices import _gpu_probe
-
         for var, value in self._saved.items():
             if value is None:
                 os.environ.pop(var, None)
@@ -100,8 +102,6 @@ class fake_gpu:  # noqa: N801 - a context manager used like a function
 
 def _to_numpy(x: Any) -> Any:
     import numpy as np
-
-    from .data import is_cupy_array
 
     mod = type(x).__module__.split(".")[0]
     if mod == "cudf":
@@ -150,8 +150,6 @@ def assert_same_results(node: Any, *, devices: Sequence[str] | None = None,
     dict
         ``{(device, executor_name): value}``.
     """
-    from .devices import Device, device_exists
-
     devices = list(devices) if devices is not None else devices_present()
     executors = list(executors) if executors is not None else executors_present()
     results: dict[tuple[str, str], Any] = {}
@@ -178,16 +176,12 @@ def assert_same_results(node: Any, *, devices: Sequence[str] | None = None,
 
 
 def _placement(dev: str) -> Any:
-    from .devices import override_placement
-
     return override_placement(dev)
 
 
 # --- pytest plugin ------------------------------------------------------------------------
 
 def _make_executor(name: str, request: Any) -> Any:
-    from .executors import SerialExecutor, StreamsExecutor, ThreadsExecutor
-
     if name == "serial":
         return SerialExecutor()
     if name == "threads":
@@ -197,7 +191,7 @@ def _make_executor(name: str, request: Any) -> Any:
         # dependency in a plan shows up as a StreamOrderError.
         return StreamsExecutor(workers=2, delays=(0.0, 0.002), seed=0, check=True)
     if name == "dask":
-        from .executors.dask import DaskExecutor
+        from .executors.dask import DaskExecutor  # lazy: imports dask
 
         client = request.getfixturevalue("gn_dask_client")
         return DaskExecutor(client)
@@ -216,8 +210,6 @@ if pytest is not None:
         config.addinivalue_line("markers", "gpu: needs a real NVIDIA GPU with CuPy (skipped where none is present)")
 
     def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
-        from ._gpulibs import fake_gpu_count
-
         gpu = "cuda" in devices_present() and not fake_gpu_count()   # the fake GPU is no real GPU
         skip = pytest.mark.skip(reason="needs a real NVIDIA GPU with CuPy (none present, or the CUDA simulator is on)")
         for item in items:
@@ -237,8 +229,6 @@ if pytest is not None:
     @pytest.fixture(params=executors_present())
     def gn_executor(request: Any) -> Any:
         """Every executor present here; also the default executor inside the test."""
-        from .config import config
-
         ex = _make_executor(request.param, request)
         with config(executor=ex, workers=2):
             yield ex
@@ -246,8 +236,6 @@ if pytest is not None:
     @pytest.fixture(params=devices_present())
     def gn_device(request: Any) -> Any:
         """Every device present here; also the default placement inside the test."""
-        from .config import config
-
         with config(device=request.param):
             yield request.param
 

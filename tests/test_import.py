@@ -18,3 +18,11 @@ def test_building_and_fitting_a_network_without_combine_kernels_stays_light():
             "print([m for m in ('cupy', 'cudf', 'cuml', 'dask') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().endswith("[]"), out.stdout + out.stderr
+
+
+def test_version_comes_from_the_package_metadata():
+    from importlib.metadata import version
+
+    import gpunets as gn
+
+    assert gn.__version__ == version("gpunets")

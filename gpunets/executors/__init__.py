@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..config import get_config
 from .base import Executor, inside_task
 from .serial import SerialExecutor
 from .streams import StreamsExecutor
@@ -35,7 +36,6 @@ def check_executor_spec(spec: Any) -> Any:
 
 def get_executor(spec: Any = None, workers: int | None = None, plan: Any = None) -> Executor:
     """Turn ``"serial"``, ``"threads"``, ``"streams"``, ``"dask"``, ``"auto"`` or an executor into an executor."""
-    from ..config import get_config
 
     given = spec is not None and not (spec == "auto" and not inside_task())
     if spec is None or (spec == "auto" and not inside_task()):
@@ -57,7 +57,7 @@ def get_executor(spec: Any = None, workers: int | None = None, plan: Any = None)
         return ThreadsExecutor(workers=workers)
     if spec == "streams":
         return StreamsExecutor(workers=workers)
-    from .dask import DaskExecutor  # imports dask lazily; says what to install if missing
+    from .dask import DaskExecutor  # lazy: imports dask; says what to install if missing
 
     return DaskExecutor(workers=workers)
 

@@ -29,139 +29,34 @@ work is released and the run fails naming the unfinished tasks.  A run only ever
 releases its own keys (never ``client.cancel``), so a failure leaves the user's
 other futures on the same client untouched and no key of the run behind.
 
-``dask`` and ``distributed`` are imported only in this module, and only when
-an executor is created (``pip install "gpunets[dask]"``).
+``dask`` and ``distributed`` are imported only in this module and
+:mod:`~gpunets.executors._dask_cluster`, and only when an executor is created
+(``pip install "gpunets[dask]"``).  This module lowers a plan to a Dask graph
+and runs it; ``_dask_cluster.py`` finds, checks and closes clients and
+clusters; ``_dask_worker.py`` holds what runs on the workers (tasks, GPU
+pinning, timings).
 """
 
 from __future__ import annotations
 
 import atexit
-import os
 import re
 import threading
 import time
 import uuid
 import weakref
-from collections import OrderedDict
 from typing import Any, Callable
 
+from ..exceptions import EvaluationError, FitError, wrap_exception
 from ..scheduler import Run
-from .base import Executor, task_context
+from ..trace import TraceRecord
+from ._args import check_flag, check_mapping, check_seconds
+from ._dask_cluster import (INSTALL_HINT, _address_of, _check_client, _close, _default_client, _worker_client,
+                            require_distributed)
+from ._dask_worker import _pop_timings, _run_on_gpu, _run_remote, _visible_devices, gpu_owners
+from .base import Executor
 
 __all__ = ["DaskExecutor", "gpu_owners", "require_distributed", "INSTALL_HINT"]
-
-INSTALL_HINT = 'pip install "gpunets[dask]"'
-
-# Worker side: timings of the tasks that ran in this process, by run id (bounded).
-_TIMINGS: "OrderedDict[str, list[tuple[int, float, float, str, bool]]]" = OrderedDict()
-_TIMINGS_LOCK = threading.Lock()
-_MAX_RUNS_KEPT = 256
-
-
-def require_distributed() -> tuple[Any, Any]:
-    """Import and return ``(dask, distributed)``, or raise an ImportError saying what to install.
-
-    >>> dask, distributed = require_distributed()  # doctest: +SKIP
-    """
-    try:
-        import dask
-        import distributed
-    except ImportError as e:
-        msg = (f"The dask executor needs dask and distributed, which are not installed ({e}). "
-               f"Install them with: {INSTALL_HINT}")
-        raise ImportError(msg) from e
-    return dask, distributed
-
-
-# --------------------------------------------------------------------------------------------
-# Worker-side helpers (module-level so they pickle by reference)
-# --------------------------------------------------------------------------------------------
-def _run_remote(run_id: str, key: int, payload: Any, *args: Any) -> Any:
-    """Run one task on a worker: unpickle its function, time it, record the timing."""
-    import cloudpickle
-
-    fn = cloudpickle.loads(payload) if isinstance(payload, bytes) else payload
-    start = time.time()
-    failed = True
-    try:
-        value = task_context().run(fn, *args)  # a nested network sees it runs inside a task
-        failed = False
-        return value
-    except Exception as e:
-        try:
-            e._gn_dask_task = key  # type: ignore[attr-defined]  # the client names this task, not a dependent
-        except Exception:  # noqa: BLE001, S110 - an exception that takes no attributes
-            pass
-        raise
-    finally:
-        end = time.time()
-        with _TIMINGS_LOCK:
-            recs = _TIMINGS.get(run_id)
-            if recs is None:
-                recs = _TIMINGS[run_id] = []
-                while len(_TIMINGS) > _MAX_RUNS_KEPT:
-                    _TIMINGS.popitem(last=False)
-            recs.append((key, start, end, threading.current_thread().name, failed))
-
-
-def _run_on_gpu(local_index: int, run_id: str, key: int, payload: Any, *args: Any) -> Any:
-    """Run a task with GPU ``local_index`` (this process's ordinal) current, when CuPy is present."""
-    try:
-        from .._gpulibs import cupy as _cupy; cupy = _cupy()  # noqa: E702 - real CuPy or the fake GPU
-
-        usable = bool(cupy.cuda.is_available())
-    except Exception:  # noqa: BLE001 - no CuPy, or no driver: run as on a CPU worker
-        usable = False
-    if not usable:
-        return _run_remote(run_id, key, payload, *args)
-    # A worker may run tasks on several threads and hands values between threads and processes with no
-    # CUDA event: issue the task on this thread's per-thread default stream (where cuML runs; never the
-    # legacy one) and synchronize it before the value leaves the task, also on failure, so the inputs
-    # are not freed (and their memory reused) while its kernels still read them.
-    with cupy.cuda.Device(local_index):
-        stream = cupy.cuda.Stream.ptds
-        with stream:
-            try:
-                return _run_remote(run_id, key, payload, *args)
-            finally:
-                stream.synchronize()
-
-
-def _pop_timings(run_id: str) -> list[tuple[int, float, float, str, bool]]:
-    with _TIMINGS_LOCK:
-        return _TIMINGS.pop(run_id, [])
-
-
-def _visible_devices() -> str | None:
-    return os.environ.get("CUDA_VISIBLE_DEVICES")
-
-
-def gpu_owners(client: Any) -> dict[int, list[str]]:
-    """Which workers own which GPU: ``{physical GPU index: [worker addresses]}``.
-
-    A worker owns the first GPU in its ``CUDA_VISIBLE_DEVICES`` (dask-cuda's
-    ``LocalCUDACluster`` starts one worker per GPU with its own GPU listed
-    first).  Workers without ``CUDA_VISIBLE_DEVICES`` own no GPU in particular.
-
-    Parameters
-    ----------
-    client : distributed.Client
-        A connected client.
-
-    Returns
-    -------
-    dict
-        Physical GPU index to the addresses of the workers that own it.
-    """
-    seen = client.run(_visible_devices, on_error="ignore")
-    owners: dict[int, list[str]] = {}
-    for addr, cvd in sorted(seen.items()):
-        if not cvd:
-            continue
-        first = cvd.split(",")[0].strip()
-        if first.isdigit():
-            owners.setdefault(int(first), []).append(addr)
-    return owners
 
 
 def _cuda_index(task: Any) -> int | None:
@@ -246,8 +141,6 @@ class DaskExecutor(Executor):
     def __init__(self, client: Any = None, *, workers: int | None = None, retries: int = 1,
                  timeout: float | None = None, keep_cluster: bool = False, trace: bool = True,
                  cluster_kwargs: dict[str, Any] | None = None) -> None:
-        from ._args import check_flag, check_mapping, check_seconds
-
         _, distributed = require_distributed()
         owner = "DaskExecutor"
         _check_client(client, distributed)
@@ -536,8 +429,6 @@ class DaskExecutor(Executor):
         return out
 
     def _collect_trace(self, client: Any, run: Run, run_id: str, t0_wall: float) -> None:
-        from ..trace import TraceRecord
-
         try:
             got = client.run(_pop_timings, run_id, on_error="ignore")
         except Exception:  # noqa: BLE001 - a trace is not worth failing a run for
@@ -607,7 +498,6 @@ def _graph(layers: dict[Any, dict[str, tuple[Any, ...]]]) -> Any:
 
 def _set_error(run: Run, key: int, message: str, exc: BaseException) -> None:
     """Fail ``run`` at ``key`` with ``message`` (an error of the task's kind that is also ``type(exc)``)."""
-    from ..exceptions import EvaluationError, FitError, wrap_exception
 
     task = run.plan.tasks[key]
     kind = FitError if task.kind == "fit" else EvaluationError
@@ -618,56 +508,6 @@ def _set_error(run: Run, key: int, message: str, exc: BaseException) -> None:
         if run.error is None:
             run.error = err
         run.changed.notify_all()
-
-
-def _worker_client() -> Any:
-    """``distributed.worker_client()`` (not yet entered) inside a task on a worker, else None."""
-    from distributed import get_worker, worker_client
-
-    try:
-        get_worker()
-    except ValueError:
-        return None
-    return worker_client()
-
-
-def _default_client() -> Any:
-    """The current default ``distributed`` client, or None."""
-    from distributed import default_client
-
-    try:
-        return default_client()
-    except ValueError:
-        return None
-
-
-def _close(client: Any, cluster: Any) -> None:
-    try:
-        client.close()
-    finally:
-        if cluster is not None:
-            cluster.close()
-
-
-_ADDRESS_SCHEMES = ("tcp://", "tls://", "inproc://", "ucx://", "ws://", "wss://")
-
-
-def _check_client(client: Any, distributed: Any) -> None:
-    """A ``distributed.Client``, a scheduler address such as ``"tcp://10.0.0.5:8786"``, or None."""
-    if client is None or isinstance(client, distributed.Client):
-        return
-    if isinstance(client, str) and client.startswith(_ADDRESS_SCHEMES) and len(client.split("://", 1)[1]) > 0:
-        return
-    what = f"the string {client!r}" if isinstance(client, str) else f"a {type(client).__name__}"
-    msg = (f"DaskExecutor(client=...) got {what}: expected a distributed.Client, a scheduler address "
-           f"starting with one of {list(_ADDRESS_SCHEMES)} (e.g. 'tcp://127.0.0.1:8786'), or None "
-           "(the default client, else a LocalCluster started for the run). "
-           "Pass the client itself: gn.DaskExecutor(distributed.Client(...)).")
-    raise TypeError(msg)
-
-
-def _address_of(client: Any) -> str:
-    return client.scheduler.address
 
 
 _KEPT: "weakref.WeakSet[DaskExecutor]" = weakref.WeakSet()

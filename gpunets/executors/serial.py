@@ -12,6 +12,7 @@ from typing import Any
 
 from ..scheduler import Run
 from .base import Executor, task_context
+from .streams import run_on_cuda, wants_cuda
 
 __all__ = ["SerialExecutor"]
 
@@ -32,8 +33,6 @@ class SerialExecutor(Executor):
         self.workers = 1
 
     def run(self, plan: Any, on_task_done: Any = None) -> Run:
-        from .streams import run_on_cuda, wants_cuda
-
         if wants_cuda(plan):
             return run_on_cuda(plan, 1, f"{self.name} (on CUDA streams)", on_task_done)
         run = Run(plan, executor_name=self.name, on_task_done=on_task_done)

@@ -32,10 +32,13 @@ import time
 import warnings
 from typing import Any, Callable
 
-from ..devices import gpu_available
+from .. import _gpulibs
+from ..devices import Device, gpu_available, local_ordinal
 from ..exceptions import StreamOrderError
+from ..gpu_memory import ensure_gpu_memory
 from ..scheduler import Run
 from . import pool
+from ._args import check_callable, check_delays, check_flag, check_optional_flag, check_seed
 from .base import Executor, gpu_timing_requested, task_context
 
 __all__ = ["StreamsExecutor", "EmulatedBackend", "CudaBackend", "StreamChecker", "wants_cuda", "run_on_cuda",
@@ -105,9 +108,7 @@ _THREAD = threading.local()    # per worker thread: its streams, made once and k
 
 def _cupy() -> Any:
     """CuPy (or the fake GPU), imported here only when the CUDA backend is used (tests replace this function)."""
-    from .._gpulibs import cupy
-
-    return cupy()
+    return _gpulibs.cupy()
 
 
 def wants_cuda(plan: Any) -> bool:
@@ -255,7 +256,6 @@ def _ordinal(device: str) -> int | None:
     """The CUDA ordinal of a task's device name in this process; None for the CPU."""
     if not device.startswith("cuda"):
         return None
-    from ..devices import Device, local_ordinal
 
     return local_ordinal(Device.parse(device).index)
 
@@ -339,7 +339,6 @@ class CudaBackend:
         cp = self.cupy
         self.tasks = tasks
         self.ordinals = sorted({o for t in tasks if (o := _ordinal(str(t.device))) is not None})
-        from ..gpu_memory import ensure_gpu_memory
 
         ensure_gpu_memory(self.ordinals)   # gn.set_config(gpu_memory=...) made before a GPU was seen
         for o in self.ordinals:
@@ -585,8 +584,6 @@ class StreamsExecutor(Executor):
                  delays: tuple[float, float] | None = None, seed: int | None = None, check: bool = False,
                  stream: str = "ptds", skip_wait: Callable[[Any, Any], bool] | None = None,
                  timing: bool | None = None) -> None:
-        from ._args import check_callable, check_delays, check_flag, check_optional_flag, check_seed
-
         owner = "StreamsExecutor"
         check_optional_flag("emulate", emulate, owner, "emulate only where no GPU is used")
         delays = check_delays(delays, owner)

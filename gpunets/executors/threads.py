@@ -22,7 +22,9 @@ from typing import Any
 
 from ..scheduler import Run
 from . import pool
+from ._args import check_flag
 from .base import Executor, default_workers, task_context
+from .streams import run_on_cuda, wants_cuda
 
 __all__ = ["ThreadsExecutor", "limit_native_threads"]
 
@@ -123,15 +125,11 @@ class ThreadsExecutor(Executor):
     name = "threads"
 
     def __init__(self, workers: int | None = None, limit_native: bool = True) -> None:
-        from ._args import check_flag
-
         check_flag("limit_native", limit_native, "ThreadsExecutor")
         super().__init__(workers)
         self.limit_native = limit_native
 
     def run(self, plan: Any, on_task_done: Any = None) -> Run:
-        from .streams import run_on_cuda, wants_cuda
-
         if wants_cuda(plan):
             return run_on_cuda(plan, self.workers, f"{self.name} (on CUDA streams)", on_task_done)
         run = Run(plan, executor_name=self.name, on_task_done=on_task_done)

@@ -58,7 +58,7 @@ def _backend(target: str) -> ModuleType:
     V.check_target(target)
     if target == "cpu":
         return _cpu
-    from . import _cuda  # lazily: imports numba.cuda
+    from . import _cuda  # lazy: imports numba.cuda
 
     _cuda.check_available()
     return _cuda

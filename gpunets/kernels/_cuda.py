@@ -18,6 +18,8 @@ import numba
 import numpy as np
 from numba import cuda
 
+from .. import _gpulibs
+from ..exceptions import DeviceUnavailableError
 from . import _labels
 from . import _validate as V
 
@@ -39,8 +41,6 @@ def accept(a: Any) -> bool:
 
 def check_available() -> None:
     if not cuda.is_available():
-        from ..exceptions import DeviceUnavailableError
-
         msg = ('target="cuda" needs a CUDA GPU, and none is available here; use target="cpu", '
                "or set NUMBA_ENABLE_CUDASIM=1 before numba is imported to run the CUDA kernels on the simulator")
         raise DeviceUnavailableError(msg)
@@ -161,7 +161,7 @@ _KERNELS = {"mean": _k_mean, "wmean": _k_wmean, "sum": _k_sum, "min": _k_min, "m
 NUMERIC_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                   "float32", "float64")
 #: The dtypes each kernel is launched with: ``vote`` votes integer labels, and integer codes of any other labels.
-KERNEL_DTYPES = {name: NUMERIC_DTYPES for name in _KERNELS}
+KERNEL_DTYPES: dict[str, tuple[str, ...]] = {name: NUMERIC_DTYPES for name in _KERNELS}
 KERNEL_DTYPES["vote"] = tuple(d for d in NUMERIC_DTYPES if np.dtype(d).kind in "iu")
 
 
@@ -174,6 +174,7 @@ def launch_types(name: str, dtype: Any, k: int) -> tuple:
     dtype = np.dtype(dtype)
     ndim = 2 if name == "hstack" else 1
     arrays = tuple(np.zeros((1,) * ndim, dtype) for _ in range(k))
+    args: tuple[Any, ...]
     if name == "mean":
         args = (float(k), np.zeros(1, V.mean_dtype(dtype)))
     elif name == "wmean":
@@ -268,9 +269,7 @@ def _cupy_stream_for(cp: Any, nb: Any) -> Any:
 # ---- array handling ------------------------------------------------------------------------------------------
 
 def _cupy():
-    from .._gpulibs import cupy  # noqa: PLC0415 - real CuPy or the fake GPU
-
-    return cupy()
+    return _gpulibs.cupy()   # real CuPy or the fake GPU
 
 
 class _Launch:

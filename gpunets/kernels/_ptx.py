@@ -72,7 +72,7 @@ def cases(kernels: dict, kernel_dtypes: dict, names: Sequence[str] | None, dtype
     bad_k = [k for k in ks if k < 1]
     if bad_k:
         raise UsageError(f"--k takes numbers of arrays >= 1, got {bad_k}")
-    out = []
+    out: list[tuple[str, str, int]] = []
     for name in names:
         for dt in kernel_dtypes[name]:
             if dtypes is None or dt in dtypes:
@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _rerun_without_simulator(argv)
     from numba import cuda
 
-    from . import _cuda
+    from . import _cuda  # lazy: after the simulator check above; imports numba.cuda
 
     try:
         todo = cases(_cuda._KERNELS, _cuda.KERNEL_DTYPES, args.kernels, args.dtypes, args.k)

@@ -75,7 +75,7 @@ def _known() -> list[tuple[Callable[[Any], bool], Callable[..., dict[str, Any]]]
     )
     from sklearn.pipeline import FeatureUnion, Pipeline
 
-    from . import columns, ensembles, pipeline, target
+    from . import columns, ensembles, pipeline, target  # lazy: the builders import this module
 
     return [
         (lambda e: isinstance(e, Pipeline), pipeline.build_pipeline),

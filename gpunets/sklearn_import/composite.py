@@ -17,7 +17,10 @@ from sklearn.base import ClassifierMixin, RegressorMixin, TransformerMixin, clon
 from sklearn.utils.validation import check_is_fitted
 
 from ..composite import COMPOSITE_OPERATIONS, Composite
-from ._base import Context, build, operations
+from ..graph import upstream_machines
+from ._base import Context, build, first_part, operations
+from .names import feature_names_out
+from .reuse import adopt
 
 __all__ = ["OWN_PARAMS", "FromSklearnClassifier", "FromSklearnRegressor", "FromSklearnTransformer"]
 
@@ -76,9 +79,6 @@ class _FromSklearn(Composite):
         self._gn_ctx = ctx
         original = self.__dict__.pop("_gn_adopt_from", None)
         if original is not None:
-            from ..graph import upstream_machines
-            from .reuse import adopt
-
             done = adopt(upstream_machines(list(outs.values())), original)
             for name, what in done.items():
                 ctx.parts.setdefault(name, {"kind": "helper", "estimator": "", "notes": []})["notes"].append(
@@ -92,7 +92,7 @@ class _FromSklearn(Composite):
     def _gn_check_params(self, X: Any, y: Any) -> None:
         super()._gn_check_params(X, y)
         if not callable(getattr(self.sklearn_estimator, "fit", None)):
-            from .convert import not_an_estimator
+            from .convert import not_an_estimator  # lazy: convert.py builds on this module
 
             raise not_an_estimator(self.sklearn_estimator)
 
@@ -115,8 +115,6 @@ class _FromSklearn(Composite):
     def _gn_validate_call(self, X: Any, op: str) -> Any:
         from sklearn.compose import ColumnTransformer
         from sklearn.utils.validation import _check_feature_names
-
-        from ._base import first_part
 
         X = _as_input(X)
         if not isinstance(first_part(self.sklearn_estimator), ColumnTransformer):  # it selects by name itself
@@ -158,8 +156,6 @@ class _FromSklearn(Composite):
     def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
         """Output feature names, computed from the fitted parts by scikit-learn's rules."""
         from sklearn.utils.validation import _check_feature_names_in
-
-        from .names import feature_names_out
 
         check_is_fitted(self, "fit_report_")
         names_in = _check_feature_names_in(self, input_features)

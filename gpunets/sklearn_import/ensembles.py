@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from sklearn.preprocessing import LabelEncoder
 
-from .. import ops
+from .. import ops, stacking
 from ..graph import upstream_machines
 from ..machines import machine
 from ..nodes import Source, node
@@ -116,8 +116,6 @@ def encode_labels(classes: np.ndarray, y: Any) -> Any:
 
 def build_stacking(est: Any, X: Any, y: Any, path: str, ctx: Context) -> dict[str, Any]:
     from sklearn.base import is_classifier
-
-    from .. import stacking
 
     if not (isinstance(y, Source) and y.data is not None):
         return leaf(est, X, y, path, ctx, kind="opaque",

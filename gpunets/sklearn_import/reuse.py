@@ -17,7 +17,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from ..graph import machine_parents
 from ..machines import FittedState, _equal, snapshot_params
+from ._base import root_name
+from .columns import ColumnStack
+from .target import TargetTransformer
 
 __all__ = ["adopt"]
 
@@ -60,10 +64,6 @@ def counterpart(original: Any, name: str) -> tuple[Any, str]:
     from sklearn.compose import ColumnTransformer, TransformedTargetRegressor
     from sklearn.ensemble import VotingClassifier, VotingRegressor
     from sklearn.pipeline import FeatureUnion, Pipeline
-
-    from ._base import root_name
-    from .columns import ColumnStack
-    from .target import TargetTransformer
 
     if name == root_name(original) and not isinstance(original, (Pipeline, ColumnTransformer, FeatureUnion)):
         return original, ""
@@ -108,8 +108,6 @@ def counterpart(original: Any, name: str) -> tuple[Any, str]:
 
 def adopt(machines: tuple[Any, ...], original: Any) -> dict[str, str]:
     """Install fitted states on ``machines`` (dependency order); ``{machine name: what happened}``."""
-    from ..graph import machine_parents
-
     out: dict[str, str] = {}
     adopted: set[int] = set()
     for m in machines:

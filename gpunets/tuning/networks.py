@@ -20,6 +20,9 @@ import numpy as np
 from sklearn.base import clone
 from sklearn.pipeline import Pipeline
 
+from .._composite_ops import same_value
+from ..composite import Composite
+from ..graph import op_nodes, upstream_machines
 from ..nodes import AbstractNode, Node, Source, node
 from . import tasks
 from .report import SearchReport
@@ -38,8 +41,6 @@ def pipeline_steps(est: Any) -> list[tuple[str, Any]] | None:
 
 
 def is_composite(est: Any) -> bool:
-    from ..composite import Composite
-
     return isinstance(est, Composite)
 
 
@@ -94,8 +95,6 @@ class CompositeFold:
         self.copies: dict[int, AbstractNode] = {}  # (context, uid) of a candidate's node -> its copy
 
     def _sources(self, spec: Any) -> tuple[Source, Source, Source]:
-        from .._composite_ops import same_value
-
         spec._gn_check_params(self.Xtr, self.ytr)
         Xo, yo = spec._gn_validate_fit(self.Xtr, self.ytr)
         Xv = spec._gn_validate_call(self.Xte, "predict")
@@ -117,8 +116,6 @@ class CompositeFold:
             failed = tasks.Failed(e, traceback.format_exc())
             return node(tasks.score_one, scorer, error_score, self.train_score, len(self.yte), n_scores, failed,
                         None, None, None, None)
-        from ..graph import upstream_machines
-
         for m in upstream_machines(list(outputs.values())):
             self.report.naive[m.label] = self.report.naive.get(m.label, 0) + 1
         ops = tuple(op for op in tasks.Replay._OPS if op in outputs and op != "inverse_transform")
@@ -182,8 +179,6 @@ class CompositeFold:
 
 def _op_order(n: AbstractNode) -> list[AbstractNode]:
     """Nodes reached from ``n`` through operation edges, dependencies first (no recursion)."""
-    from ..graph import op_nodes
-
     return op_nodes([n])
 
 

@@ -54,7 +54,13 @@ from sklearn.model_selection._validation import (
 from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.validation import _check_method_params, indexable
 
+from ..config import config
+from ..devices import override_placement
+from ..executors import check_executor_spec
+from ..network import evaluate
+from ..nodes import node
 from . import tasks
+from .networks import CompositeFold, StepsFold, fold_data, is_composite, pipeline_steps
 from .report import SearchReport
 
 __all__ = ["GridSearchCV", "RandomizedSearchCV", "SearchReport"]
@@ -109,8 +115,6 @@ class _NetworkSearch(BaseSearchCV):
             msg = (f"{type(self).__name__} has no candidate to evaluate: the parameter grid is empty. "
                    "Hint: give at least one value per parameter, e.g. {'alpha': [0.1, 1.0]}.")
             raise ValueError(msg)
-        from ..executors import check_executor_spec
-
         check_executor_spec(self.executor)  # a bad executor fails now, not after the folds are built
         base = clone(self.estimator)
         specs = [clone(base).set_params(**clone(p, safe=False)) for p in candidates]  # unknown names raise here
@@ -124,9 +128,6 @@ class _NetworkSearch(BaseSearchCV):
 
         device = self.device
         if device is not None and device != "auto":
-            from ..config import config
-            from ..devices import override_placement
-
             with config(device=device), override_placement(device):  # nodes take their placement when built
                 outs, report = self._run_network(specs, X, y, splits, scorers, params)
         else:
@@ -176,16 +177,6 @@ class _NetworkSearch(BaseSearchCV):
                      scorers: Any, params: dict[str, Any]) -> tuple[list[dict[str, Any]], SearchReport]:
         from sklearn.metrics._scorer import _MultimetricScorer
         from sklearn.utils import get_tags
-
-        from ..network import evaluate
-        from ..nodes import node
-        from .networks import (
-            CompositeFold,
-            StepsFold,
-            fold_data,
-            is_composite,
-            pipeline_steps,
-        )
 
         composite = not params and all(is_composite(s) for s in specs)
         steps = None if composite else [None if params else pipeline_steps(s) for s in specs]

@@ -13,6 +13,10 @@ from typing import Any
 import numpy as np
 from sklearn.model_selection._validation import _score
 
+from ..data import check_placeable, take_rows
+from ..estimators import apply_estimator
+from ..nodes import source
+
 __all__ = ["Failed", "Replay", "fn_key", "step_key"]
 
 
@@ -27,8 +31,6 @@ class Failed:
 
 def take(value: Any, rows: np.ndarray) -> Any:
     """``value`` at ``rows``: gpunets' type-aware selection, scikit-learn's for lists and the like."""
-    from ..data import take_rows
-
     if value is None:
         return None
     try:
@@ -46,9 +48,6 @@ def take_pairwise(value: Any, rows: np.ndarray, columns: np.ndarray) -> Any:
 
 def as_node(value: Any, name: str) -> Any:
     """A source for data gpunets can place; the data itself (a constant) for lists and other sequences."""
-    from ..data import check_placeable
-    from ..nodes import source
-
     if value is None:
         return None
     try:
@@ -203,8 +202,6 @@ def fit_model(est: Any, *values: Any) -> Any:
 
 def apply_op(op: str, est: Any, *values: Any) -> Any:
     """A machine operation (``predict``, ``transform``...) of a fitted model."""
-    from ..estimators import apply_estimator
-
     failed = _first_failed((est, *values))
     if failed is not None:
         return failed
