@@ -322,3 +322,25 @@ def test_failing_composite_candidate(reg_data):
     assert list(ours.search_report_.errors) == [1]
     with pytest.raises(ValueError, match="negative alpha"):
         gn.GridSearchCV(est, grid, cv=3, error_score="raise").fit(X, y)
+
+
+def test_gpu_mode_of_the_benchmark_on_the_fake_gpu():
+    """benchmarks/bench_tuning.py --gpu: a search on CuPy data, device="cuda", streams and serial equal to the CPU."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = {**os.environ, "GPUNETS_FAKE_GPU": "1", "SCIPY_ARRAY_API": "1", "PYTHONPATH": str(root)}
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    proc = subprocess.run([sys.executable, "-W", "ignore", "benchmarks/bench_tuning.py", "--gpu", "--quick",
+                           "--rows", "600"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert res["fake_gpu"] and "error" not in res, res
+    assert res["scores_equal_cpu"]["met"], res
+    for ex in ("serial", "streams"):
+        assert res[ex]["same_best_params"] and res[ex]["fits"] == {"scale": 5, "pca": 5, "ridge": 50}
+        assert res[ex]["refit_route"].startswith("('array_api'"), res[ex]
