@@ -344,3 +344,41 @@ def test_gpu_mode_of_the_benchmark_on_the_fake_gpu():
     for ex in ("serial", "streams"):
         assert res[ex]["same_best_params"] and res[ex]["fits"] == {"scale": 5, "pca": 5, "ridge": 50}
         assert res[ex]["refit_route"].startswith("('array_api'"), res[ex]
+
+
+class WeightedScaler(CountingScaler):
+    """CountingScaler whose fit takes (and uses) sample_weight."""
+
+    def fit(self, X, y=None, sample_weight=None):
+        FITS[self.tag] += 1
+        self.scaler_ = StandardScaler(with_mean=self.with_mean).fit(X, sample_weight=sample_weight)
+        return self
+
+
+@pytest.mark.parametrize("train", [False, True])
+@pytest.mark.parametrize("case", ["pipeline-last-step", "pipeline-two-steps", "plain", "plain-multimetric"])
+def test_fit_params_equal_sklearn_and_keep_sharing(case, train, reg_data):
+    """sample_weight goes to the steps that take it (sliced per fold) and, for a plain estimator, to the scorer."""
+    X, y = reg_data
+    w = np.random.default_rng(1).uniform(0.1, 3.0, size=len(y))
+    scoring = None
+    if case.startswith("pipeline"):
+        est = Pipeline([("scale", CountingScaler()), ("pca", PCA(n_components=3)), ("ridge", Ridge())])
+        grid = {"ridge__alpha": [0.1, 1.0, 10.0]}
+        params = {"ridge__sample_weight": w}
+        if case == "pipeline-two-steps":
+            est = Pipeline([("scale", WeightedScaler()), ("ridge", Ridge())])
+            params = {"scale__sample_weight": w, "ridge__sample_weight": w}
+    else:
+        est, grid, params = Ridge(), {"alpha": [0.1, 1.0, 10.0]}, {"sample_weight": w}
+        scoring = ["r2", "neg_mean_squared_error"] if case == "plain-multimetric" else None
+    kw = dict(cv=KFold(4, shuffle=True, random_state=0), return_train_score=train, scoring=scoring,
+              refit="r2" if scoring else True)
+    theirs = skms.GridSearchCV(est, grid, **kw).fit(X, y, **params)
+    FITS.clear()
+    ours = gn.GridSearchCV(est, grid, executor="serial", **kw).fit(X, y, **params)
+    assert_same_search(ours, theirs)
+    np.testing.assert_allclose(ours.predict(X[:5]), theirs.predict(X[:5]), rtol=0, atol=1e-12)
+    if case.startswith("pipeline"):
+        assert FITS["scale"] == 4 + 1      # the scaler (with or without fit params) is still shared: one per fold
+        assert ours.search_report_.fits["ridge"] == 12
