@@ -382,3 +382,46 @@ def test_fit_params_equal_sklearn_and_keep_sharing(case, train, reg_data):
     if case.startswith("pipeline"):
         assert FITS["scale"] == 4 + 1      # the scaler (with or without fit params) is still shared: one per fold
         assert ours.search_report_.fits["ridge"] == 12
+
+
+CLOCK = [0.0]
+
+
+class ClockedRidge(RegressorMixin, BaseEstimator):
+    """Ridge whose fit advances the test's clock by ``cost`` seconds (a fit time known exactly)."""
+
+    def __init__(self, alpha=1.0, cost=1.0):
+        self.alpha, self.cost = alpha, cost
+
+    def fit(self, X, y):
+        CLOCK[0] += self.cost
+        self.model_ = Ridge(alpha=self.alpha).fit(X, y)
+        return self
+
+    def predict(self, X):
+        return self.model_.predict(X)
+
+
+class ClockedScaler(CountingScaler):
+    def fit(self, X, y=None):
+        CLOCK[0] += 1.0
+        return super().fit(X, y)
+
+
+@pytest.mark.parametrize("shape", ["composite", "pipeline"])
+def test_fit_time_is_shared_out_among_candidates(shape, reg_data, monkeypatch):
+    """mean_fit_time: each fit a candidate needed, a shared one divided among the candidates sharing it."""
+    import types
+
+    from gpunets.tuning import tasks
+
+    monkeypatch.setattr(tasks, "time", types.SimpleNamespace(perf_counter=lambda: CLOCK[0]))
+    X, y = reg_data
+    if shape == "composite":   # first shared by the 4 candidates of a fold (cost 1), second their own (cost 2)
+        est, grid = Averaged(ClockedRidge(cost=1.0), ClockedRidge(cost=2.0)), {"second__alpha": [0.1, 1, 10, 100]}
+    else:                      # the scaler shared (cost 1), the final step each candidate's own (cost 2)
+        est = Pipeline([("scale", ClockedScaler()), ("ridge", ClockedRidge(cost=2.0))])
+        grid = {"ridge__alpha": [0.1, 1, 10, 100]}
+    s = gn.GridSearchCV(est, grid, cv=3, executor="serial", refit=False).fit(X, y)
+    np.testing.assert_allclose(s.cv_results_["mean_fit_time"], 1.0 / 4 + 2.0)
+    np.testing.assert_allclose(s.cv_results_["std_fit_time"], 0.0, atol=1e-12)
