@@ -107,7 +107,7 @@ class StepsFold:
     def scores(self) -> list[AbstractNode]:
         """The score node of every candidate added, in order (fit times shared out among the users)."""
         scorer, error_score, n_scores = self.score_args
-        out = []
+        out: list[AbstractNode] = []
         for route, fitted, up_test, up_score, keys in self.pending:
             secs = node(tasks.share_seconds, tuple(self.users[k] for k in keys), *(self.shared[k][3] for k in keys))
             args = (scorer, error_score, self.train_score, self.n_test, n_scores, self.score_params, fitted, up_test,
@@ -174,7 +174,7 @@ class CompositeFold:
 
     def scores(self) -> list[AbstractNode]:
         """The score node of every candidate added, in order (fit times shared out among the users)."""
-        out = []
+        out: list[AbstractNode] = []
         for p in self.pending:
             if isinstance(p, AbstractNode):
                 out.append(p)

@@ -160,7 +160,7 @@ class _NetworkSearch(BaseSearchCV):
         if self.refit:
             self.best_estimator_ = clone(base).set_params(**clone(self.best_params_, safe=False))
             start = time.time()
-            with _refit_context(report) as (Xr, yr):
+            with _refit_context(report) as Xr:
                 if y is not None:
                     self.best_estimator_.fit(*Xr(X, y), **params)
                 else:
@@ -180,6 +180,8 @@ class _NetworkSearch(BaseSearchCV):
         from sklearn.metrics._scorer import _MultimetricScorer
         from sklearn.utils import get_tags
 
+        from ..data import device_of
+        from ..devices import Device
         from ..network import evaluate
         from ..nodes import node
         from .networks import (
@@ -190,15 +192,12 @@ class _NetworkSearch(BaseSearchCV):
             pipeline_steps,
         )
 
-        from ..data import device_of
-        from ..devices import Device
-
         composite = not params and all(is_composite(s) for s in specs)
-        steps = None if composite else [pipeline_steps(s) for s in specs]
+        steps: Any = None if composite else [pipeline_steps(s) for s in specs]
         if steps is not None and any(s is None for s in steps):
             steps = [[(type(self.estimator).__name__, s)] for s in specs]
         names = [] if steps is None else [n for n, _ in steps[0]]
-        by_step = _fit_params_by_step(params, names) if len(names) > 1 else None
+        by_step: Any = _fit_params_by_step(params, names) if len(names) > 1 else None
         if by_step is None and len(names) > 1:  # a parameter no step takes: the pipeline's fit says so
             steps = [[(type(self.estimator).__name__, s)] for s in specs]
             names = [steps[0][0][0]]
@@ -255,23 +254,23 @@ class _NetworkSearch(BaseSearchCV):
 
 
 @contextlib.contextmanager
-def _refit_context(report: SearchReport) -> Iterator[tuple[Any, Any]]:
+def _refit_context(report: SearchReport) -> Iterator[Any]:
     """Where the best candidate is refitted: array-API dispatch on the search's GPU when every step of
     the search ran that way, else on the host (its data copied there); unchanged for a search on the CPU."""
     route = getattr(report, "refit_route", None)
     if route is None:
-        yield (lambda X, y: (X, y)), None
+        yield lambda X, y: (X, y)
         return
     from ..models import fit_context
 
     path, dev = route
     if path == "array_api":
         with fit_context(path, dev):
-            yield (lambda X, y: (X, y)), None
+            yield lambda X, y: (X, y)
         return
     from ..data import to_device
 
-    yield (lambda X, y: (to_device(X, "cpu"), None if y is None else to_device(y, "cpu"))), None
+    yield lambda X, y: (to_device(X, "cpu"), None if y is None else to_device(y, "cpu"))
 
 
 def _fit_params_by_step(params: dict[str, Any], names: list[str]) -> dict[str, dict[str, Any]] | None:

@@ -141,9 +141,9 @@ def transform(est: Any, X: Any, route: Any = None) -> Any:
 def score_on(route: Any, *args: Any) -> dict[str, Any]:
     """:func:`score_one` in the last step's route (its data moved there), for a search on a GPU."""
     with on_device(route):
-        args = list(args)
-        args[7:11] = moved(route, *args[7:11])  # X_test, y_test, X_train, y_train
-        return score_one(*args)
+        values = list(args)
+        values[7:11] = moved(route, *values[7:11])  # X_test, y_test, X_train, y_train
+        return score_one(*values)
 
 
 def score_one(scorer: Any, error_score: Any, train: bool, n_test: int, n_scores: tuple[str, ...] | None,
