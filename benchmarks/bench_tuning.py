@@ -15,7 +15,14 @@ Targets on 2 cores: gpunets <= 0.3 x scikit-learn ``n_jobs=2`` on the one-stage 
 and scikit-learn ``memory=`` on both; within 1.25 x the ideal; PCA fits equal to the ideal's.  The PCA fit
 count of every peer is reported, and the machine load (``os.getloadavg``) before and after.
 
-Run: ``python benchmarks/bench_tuning.py [--quick]``.
+GPU mode (``--gpu``, and the ``tuning_gpu`` section of ``benchmarks/gpu_check.sh``): the one-stage grid on CuPy
+data with ``device="cuda"``, ``executor="streams"`` against ``"serial"`` (warm, best of 3; 50k rows, ``--quick``:
+2k rows, one round).  Without cuML the steps run as scikit-learn's array-API twins on CuPy (``SCIPY_ARRAY_API=1``
+must be set before Python starts); Ridge uses ``solver="svd"``, the solver that dispatches.  The scores must equal
+those of the same search on the CPU within ``GPU_ATOL`` (1e-8, absolute: GPU linear algebra sums in another
+order; the fake GPU of ``GPUNETS_FAKE_GPU=1`` computes with NumPy and matches to the last bits).
+
+Run: ``python benchmarks/bench_tuning.py [--quick] [--gpu]``.
 """
 
 from __future__ import annotations
@@ -177,12 +184,84 @@ def run(quick: bool = False) -> dict[str, Any]:
     return out
 
 
+GPU_ATOL = 1e-8
+
+
+def gpu_search(quick: bool = False, rows: int | None = None, budget_s: float = 35.0) -> dict[str, Any]:
+    """The one-stage grid on CuPy data, ``device="cuda"``: streams against serial, checked against the CPU.
+
+    Rounds past the warm one stop early (reported as ``rounds``) when the next would end after ``budget_s``
+    seconds from the start (a cold CuPy kernel cache makes the first runs slow), so the section stays short.
+    """
+    t_start = time.perf_counter()
+    from sklearn.model_selection import KFold
+
+    import gpunets as gn
+    from gpunets import _gpulibs
+    from gpunets.models import scipy_array_api_enabled
+
+    try:
+        cp = _gpulibs.cupy()
+    except ImportError:
+        return {"skipped": "CuPy is not installed (and GPUNETS_FAKE_GPU is not set)"}
+    if not cp.cuda.is_available():
+        return {"skipped": "cupy.cuda.is_available() is False: no CUDA GPU here"}
+    if not scipy_array_api_enabled():
+        return {"skipped": "SCIPY_ARRAY_API=1 was not set before scipy was imported: no array-API twins"}
+    n = rows or (2_000 if quick else 50_000)
+    repeat = 1 if quick else 3
+    X, y = make_data(n)
+    grid = grids()["one_stage"]
+    cv = KFold(5)
+    est = pipeline().set_params(ridge__solver="svd")
+    cpu = gn.GridSearchCV(est, grid, cv=cv, executor="serial").fit(X, y)
+    Xg, yg = cp.asarray(X), cp.asarray(y)
+    out: dict[str, Any] = {"rows": n, "candidates": len(grid["ridge__alpha"]), "folds": 5,
+                           "fake_gpu": bool(_gpulibs.fake_gpu_count())}
+    keys = [f"split{i}_test_score" for i in range(5)] + ["mean_test_score"]
+    for ex in ("serial", "streams"):
+        searches: list[Any] = []
+
+        def fit(ex=ex, searches=searches):
+            searches.append(gn.GridSearchCV(est, grid, cv=cv, executor=ex, device="cuda").fit(Xg, yg))
+        fit()  # warm
+        seconds, fits, rounds = float("inf"), 0, 0
+        for _ in range(repeat):
+            FITS.clear()
+            t = time.perf_counter()
+            fit()
+            seconds = min(seconds, time.perf_counter() - t)
+            fits, rounds = FITS["pca"], rounds + 1
+            # the other executor still needs a warm run and one round: stop when that would pass the budget
+            left = budget_s - (time.perf_counter() - t_start) - (2 * seconds if ex == "serial" else 0)
+            if left < seconds:
+                break
+        s = searches[-1]
+        diff = max(float(np.max(np.abs(s.cv_results_[k] - cpu.cv_results_[k]))) for k in keys)
+        out[ex] = {"seconds": seconds, "rounds": rounds, "pca_fits": fits, "max_abs_diff_vs_cpu": diff,
+                   "same_best_params": s.best_params_ == cpu.best_params_,
+                   "refit_route": str(s.search_report_.refit_route),
+                   "fits": dict(s.search_report_.fits)}
+        print(f"   gpu one_stage {ex}: {seconds:.3f} s, {fits} PCA fits, max |diff| vs CPU {diff:.2e}", flush=True)
+    worst = max(out["serial"]["max_abs_diff_vs_cpu"], out["streams"]["max_abs_diff_vs_cpu"])
+    out["scores_equal_cpu"] = {"value": worst, "target": f"<= {GPU_ATOL} (absolute)", "met": worst <= GPU_ATOL}
+    v = out["streams"]["seconds"] / out["serial"]["seconds"]
+    out["ratio_streams_vs_serial"] = {"value": v, "target": "< 1 (informative: streams overlap the candidates)",
+                                      "met": v < 1}
+    out["section_seconds"] = time.perf_counter() - t_start
+    if out["scores_equal_cpu"]["met"] is False:
+        out["error"] = f"GPU scores differ from the CPU search by {worst:.3g} > {GPU_ATOL}"
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--gpu", action="store_true", help="the one-stage grid on CuPy data: streams vs serial")
+    p.add_argument("--rows", type=int, default=None, help="rows of the GPU mode (default 50k, --quick 2k)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
-    res = run(quick=a.quick)
+    res = gpu_search(quick=a.quick, rows=a.rows) if a.gpu else run(quick=a.quick)
     text = json.dumps(res, indent=2, default=str)
     if a.out:
         with open(a.out, "w") as f:

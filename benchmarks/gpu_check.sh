@@ -111,14 +111,16 @@ run_tests gpu_tests_legacy_stream || status=1
 run_tests gpu_tests_per_thread_stream CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1 || status=1
 
 # 3. the GPU benchmark sections (each skips itself without a GPU; here a skip is a failure)
-for section in executors_gpu kernels_gpu; do
+for section in executors_gpu kernels_gpu tuning_gpu; do
   timeout 50 $py - "$out" "$section" <<'PY' | save "$section" || status=1
 import json, sys, time, traceback
 sys.path.insert(0, ".")
 out, section = sys.argv[1], sys.argv[2]
-from benchmarks import bench_executors, bench_kernels
+from benchmarks import bench_executors, bench_kernels, bench_tuning
 run = {"executors_gpu": lambda: bench_executors.gpu_streams(quick=False, png=f"{out}/executors_gpu_timeline.png"),
-       "kernels_gpu": lambda: bench_kernels.gpu_section(quick=True)}[section]
+       "kernels_gpu": lambda: bench_kernels.gpu_section(quick=True),
+       # the one-stage search on CuPy data, device="cuda": streams vs serial, scores against the CPU (< 40 s)
+       "tuning_gpu": lambda: bench_tuning.gpu_search(rows=50_000)}[section]
 t0 = time.perf_counter()
 try:
     res = run()

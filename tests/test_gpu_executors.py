@@ -128,3 +128,34 @@ def test_early_release_stress_with_many_lanes(cp, kind):
     ex = gn.StreamsExecutor(workers=16, stream=kind)
     for _ in range(8):
         np.testing.assert_allclose(cp.asnumpy(out(executor=ex, output="device")), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("executor", ["serial", "streams"])
+def test_search_on_cuda_equals_the_cpu_search(cp, executor):
+    """gn.GridSearchCV on CuPy data, device="cuda" (array-API twins without cuML): the CPU search's results."""
+    from sklearn.decomposition import PCA
+    from sklearn.linear_model import Ridge
+    from sklearn.model_selection import KFold
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from gpunets.models import scipy_array_api_enabled
+
+    if not scipy_array_api_enabled():
+        pytest.skip("SCIPY_ARRAY_API=1 not set before scipy was imported")
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(3000, 30)) @ rng.normal(size=(30, 30))
+    y = X[:, :5].sum(axis=1) + rng.normal(size=3000)
+    pipe = Pipeline([("scale", StandardScaler()), ("pca", PCA(n_components=10)), ("ridge", Ridge(solver="svd"))])
+    grid = {"ridge__alpha": [0.01, 1.0, 100.0, 1e4]}
+    cpu = gn.GridSearchCV(pipe, grid, cv=KFold(4), executor="serial").fit(X, y)
+    gpu = gn.GridSearchCV(pipe, grid, cv=KFold(4), executor=executor, device="cuda").fit(cp.asarray(X), cp.asarray(y))
+    for k in ["mean_test_score", "std_test_score"] + [f"split{i}_test_score" for i in range(4)]:
+        np.testing.assert_allclose(gpu.cv_results_[k], cpu.cv_results_[k], rtol=0, atol=1e-8, err_msg=k)
+    assert gpu.best_params_ == cpu.best_params_
+    assert gpu.search_report_.fits == {"scale": 4, "pca": 4, "ridge": 16}
+    import sklearn
+
+    with sklearn.config_context(array_api_dispatch=True):   # the refit ran on the GPU: it predicts CuPy arrays
+        pred = gpu.predict(cp.asarray(X[:5]))
+    np.testing.assert_allclose(cp.asnumpy(pred), cpu.predict(X[:5]), rtol=1e-8, atol=1e-8)

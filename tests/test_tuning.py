@@ -322,3 +322,107 @@ def test_failing_composite_candidate(reg_data):
     assert list(ours.search_report_.errors) == [1]
     with pytest.raises(ValueError, match="negative alpha"):
         gn.GridSearchCV(est, grid, cv=3, error_score="raise").fit(X, y)
+
+
+def test_gpu_mode_of_the_benchmark_on_the_fake_gpu():
+    """benchmarks/bench_tuning.py --gpu: a search on CuPy data, device="cuda", streams and serial equal to the CPU."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = {**os.environ, "GPUNETS_FAKE_GPU": "1", "SCIPY_ARRAY_API": "1", "PYTHONPATH": str(root)}
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    proc = subprocess.run([sys.executable, "-W", "ignore", "benchmarks/bench_tuning.py", "--gpu", "--quick",
+                           "--rows", "600"], cwd=root, env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert res["fake_gpu"] and "error" not in res, res
+    assert res["scores_equal_cpu"]["met"], res
+    for ex in ("serial", "streams"):
+        assert res[ex]["same_best_params"] and res[ex]["fits"] == {"scale": 5, "pca": 5, "ridge": 50}
+        assert res[ex]["refit_route"].startswith("('array_api'"), res[ex]
+
+
+class WeightedScaler(CountingScaler):
+    """CountingScaler whose fit takes (and uses) sample_weight."""
+
+    def fit(self, X, y=None, sample_weight=None):
+        FITS[self.tag] += 1
+        self.scaler_ = StandardScaler(with_mean=self.with_mean).fit(X, sample_weight=sample_weight)
+        return self
+
+
+@pytest.mark.parametrize("train", [False, True])
+@pytest.mark.parametrize("case", ["pipeline-last-step", "pipeline-two-steps", "plain", "plain-multimetric"])
+def test_fit_params_equal_sklearn_and_keep_sharing(case, train, reg_data):
+    """sample_weight goes to the steps that take it (sliced per fold) and, for a plain estimator, to the scorer."""
+    X, y = reg_data
+    w = np.random.default_rng(1).uniform(0.1, 3.0, size=len(y))
+    scoring = None
+    if case.startswith("pipeline"):
+        est = Pipeline([("scale", CountingScaler()), ("pca", PCA(n_components=3)), ("ridge", Ridge())])
+        grid = {"ridge__alpha": [0.1, 1.0, 10.0]}
+        params = {"ridge__sample_weight": w}
+        if case == "pipeline-two-steps":
+            est = Pipeline([("scale", WeightedScaler()), ("ridge", Ridge())])
+            params = {"scale__sample_weight": w, "ridge__sample_weight": w}
+    else:
+        est, grid, params = Ridge(), {"alpha": [0.1, 1.0, 10.0]}, {"sample_weight": w}
+        scoring = ["r2", "neg_mean_squared_error"] if case == "plain-multimetric" else None
+    kw = {"cv": KFold(4, shuffle=True, random_state=0), "return_train_score": train, "scoring": scoring,
+          "refit": "r2" if scoring else True}
+    theirs = skms.GridSearchCV(est, grid, **kw).fit(X, y, **params)
+    FITS.clear()
+    ours = gn.GridSearchCV(est, grid, executor="serial", **kw).fit(X, y, **params)
+    assert_same_search(ours, theirs)
+    np.testing.assert_allclose(ours.predict(X[:5]), theirs.predict(X[:5]), rtol=0, atol=1e-12)
+    if case.startswith("pipeline"):
+        assert FITS["scale"] == 4 + 1      # the scaler (with or without fit params) is still shared: one per fold
+        assert ours.search_report_.fits["ridge"] == 12
+
+
+CLOCK = [0.0]
+
+
+class ClockedRidge(RegressorMixin, BaseEstimator):
+    """Ridge whose fit advances the test's clock by ``cost`` seconds (a fit time known exactly)."""
+
+    def __init__(self, alpha=1.0, cost=1.0):
+        self.alpha, self.cost = alpha, cost
+
+    def fit(self, X, y):
+        CLOCK[0] += self.cost
+        self.model_ = Ridge(alpha=self.alpha).fit(X, y)
+        return self
+
+    def predict(self, X):
+        return self.model_.predict(X)
+
+
+class ClockedScaler(CountingScaler):
+    def fit(self, X, y=None):
+        CLOCK[0] += 1.0
+        return super().fit(X, y)
+
+
+@pytest.mark.parametrize("shape", ["composite", "pipeline"])
+def test_fit_time_is_shared_out_among_candidates(shape, reg_data, monkeypatch):
+    """mean_fit_time: each fit a candidate needed, a shared one divided among the candidates sharing it."""
+    import types
+
+    from gpunets.tuning import tasks
+
+    monkeypatch.setattr(tasks, "time", types.SimpleNamespace(perf_counter=lambda: CLOCK[0]))
+    X, y = reg_data
+    if shape == "composite":   # first shared by the 4 candidates of a fold (cost 1), second their own (cost 2)
+        est, grid = Averaged(ClockedRidge(cost=1.0), ClockedRidge(cost=2.0)), {"second__alpha": [0.1, 1, 10, 100]}
+    else:                      # the scaler shared (cost 1), the final step each candidate's own (cost 2)
+        est = Pipeline([("scale", ClockedScaler()), ("ridge", ClockedRidge(cost=2.0))])
+        grid = {"ridge__alpha": [0.1, 1, 10, 100]}
+    s = gn.GridSearchCV(est, grid, cv=3, executor="serial", refit=False).fit(X, y)
+    np.testing.assert_allclose(s.cv_results_["mean_fit_time"], 1.0 / 4 + 2.0)
+    np.testing.assert_allclose(s.cv_results_["std_fit_time"], 0.0, atol=1e-12)

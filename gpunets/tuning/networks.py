@@ -25,6 +25,7 @@ from ..composite import Composite
 from ..graph import op_nodes, upstream_machines
 from ..nodes import AbstractNode, Node, Source, node
 from . import tasks
+from ..models import resolve_estimator
 from .report import SearchReport
 
 __all__ = ["CompositeFold", "StepsFold", "is_composite", "pipeline_steps"]
@@ -45,42 +46,74 @@ def is_composite(est: Any) -> bool:
 
 
 class StepsFold:
-    """One fold of a search over candidates cut into steps; shared steps are fitted once."""
+    """One fold of a search over candidates cut into steps; shared steps are fitted once.
 
-    def __init__(self, report: SearchReport, folds: tuple[Any, ...], fit_params: dict[str, Any],
-                 score_args: tuple[Any, ...], train_score: bool) -> None:
+    ``fit_params`` is ``{step name: that step's fit parameters, already cut to the fold's training rows}``
+    (the same for every candidate, so a step with fit parameters is shared like any other);
+    ``score_params`` ``(test, train)`` go to the scorer; ``device`` is the search's CUDA device, or None on
+    the CPU (each step then runs on the route :func:`~gpunets.models.resolve_estimator` gives it).
+    """
+
+    def __init__(self, report: SearchReport, folds: tuple[Any, ...], fit_params: dict[str, dict[str, Any]],
+                 score_args: tuple[Any, ...], train_score: bool, score_params: Any = None,
+                 device: Any = None) -> None:
         self.report, self.fp, self.score_args, self.train_score = report, fit_params, score_args, train_score
+        self.score_params, self.device = score_params, device
         self.Xtr, self.Xte, self.ytr, self.yte, self.n_test = folds
         self.shared: dict[Any, tuple[Any, ...]] = {}
+        self.routes: dict[Any, Any] = {}
+        self.pending: list[tuple[Any, ...]] = []   # per candidate: the score node's arguments, its step keys
+        self.users: dict[Any, int] = {}            # step key -> candidates of this fold that use the step
 
-    def candidate(self, steps: list[tuple[str, Any]]) -> AbstractNode:
+    def _route(self, name: str, est: Any) -> Any:
+        if self.device is None:
+            return None
+        k = tasks.step_key(est)
+        if k not in self.routes:
+            self.routes[k] = resolve_estimator(est, self.device, what=f"search step {name!r}")
+        return self.routes[k]
+
+    def candidate(self, steps: list[tuple[str, Any]]) -> None:
+        """Add one candidate's steps (its score node is made by :meth:`scores`, once all are known)."""
         up_train, up_test, up_score = self.Xtr, self.Xte, self.Xtr  # fit input, test rows, train rows to score
         key: Any = ()
-        times = []
-        fitted = None
+        keys = []
+        fitted = route = None
         for i, (name, est) in enumerate(steps):
             last = i == len(steps) - 1
             key = (key, tasks.step_key(est))
+            keys.append(key)
+            route = self._route(name, est)
             hit = self.shared.get(key)
             if hit is None:
-                step = node(tasks.fit_step, clone(est), last, self.fp if last else {}, up_train, self.ytr)
+                step = node(tasks.fit_step, clone(est), route, last, self.fp.get(name, {}), up_train, self.ytr)
                 fit = node(tasks.fitted, step)
                 self.report.fits[name] += 1
                 if last:
                     hit = (fit, None, None, node(tasks.seconds, step), None)
                 else:
                     self.report.transforms += 1
-                    hit = (fit, node(tasks.transformed, step), node(tasks.transform, fit, up_test),
+                    hit = (fit, node(tasks.transformed, step), node(tasks.transform, fit, up_test, route),
                            node(tasks.seconds, step),
-                           node(tasks.transform, fit, up_score) if self.train_score else None)
+                           node(tasks.transform, fit, up_score, route) if self.train_score else None)
                 self.shared[key] = hit
-            fitted, up_train, next_test, t, next_score = hit
-            times.append(t)
+            fitted, up_train, next_test, _, next_score = hit
             if not last:
                 up_test, up_score = next_test, next_score
+        for k in keys:
+            self.users[k] = self.users.get(k, 0) + 1
+        self.pending.append((route, fitted, up_test, up_score if self.train_score else None, keys))
+
+    def scores(self) -> list[AbstractNode]:
+        """The score node of every candidate added, in order (fit times shared out among the users)."""
         scorer, error_score, n_scores = self.score_args
-        return node(tasks.score_one, scorer, error_score, self.train_score, self.n_test, n_scores, fitted, up_test,
-                    self.yte, up_score if self.train_score else None, self.ytr if self.train_score else None, *times)
+        out: list[AbstractNode] = []
+        for route, fitted, up_test, up_score, keys in self.pending:
+            secs = node(tasks.share_seconds, tuple(self.users[k] for k in keys), *(self.shared[k][3] for k in keys))
+            args = (scorer, error_score, self.train_score, self.n_test, n_scores, self.score_params, fitted, up_test,
+                    self.yte, up_score, self.ytr if self.train_score else None, secs)
+            out.append(node(tasks.score_one, *args) if route is None else node(tasks.score_on, route, *args))
+        return out
 
 
 class CompositeFold:
@@ -93,6 +126,9 @@ class CompositeFold:
         self.sources: dict[str, Any] = {}          # validated training data -> the fold's sources
         self.memo: dict[Any, AbstractNode] = {}    # structural key -> node of the search network
         self.copies: dict[int, AbstractNode] = {}  # (context, uid) of a candidate's node -> its copy
+        self.pending: list[Any] = []               # per candidate: its score's arguments and machine keys
+        self.users: dict[Any, int] = {}            # machine key -> candidates of this fold that use it
+        self.needed: set[Any] = set()              # machine keys the candidate being copied uses
 
     def _sources(self, spec: Any) -> tuple[Source, Source, Source]:
         spec._gn_check_params(self.Xtr, self.ytr)
@@ -105,7 +141,8 @@ class CompositeFold:
         self.sources[len(self.sources)] = ((Xo, yo, Xv), srcs)
         return srcs
 
-    def candidate(self, spec: Any) -> AbstractNode:
+    def candidate(self, spec: Any) -> None:
+        """Add one candidate's network (its score node is made by :meth:`scores`, once all are known)."""
         scorer, error_score, n_scores = self.score_args
         try:
             sx, sy, ste = self._sources(spec)
@@ -114,17 +151,35 @@ class CompositeFold:
             import traceback
 
             failed = tasks.Failed(e, traceback.format_exc())
-            return node(tasks.score_one, scorer, error_score, self.train_score, len(self.yte), n_scores, failed,
-                        None, None, None, None)
+            self.pending.append(node(tasks.score_one, scorer, error_score, self.train_score, len(self.yte),
+                                     n_scores, None, failed, None, None, None, None))
+            return
         for m in upstream_machines(list(outputs.values())):
             self.report.naive[m.label] = self.report.naive.get(m.label, 0) + 1
         ops = tuple(op for op in tasks.Replay._OPS if op in outputs and op != "inverse_transform")
         test_env = {sx._uid: ste}
+        self.needed = set()
         values = [self._copy(outputs[op], test_env) for op in ops]
         if self.train_score:
             values += [self._copy(outputs[op], {}) for op in ops]
-        return node(tasks.score_replay, spec, ops, scorer, error_score, self.train_score, len(self.yte), n_scores,
-                    0.0, self.yte, self.ytr if self.train_score else None, *values)
+        keys = tuple(self.needed)
+        for k in keys:
+            self.users[k] = self.users.get(k, 0) + 1
+        self.pending.append(((spec, ops, scorer, error_score, self.train_score, len(self.yte), n_scores), keys,
+                             (self.yte, self.ytr if self.train_score else None, *values)))
+
+    def scores(self) -> list[AbstractNode]:
+        """The score node of every candidate added, in order (fit times shared out among the users)."""
+        out: list[AbstractNode] = []
+        for p in self.pending:
+            if isinstance(p, AbstractNode):
+                out.append(p)
+                continue
+            head, keys, tail = p
+            secs = node(tasks.share_seconds, tuple(self.users[k] for k in keys),
+                        *(self.memo[("seconds", k)] for k in keys))
+            out.append(node(tasks.score_replay, *head, secs, *tail))
+        return out
 
     # --- copying a candidate's network into the search network, hash-consed ---------------------
     def _intern(self, key: Any, fn: Any, *args: Any) -> AbstractNode:
@@ -174,7 +229,10 @@ class CompositeFold:
 
         if key not in self.memo:
             self.report.fits[m.label] = self.report.fits.get(m.label, 0) + 1
-        return self._intern(key, tasks.fit_model, clone(m.model), *args)
+        self.needed.add(key)
+        fit = self._intern(key, tasks.fit_model, clone(m.model), *args)
+        self._intern(("seconds", key), tasks.seconds, fit)
+        return self._intern(("fitted", key), tasks.fitted, fit)
 
 
 def _op_order(n: AbstractNode) -> list[AbstractNode]:

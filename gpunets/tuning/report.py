@@ -32,6 +32,7 @@ class SearchReport:
     transforms: int = 0
     seconds: float = 0.0
     errors: dict = field(default_factory=dict)
+    refit_route: tuple | None = field(default=None, repr=False)  # (route, device) of a search on a GPU
 
     @property
     def total(self) -> tuple[int, int]:

@@ -39,8 +39,10 @@ candidate-by-candidate search would have run.
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -55,11 +57,14 @@ from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.validation import _check_method_params, indexable
 
 from ..config import config
-from ..devices import override_placement
+from ..data import device_of
+from ..devices import Device, override_placement
 from ..executors import check_executor_spec
 from ..network import evaluate
 from ..nodes import node
 from . import tasks
+from ..models import fit_context, resolve_estimator
+from ..data import to_device
 from .networks import CompositeFold, StepsFold, fold_data, is_composite, pipeline_steps
 from .report import SearchReport
 
@@ -159,10 +164,11 @@ class _NetworkSearch(BaseSearchCV):
         if self.refit:
             self.best_estimator_ = clone(base).set_params(**clone(self.best_params_, safe=False))
             start = time.time()
-            if y is not None:
-                self.best_estimator_.fit(X, y, **params)
-            else:
-                self.best_estimator_.fit(X, **params)
+            with _refit_context(report) as Xr:
+                if y is not None:
+                    self.best_estimator_.fit(*Xr(X, y), **params)
+                else:
+                    self.best_estimator_.fit(Xr(X, None)[0], **params)
             self.refit_time_ = time.time() - start
             if hasattr(self.best_estimator_, "feature_names_in_"):
                 self.feature_names_in_ = self.best_estimator_.feature_names_in_
@@ -179,11 +185,28 @@ class _NetworkSearch(BaseSearchCV):
         from sklearn.utils import get_tags
 
         composite = not params and all(is_composite(s) for s in specs)
-        steps = None if composite else [None if params else pipeline_steps(s) for s in specs]
+        steps: Any = None if composite else [pipeline_steps(s) for s in specs]
         if steps is not None and any(s is None for s in steps):
             steps = [[(type(self.estimator).__name__, s)] for s in specs]
         names = [] if steps is None else [n for n, _ in steps[0]]
+        by_step: Any = _fit_params_by_step(params, names) if len(names) > 1 else None
+        if by_step is None and len(names) > 1:  # a parameter no step takes: the pipeline's fit says so
+            steps = [[(type(self.estimator).__name__, s)] for s in specs]
+            names = [steps[0][0][0]]
+        if len(names) == 1:
+            by_step = {names[0]: params}
+        # scikit-learn (metadata routing off) gives ``sample_weight`` to scorers that take it
+        weights = (params.get("sample_weight") is not None and not composite
+                   and self._check_scorers_accept_sample_weight())
+        dev = Device.parse("cpu" if self.device in (None, "auto") else self.device)
+        if self.device in (None, "auto") and not composite:
+            dev = device_of(X)  # CuPy data: the search runs on its GPU
+        gpu = dev if dev.is_cuda and not composite else None
         report = SearchReport(fits={n: 0 for n in names}, naive={n: len(specs) * len(splits) for n in names})
+        if gpu is not None:
+            routes = {resolve_estimator(est, gpu, what=f"search step {name!r}", fallback="silent").path
+                      for steps_ in steps for name, est in steps_}
+            report.refit_route = ("array_api", gpu) if routes == {"array_api"} else ("cpu", None)
         n_scores = tuple(scorers._scorers) if isinstance(scorers, _MultimetricScorer) else None
         score_args = (scorers, self.error_score, n_scores)
         train_score = bool(self.return_train_score)
@@ -200,9 +223,16 @@ class _NetworkSearch(BaseSearchCV):
                     Xtr, Xte = node(tasks.take, Xs, train), node(tasks.take, Xs, test)
                 ytr = None if ys is None else node(tasks.take, ys, train)
                 yte = None if ys is None else node(tasks.take, ys, test)
-                fp = _check_method_params(X, params=params, indices=train)
-                fold = StepsFold(report, (Xtr, Xte, ytr, yte, len(test)), fp, score_args, train_score)
-            score_nodes.append([fold.candidate(s) for s in (specs if composite else steps)])
+                fp = {name: _check_method_params(X, params=p, indices=train) for name, p in by_step.items()}
+                sp = None
+                if weights:
+                    sw = {"sample_weight": params["sample_weight"]}
+                    sp = (_check_method_params(X, params=sw, indices=test),
+                          _check_method_params(X, params=sw, indices=train))
+                fold = StepsFold(report, (Xtr, Xte, ytr, yte, len(test)), fp, score_args, train_score, sp, gpu)
+            for s in (specs if composite else steps):
+                fold.candidate(s)
+            score_nodes.append(fold.scores())
         # scikit-learn's order: candidate-major, fold-minor
         ordered = [score_nodes[f][c] for c in range(len(specs)) for f in range(len(splits))]
         target = node(tasks.collect, *ordered)
@@ -211,6 +241,33 @@ class _NetworkSearch(BaseSearchCV):
         outs = evaluate(target, output="device", **opts)
         report.seconds = time.perf_counter() - start
         return outs, report
+
+
+@contextlib.contextmanager
+def _refit_context(report: SearchReport) -> Iterator[Any]:
+    """Where the best candidate is refitted: array-API dispatch on the search's GPU when every step of
+    the search ran that way, else on the host (its data copied there); unchanged for a search on the CPU."""
+    route = getattr(report, "refit_route", None)
+    if route is None:
+        yield lambda X, y: (X, y)
+        return
+    path, dev = route
+    if path == "array_api":
+        with fit_context(path, dev):
+            yield lambda X, y: (X, y)
+        return
+    yield lambda X, y: (to_device(X, "cpu"), None if y is None else to_device(y, "cpu"))
+
+
+def _fit_params_by_step(params: dict[str, Any], names: list[str]) -> dict[str, dict[str, Any]] | None:
+    """``step__param`` fit parameters grouped by step, as Pipeline routes them; None if one names no step."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in params.items():
+        step, sep, param = key.partition("__")
+        if not sep or step not in names:
+            return None
+        out.setdefault(step, {})[param] = value
+    return out
 
 
 class GridSearchCV(_NetworkSearch):

@@ -16,6 +16,7 @@ from sklearn.model_selection._validation import _score
 from ..data import check_placeable, take_rows
 from ..estimators import apply_estimator
 from ..nodes import source
+from ..models import fit_context, prepare_inputs
 
 __all__ = ["Failed", "Replay", "fn_key", "step_key"]
 
@@ -57,25 +58,55 @@ def as_node(value: Any, name: str) -> Any:
     return source(value, name=name)
 
 
-def fit_step(est: Any, last: bool, fit_params: dict[str, Any], X: Any, y: Any) -> tuple[Any, Any, float]:
-    """Fit one step: ``(fitted, transformed training rows or None, seconds)``, as Pipeline's fit does."""
+def on_device(route: Any) -> Any:
+    """The context a step runs in: :func:`gpunets.models.fit_context` of its route; nothing on the CPU."""
+    import contextlib
+
+    if route is None:
+        return contextlib.nullcontext()
+    return fit_context(route)
+
+
+def moved(route: Any, *values: Any) -> tuple[Any, ...]:
+    """``values`` where the step's route runs (CuPy on a GPU route); unchanged on the CPU."""
+    if route is None:
+        return values
+    keep = [v is None or isinstance(v, Failed) for v in values]
+    out = prepare_inputs(route, *(None if k else v for k, v in zip(keep, values)))
+    return tuple(v if k else o for k, v, o in zip(keep, values, out))
+
+
+def fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: Any,
+             y: Any) -> tuple[Any, Any, float]:
+    """Fit one step: ``(fitted, transformed training rows or None, seconds)``, as Pipeline's fit does.
+
+    ``route`` is the step's :class:`~gpunets.models.Resolved` on a GPU (its estimator is the one fitted),
+    None on the CPU.
+    """
     from sklearn.base import clone
 
     if isinstance(X, Failed):
         return X, X, 0.0
     start = time.perf_counter()
-    est = clone(est)  # the plan keeps the specification; the fitted copy is dropped once no score needs it
+    est = clone(est if route is None else route.estimator)  # the fitted copy is dropped once no score needs it
     try:
-        if last:
-            est.fit(X, **fit_params) if y is None else est.fit(X, y, **fit_params)
-            out = None
-        elif hasattr(est, "fit_transform"):
-            out = est.fit_transform(X, y, **fit_params)
-        else:
-            out = est.fit(X, y, **fit_params).transform(X)
+        with on_device(route):
+            X, y = moved(route, X, y)
+            return _fit_step(est, last, fit_params, X, y, start)
     except Exception as e:  # noqa: BLE001 - reported by candidate through error_score
         failed = Failed(e, traceback.format_exc(), time.perf_counter() - start)
         return failed, failed, failed.seconds
+
+
+def _fit_step(est: Any, last: bool, fit_params: dict[str, Any], X: Any, y: Any,
+              start: float) -> tuple[Any, Any, float]:
+    if last:
+        est.fit(X, **fit_params) if y is None else est.fit(X, y, **fit_params)
+        out = None
+    elif hasattr(est, "fit_transform"):
+        out = est.fit_transform(X, y, **fit_params)
+    else:
+        out = est.fit(X, y, **fit_params).transform(X)
     return est, out, time.perf_counter() - start
 
 
@@ -91,20 +122,34 @@ def seconds(step: tuple[Any, Any, float]) -> float:
     return step[2]
 
 
-def transform(est: Any, X: Any) -> Any:
+def transform(est: Any, X: Any, route: Any = None) -> Any:
     if isinstance(est, Failed):
         return est
     if isinstance(X, Failed):
         return X
     try:
-        return est.transform(X)
+        with on_device(route):
+            return est.transform(*moved(route, X))
     except Exception as e:  # noqa: BLE001
         return Failed(e, traceback.format_exc())
 
 
+def score_on(route: Any, *args: Any) -> dict[str, Any]:
+    """:func:`score_one` in the last step's route (its data moved there), for a search on a GPU."""
+    with on_device(route):
+        values = list(args)
+        values[7:11] = moved(route, *values[7:11])  # X_test, y_test, X_train, y_train
+        return score_one(*values)
+
+
 def score_one(scorer: Any, error_score: Any, train: bool, n_test: int, n_scores: tuple[str, ...] | None,
-               est: Any, X_test: Any, y_test: Any, X_train: Any, y_train: Any, *seconds: float) -> dict[str, Any]:
-    """One entry of scikit-learn's ``_fit_and_score`` output for one (candidate, fold)."""
+              score_params: tuple[dict[str, Any], dict[str, Any]] | None, est: Any, X_test: Any, y_test: Any,
+              X_train: Any, y_train: Any, *seconds: float) -> dict[str, Any]:
+    """One entry of scikit-learn's ``_fit_and_score`` output for one (candidate, fold).
+
+    ``score_params`` is ``(test, train)``: the scorer's parameters (``sample_weight``) for those rows.
+    """
+    sp_test, sp_train = score_params or ({}, {})
     fit_time = float(sum(seconds))
     failed = next((v for v in (est, X_test, X_train) if isinstance(v, Failed)), None)
     out: dict[str, Any] = {"n_test_samples": n_test, "fit_time": fit_time}
@@ -116,9 +161,9 @@ def score_one(scorer: Any, error_score: Any, train: bool, n_test: int, n_scores:
         return out
     start = time.perf_counter()
     try:
-        out["test_scores"] = _score(est, X_test, y_test, scorer, {}, error_score)
+        out["test_scores"] = _score(est, X_test, y_test, scorer, sp_test, error_score)
         if train:
-            out["train_scores"] = _score(est, X_train, y_train, scorer, {}, error_score)
+            out["train_scores"] = _score(est, X_train, y_train, scorer, sp_train, error_score)
     except Exception as e:  # noqa: BLE001 - error_score="raise": raised by the search, by candidate
         err = error_score if n_scores is None else {name: error_score for name in n_scores}
         out.update(fit_error=traceback.format_exc(), test_scores=err, score_time=0.0, _error=e)
@@ -128,6 +173,15 @@ def score_one(scorer: Any, error_score: Any, train: bool, n_test: int, n_scores:
     out["score_time"] = time.perf_counter() - start
     out["fit_error"] = None
     return out
+
+
+def share_seconds(users: tuple[int, ...], *seconds: float) -> float:
+    """A candidate's fit time: each fit it needed, divided among the candidates of the fold that share it.
+
+    >>> share_seconds((4, 1), 2.0, 0.5)
+    1.0
+    """
+    return float(sum(s / n for s, n in zip(seconds, users)))
 
 
 def collect(*outs: dict[str, Any]) -> list[dict[str, Any]]:
@@ -186,18 +240,19 @@ def _first_failed(values: tuple[Any, ...]) -> Any:
     return next((v for v in values if isinstance(v, Failed)), None)
 
 
-def fit_model(est: Any, *values: Any) -> Any:
-    """Fit one machine of a composite's network (a fresh clone of its model) on its training values."""
+def fit_model(est: Any, *values: Any) -> tuple[Any, None, float]:
+    """Fit one machine of a composite's network (a fresh clone of its model): ``(fitted, None, seconds)``."""
     failed = _first_failed(values)
     if failed is not None:
-        return failed
+        return failed, None, 0.0
     from sklearn.base import clone
 
     start = time.perf_counter()
     try:
-        return clone(est).fit(*values)
+        return clone(est).fit(*values), None, time.perf_counter() - start
     except Exception as e:  # noqa: BLE001 - reported by candidate
-        return Failed(e, traceback.format_exc(), time.perf_counter() - start)
+        failed = Failed(e, traceback.format_exc(), time.perf_counter() - start)
+        return failed, None, failed.seconds
 
 
 def apply_op(op: str, est: Any, *values: Any) -> Any:
@@ -263,9 +318,9 @@ def score_replay(spec: Any, ops: tuple[str, ...], scorer: Any, error_score: Any,
     train_values = dict(zip(ops, values[k:2 * k])) if train else {}
     failed = _first_failed(tuple(test.values()) + tuple(train_values.values()))
     est = failed if failed is not None else Replay(spec, test)
-    out = score_one(scorer, error_score, False, n_test, n_scores, est, None, y_test, None, None, fit_seconds)
+    out = score_one(scorer, error_score, False, n_test, n_scores, None, est, None, y_test, None, None, fit_seconds)
     if train:
         tr = failed if failed is not None else Replay(spec, train_values)
-        out["train_scores"] = score_one(scorer, error_score, False, n_test, n_scores, tr, None, y_train, None,
+        out["train_scores"] = score_one(scorer, error_score, False, n_test, n_scores, None, tr, None, y_train, None,
                                         None)["test_scores"]
     return out
