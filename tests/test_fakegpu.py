@@ -28,16 +28,6 @@ from gpunets.testing import assert_allclose_any, fake_gpu
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-def _threads_gpu_discipline_pending(request, executor):
-    """The threads executor hands GPU values between threads with no event (issue 11 §3.2): the fake catches it.
-
-    Fixed on the executors branch; strict, so this marker fails (XPASS) once the fix is merged: remove it then.
-    """
-    if getattr(executor, "name", "") == "threads":
-        request.applymarker(pytest.mark.xfail(strict=True, reason="issue 11 §3.2: threads executor has no "
-                                              "cross-thread CUDA events (executors branch)"))
-
-
 @pytest.fixture
 def cp():
     with fake_gpu(1) as mod:
@@ -269,8 +259,7 @@ print("ok")
 # ----------------------------------------------------------------- two devices
 
 
-def test_cuda1_placement_and_moves_between_devices(cp2, gn_executor, request):
-    _threads_gpu_discipline_pending(request, gn_executor)
+def test_cuda1_placement_and_moves_between_devices(cp2, gn_executor):
     if getattr(gn_executor, "name", "") == "dask":
         pytest.skip("the session's dask workers were started with the lane's device count, not this block's")
     X = gn.source(np.arange(12.0).reshape(6, 2), name="X")
@@ -296,8 +285,7 @@ def test_mean_of_branches_on_two_devices_runs_where_the_config_says(cp2):
 # ----------------------------------------------------------------- acceptance (issue 11 §1)
 
 
-def test_every_executor_gives_the_cpu_answer_on_the_fake_gpu(cp, gn_executor, request):
-    _threads_gpu_discipline_pending(request, gn_executor)
+def test_every_executor_gives_the_cpu_answer_on_the_fake_gpu(cp, gn_executor):
     from gpunets.testing import assert_same_results
 
     X, y = _data(60)
