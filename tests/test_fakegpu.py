@@ -85,6 +85,8 @@ def test_no_implicit_conversion_to_host(cp):
     assert x.get().sum() == 15.0 and float(x.sum()) == 15.0      # 0-d: allowed, as in CuPy
     with pytest.raises(TypeError, match="Unsupported type"):
         cp.concatenate([x, np.ones((1, 3))])                       # no host array inside a device op
+    first = x.flat[4]                                              # CuPy's flatiter: a device array
+    assert isinstance(first, cp.ndarray) and float(first) == 4.0 and len(x.flat) == 6
 
 
 def test_devices_do_not_mix(cp2):
