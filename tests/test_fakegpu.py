@@ -299,3 +299,13 @@ def test_every_executor_gives_the_cpu_answer_on_the_fake_gpu(cp, gn_executor):
                                   atol=1e-9)
     assert ("cuda", "serial") in results
     assert cp.implicit_conversions() == [] and cp.legacy_work() == [] and cp.order_violations() == []
+
+
+def test_fingerprint_hashes_device_arrays_on_the_device(cp):
+    from gpunets.fingerprint import fingerprint
+
+    x = cp.asarray(np.arange(13.0).reshape(13, 1))
+    first = fingerprint(x)
+    assert first[:4] == ("array", "ndarray", (13, 1), "<f8")     # the array route, not a pickle through the host
+    x[3] = 99.0
+    assert fingerprint(x) != first and fingerprint(cp.asarray(np.arange(13.0).reshape(13, 1))) == first
