@@ -306,6 +306,25 @@ def _issue(what: str, inputs: list["ndarray"]) -> tuple[int, int]:
 # ----------------------------------------------------------------- arrays
 
 
+class _FlatIter:
+    """``ndarray.flat`` as CuPy's ``flatiter``: indexing reads the flattened array on the device."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, base: "ndarray") -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return self.base.size
+
+    def __getitem__(self, key: Any) -> "ndarray":
+        return _wrap_call("flat", lambda a, k: a.reshape(-1)[k], (self.base, key), {})
+
+    def __iter__(self) -> Any:
+        flat = _wrap_call("ravel", lambda a: a.reshape(-1), (self.base,), {})
+        return (flat[i] for i in range(len(self)))
+
+
 class ndarray:  # noqa: N801 - CuPy's name
     """A device array: a NumPy buffer that only moves to the host explicitly."""
 
@@ -381,6 +400,10 @@ class ndarray:  # noqa: N801 - CuPy's name
     @property
     def T(self) -> "ndarray":  # noqa: N802
         return _wrap_call("T", lambda a: a.T, (self,), {})
+
+    @property
+    def flat(self) -> "_FlatIter":
+        return _FlatIter(self)
 
     @property
     def mT(self) -> "ndarray":  # noqa: N802

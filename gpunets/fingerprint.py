@@ -38,6 +38,8 @@ from typing import Any, Hashable, Iterator
 
 import numpy as np
 
+from ._gpulibs import loaded_cupy
+
 __all__ = ["fingerprint", "scope"]
 
 _CHUNK = 1 << 16
@@ -82,9 +84,8 @@ def _fingerprint(x: Any) -> Hashable:
         return _array(x, np)
     if mod == "pandas":
         return _pandas(x)
-    if mod == "cupy" and hasattr(x, "__cuda_array_interface__"):
-        import cupy  # noqa: PLC0415 - only for values that already are CuPy arrays
-
+    cupy = loaded_cupy()   # CuPy (or the fake GPU) only when already loaded: device values imply it is
+    if cupy is not None and isinstance(x, cupy.ndarray):
         return _array(x, cupy)
     if mod == "cudf":
         return _cudf(x)

@@ -304,7 +304,8 @@ def supports_array_api(model: Any) -> tuple[bool, str]:
 
     Uses the estimator's ``array_api_support`` tag (falling back to
     :data:`ARRAY_API_ESTIMATORS`), plus the parameter conditions the tags do
-    not encode (Ridge's ``solver``, LDA's ``solver``).
+    not encode (Ridge's ``solver``, LDA's ``solver``, and an output set to
+    data frames with ``set_output``, which are built on the host).
 
     Returns
     -------
@@ -328,6 +329,10 @@ def supports_array_api(model: Any) -> tuple[bool, str]:
         return False, f"{model!r} does not support array-API dispatch"
     check = _ARRAY_API_CONDITIONS.get(path)
     problem = check(model.get_params(deep=False)) if check else ""
+    frames = (getattr(model, "_sklearn_output_config", None) or {}).get("transform", "default")
+    if not problem and frames not in ("default", None):
+        # set_output(transform="pandas"/"polars") builds host frames from the transform's (GPU) array
+        problem = f"set_output(transform={frames!r}) builds host data frames"
     if problem:
         return False, f"{model!r} does not support array-API dispatch ({problem})"
     return True, ""

@@ -361,6 +361,12 @@ def _resolve_fit(b: "_Builder", m: "Machine", pending: Any) -> Any:
     if dev.is_cpu and not is_cuml_estimator(pending.estimator):
         return None, dev, "sklearn"
     r = resolve_estimator(pending.estimator, dev, what=what)
+    if r.path in ("cpu_fallback", "array_api") and getattr(pending.estimator, "_gn_incremental", False):
+        # the model's own class runs: keep the pending estimator, which for an update is the fitted
+        # composite's incremental copy (resolving clones it, and a clone would retrain from scratch)
+        import dataclasses
+
+        r = dataclasses.replace(r, estimator=pending.estimator)
     return r, r.device, r.path
 
 

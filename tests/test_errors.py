@@ -132,7 +132,8 @@ def test_estimator_error_during_evaluation_names_the_node(executor, data):
     out.fit()
     m.estimator_.fail_predict = True
     with pytest.raises(gn.EvaluationError, match=r"Evaluating node predict\(Counting, X\) \(machine Counting\) "
-                                                 r"failed \(RuntimeError: planted predict failure.*needed by mean") as e:
+                                                 r"failed \(RuntimeError: planted predict failure.*needed by "
+                                                 r"(move predict\(Counting, X\) to cuda:0 <- )?mean") as e:
         out()
     assert isinstance(e.value, RuntimeError) and isinstance(e.value.__cause__, RuntimeError)
 

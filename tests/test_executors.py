@@ -84,17 +84,26 @@ def test_every_executor_gives_the_serial_result(executor, data):
     np.testing.assert_array_equal(out(X[:7]), expected[:7])
 
 
+@pytest.fixture
+def on_the_cpu():
+    """Machines placed on the CPU: for tests of what the executors do with a CPU plan (GPU plans: below)."""
+    with gn.config(device="cpu"):
+        yield
+
+
 def test_config_block_sets_the_default_executor(data):
     X, y = data
     Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
     out = gn.mean(gn.machine(Ridge(), Xs, ys).predict(Xs), gn.machine(LinearRegression(), Xs, ys).predict(Xs))
+    gpu = gn.devices.gpu_available()   # device="auto" puts the machines on the GPU: CUDA streams run them
     with gn.config(executor="serial"):
-        assert out.fit().executor == "serial"
+        assert out.fit().executor == ("serial (on CUDA streams)" if gpu else "serial")
     with gn.config(executor="threads", workers=2):
-        assert out.fit(force=True).executor == "threads"
-    assert out.fit(force=True, executor="streams", workers=2).executor == "streams (emulated)"
+        assert out.fit(force=True).executor == ("threads (on CUDA streams)" if gpu else "threads")
+    assert out.fit(force=True, executor="streams", workers=2).executor == ("streams" if gpu else "streams (emulated)")
 
 
+@pytest.mark.usefixtures("on_the_cpu")
 def test_auto_picks_by_width_and_size(data):
     X, y = data
     Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
@@ -311,6 +320,7 @@ def test_consecutive_runs_reuse_worker_threads(make):
     assert 1 <= len(seen) <= 3, f"20 runs used {len(seen)} threads: each run must reuse the same workers"
 
 
+@pytest.mark.usefixtures("on_the_cpu")
 def test_trace_records_and_exports(tmp_path, data):
     X, y = data
     Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
@@ -699,7 +709,9 @@ def test_dask_gpu_tasks_run_on_a_stream_synchronized_at_the_hand_off(monkeypatch
     from gpunets.executors import dask as gdask
 
     fake = fake_cuda
-    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=fake.cuda))
+    fake_module = types.SimpleNamespace(cuda=fake.cuda)
+    monkeypatch.setitem(sys.modules, "cupy", fake_module)
+    monkeypatch.setattr("gpunets._gpulibs.cupy", lambda: fake_module)   # also over GPUNETS_FAKE_GPU's fake
     seen = {}
 
     def task(x):

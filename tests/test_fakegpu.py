@@ -28,16 +28,6 @@ from gpunets.testing import assert_allclose_any, fake_gpu
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-def _threads_gpu_discipline_pending(request, executor):
-    """The threads executor hands GPU values between threads with no event (issue 11 §3.2): the fake catches it.
-
-    Fixed on the executors branch; strict, so this marker fails (XPASS) once the fix is merged: remove it then.
-    """
-    if getattr(executor, "name", "") == "threads":
-        request.applymarker(pytest.mark.xfail(strict=True, reason="issue 11 §3.2: threads executor has no "
-                                              "cross-thread CUDA events (executors branch)"))
-
-
 @pytest.fixture
 def cp():
     with fake_gpu(1) as mod:
@@ -95,6 +85,8 @@ def test_no_implicit_conversion_to_host(cp):
     assert x.get().sum() == 15.0 and float(x.sum()) == 15.0      # 0-d: allowed, as in CuPy
     with pytest.raises(TypeError, match="Unsupported type"):
         cp.concatenate([x, np.ones((1, 3))])                       # no host array inside a device op
+    first = x.flat[4]                                              # CuPy's flatiter: a device array
+    assert isinstance(first, cp.ndarray) and float(first) == 4.0 and len(x.flat) == 6
 
 
 def test_devices_do_not_mix(cp2):
@@ -269,8 +261,7 @@ print("ok")
 # ----------------------------------------------------------------- two devices
 
 
-def test_cuda1_placement_and_moves_between_devices(cp2, gn_executor, request):
-    _threads_gpu_discipline_pending(request, gn_executor)
+def test_cuda1_placement_and_moves_between_devices(cp2, gn_executor):
     if getattr(gn_executor, "name", "") == "dask":
         pytest.skip("the session's dask workers were started with the lane's device count, not this block's")
     X = gn.source(np.arange(12.0).reshape(6, 2), name="X")
@@ -296,8 +287,7 @@ def test_mean_of_branches_on_two_devices_runs_where_the_config_says(cp2):
 # ----------------------------------------------------------------- acceptance (issue 11 §1)
 
 
-def test_every_executor_gives_the_cpu_answer_on_the_fake_gpu(cp, gn_executor, request):
-    _threads_gpu_discipline_pending(request, gn_executor)
+def test_every_executor_gives_the_cpu_answer_on_the_fake_gpu(cp, gn_executor):
     from gpunets.testing import assert_same_results
 
     X, y = _data(60)
@@ -309,3 +299,13 @@ def test_every_executor_gives_the_cpu_answer_on_the_fake_gpu(cp, gn_executor, re
                                   atol=1e-9)
     assert ("cuda", "serial") in results
     assert cp.implicit_conversions() == [] and cp.legacy_work() == [] and cp.order_violations() == []
+
+
+def test_fingerprint_hashes_device_arrays_on_the_device(cp):
+    from gpunets.fingerprint import fingerprint
+
+    x = cp.asarray(np.arange(13.0).reshape(13, 1))
+    first = fingerprint(x)
+    assert first[:4] == ("array", "ndarray", (13, 1), "<f8")     # the array route, not a pickle through the host
+    x[3] = 99.0
+    assert fingerprint(x) != first and fingerprint(cp.asarray(np.arange(13.0).reshape(13, 1))) == first

@@ -190,6 +190,7 @@ def test_is_cuml_estimator(fake_cuml):
     (PCA(svd_solver="full"), True), (PCA(svd_solver="arpack"), False),
     (LinearDiscriminantAnalysis(), True), (LinearDiscriminantAnalysis(solver="lsqr"), False),
     (RandomForestRegressor(), False),
+    (StandardScaler().set_output(transform="pandas"), False), (StandardScaler().set_output(transform="default"), True),
 ])
 def test_supports_array_api(model, ok):
     got, why = supports_array_api(model)

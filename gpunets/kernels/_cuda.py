@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import threading
 from typing import Any
 
 import numba
@@ -24,6 +25,11 @@ from . import _labels
 from . import _validate as V
 
 SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
+# Host code below reaches the CUDA API as ``numba.cuda``, never through the global ``cuda``: numba's simulator
+# swaps every global bound to ``numba.cuda`` in a kernel's module for its per-kernel fake while the kernel runs,
+# so another thread launching or checking at that moment would see the fake (no ``is_available``).  For the same
+# reason simulated launches run one at a time: two overlapping swaps can restore each other's fake for good.
+_SIMULATOR_LAUNCH = threading.Lock()
 
 if SIMULATOR:
     accepted = "numpy.ndarray (under the CUDA simulator)"
@@ -40,7 +46,7 @@ def accept(a: Any) -> bool:
 
 
 def check_available() -> None:
-    if not cuda.is_available():
+    if not numba.cuda.is_available():
         msg = ('target="cuda" needs a CUDA GPU, and none is available here; use target="cpu", '
                "or set NUMBA_ENABLE_CUDASIM=1 before numba is imported to run the CUDA kernels on the simulator")
         raise DeviceUnavailableError(msg)
@@ -230,14 +236,14 @@ def _is_cupy_stream(stream: Any) -> bool:
 def numba_stream(stream: Any) -> Any:
     """A numba stream for ``stream``: None (numba's default stream), a CuPy stream, or a numba stream."""
     if stream is None:
-        return cuda.default_stream()
+        return numba.cuda.default_stream()
     if _is_cupy_stream(stream):
         ptr = int(stream.ptr)
         if ptr == 0:  # cupy.cuda.Stream.null: the legacy default stream
-            return cuda.legacy_default_stream()
+            return numba.cuda.legacy_default_stream()
         if ptr == 2:  # cupy.cuda.Stream.ptds: cudaStreamPerThread
-            return cuda.per_thread_default_stream()
-        return cuda.external_stream(ptr)
+            return numba.cuda.per_thread_default_stream()
+        return numba.cuda.external_stream(ptr)
     if hasattr(stream, "handle") and hasattr(stream, "synchronize"):  # a numba stream
         return stream
     msg = (f"stream must be None, a cupy.cuda.Stream or a numba.cuda stream, got {type(stream).__name__}")
@@ -330,11 +336,12 @@ class _Launch:
         blocks, threads = launch_config(n)
         kernel = _KERNELS[name]
         if SIMULATOR:
-            kernel[blocks, threads](arrays, *args)
+            with _SIMULATOR_LAUNCH:
+                kernel[blocks, threads](arrays, *args)
             return
         # sync=False: no host-side synchronisation of the exported stream (ordered on the GPU instead, above)
-        dev = tuple(cuda.as_cuda_array(a, sync=False) for a in arrays)
-        rest = tuple(cuda.as_cuda_array(x, sync=False) if hasattr(x, "__cuda_array_interface__") else x
+        dev = tuple(numba.cuda.as_cuda_array(a, sync=False) for a in arrays)
+        rest = tuple(numba.cuda.as_cuda_array(x, sync=False) if hasattr(x, "__cuda_array_interface__") else x
                      for x in args)
         kernel[blocks, threads, self.stream](dev, *rest)
 
