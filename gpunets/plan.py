@@ -30,6 +30,7 @@ from functools import partial
 from typing import Any, Callable, Sequence
 
 from .data import check_placeable, device_of, installed, n_rows, take_rows, to_device
+from .value_types import host_only
 from .devices import CPU, Device, check_available, is_host_only, placement_override, resolve, same_device
 from .estimators import apply_estimator, fit_estimator, fit_transform_estimator
 from .exceptions import NetworkError, NotFittedError
@@ -353,11 +354,17 @@ def _move(dev: Any, frames: str, value: Any) -> Any:
     return to_device(value, dev, frames=frames)
 
 
-def _resolve_fit(b: "_Builder", m: "Machine", pending: Any) -> Any:
-    """Where machine ``m`` trains and as which estimator (None: the CPU clone as it is)."""
+def _resolve_fit(b: "_Builder", m: "Machine", pending: Any, deps: Sequence[int] = ()) -> Any:
+    """Where machine ``m`` trains and as which estimator (None: the CPU clone as it is).
 
+    A machine placed by default (no ``device=``, no block: ``"auto"``) whose training data no GPU
+    array can hold (sparse, strings: :func:`~gpunets.value_types.host_only`) trains on the CPU, as the
+    data decide (docs/devices.md); an explicit GPU placement of such data stays an error.
+    """
     what = f"machine {m.label}"
     dev = b.placed(m.device, what, owner=m)
+    if dev.is_cuda and _placed_by_default(m.device) and any(host_only(s._data) for s in _raw_sources(m)):
+        dev = CPU
     if dev.is_cpu and not is_cuml_estimator(pending.estimator):
         return None, dev, "sklearn"
     r = resolve_estimator(pending.estimator, dev, what=what)
@@ -368,6 +375,31 @@ def _resolve_fit(b: "_Builder", m: "Machine", pending: Any) -> Any:
 
         r = dataclasses.replace(r, estimator=pending.estimator)
     return r, r.device, r.path
+
+
+def _raw_sources(m: "Machine") -> list[Source]:
+    """The sources whose data reach ``m``'s training arguments untransformed by a model (row selections,
+    user functions and combines pass them on; a machine's output stops the walk)."""
+    out: list[Source] = []
+    stack = list(m.args)
+    seen: set[int] = set()
+    while stack:
+        a = stack.pop()
+        if not is_node(a) or a._uid in seen:
+            continue
+        seen.add(a._uid)
+        if isinstance(a, Source):
+            out.append(a)
+        elif getattr(a, "machine", None) is None:
+            stack.extend(a.args)
+    return out
+
+
+def _placed_by_default(spec: Any) -> bool:
+    """True when ``spec`` (a machine's ``device``) leaves the choice to the block or config ("auto")."""
+    if spec is not None and not (spec.__class__ is str and spec.strip().lower() == "auto"):
+        return False
+    return placement_override() is None
 
 
 def _fit_task(est: Any, n_args: int, resolved: Any, *values: Any) -> tuple[Any, dict[str, Any]]:
@@ -457,7 +489,7 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
             continue
         pending_deps = [b.node(a) for a in m.args]
         pending = m._prepare_fit(actions[m], rows_key, up.stamp(m, expected=True), up.parents(m, expected=True))
-        resolved, dev, path = _resolve_fit(b, m, pending)
+        resolved, dev, path = _resolve_fit(b, m, pending, pending_deps)
         est = resolved.estimator if resolved is not None else pending.estimator
         frames = "array" if path == "array_api" else "auto"
         deps = [b.moved(k, dev, frames) for k in pending_deps]

@@ -83,6 +83,25 @@ def is_sparse(x: Any) -> bool:
     return sp is not None and bool(sp.issparse(x))
 
 
+def host_only(x: Any) -> bool:
+    """True for data that no GPU array can hold, so a machine placed by default trains on the CPU.
+
+    Sparse matrices, NumPy arrays of strings, objects or datetimes, and pandas data with such columns
+    (unless cuDF, which holds strings on the GPU, is installed).
+
+    >>> host_only(np.array(["a", "b"])), host_only(np.ones(2))
+    (True, False)
+    """
+    if is_sparse(x):
+        return True
+    if isinstance(x, np.ndarray):
+        return x.dtype.kind in "OUSMmV"
+    if is_pandas(x) and not installed("cudf"):
+        dtypes = [x.dtype] if getattr(x, "ndim", 2) == 1 else list(getattr(x, "dtypes", []))
+        return any(getattr(d, "kind", "O") in "OUSMmV" for d in dtypes)
+    return False
+
+
 def _is_other_array_api(x: Any) -> bool:
     """An array-API array that is neither NumPy nor CuPy (e.g. array_api_strict)."""
     return (hasattr(type(x), "__array_namespace__") and not isinstance(x, np.ndarray)

@@ -309,3 +309,30 @@ def test_fingerprint_hashes_device_arrays_on_the_device(cp):
     assert first[:4] == ("array", "ndarray", (13, 1), "<f8")     # the array route, not a pickle through the host
     x[3] = 99.0
     assert fingerprint(x) != first and fingerprint(cp.asarray(np.arange(13.0).reshape(13, 1))) == first
+
+
+# ----------------------------------------------------------------- data no GPU array can hold
+
+
+def test_machines_placed_by_default_keep_host_only_data_on_the_cpu(cp, gn_executor):
+    """Strings and sparse matrices cannot live in a GPU array: a machine placed by default trains on the
+    CPU (the data decide), an explicit GPU placement of such data stays an error."""
+    import scipy.sparse as sp
+    from sklearn.linear_model import Ridge
+    from sklearn.preprocessing import LabelEncoder
+
+    y = gn.source(np.array(["b", "a", "b", "c"]), name="y")
+    enc = gn.machine(LabelEncoder(), y)
+    codes = enc.transform(y)
+    codes.fit(executor=gn_executor)
+    assert gn.report(codes)["LabelEncoder"]["device"] == "cpu"
+    np.testing.assert_array_equal(np.asarray(codes(output="numpy")), [1, 0, 1, 2])
+    X = gn.source(sp.random(20, 3, density=0.5, format="csr", random_state=0), name="X")
+    t = gn.source(np.arange(20.0), name="t")
+    m = gn.machine(Ridge(), X, t)
+    m.fit(executor=gn_executor)
+    assert gn.report(m.predict(X))["Ridge"]["device"] == "cpu"
+    forced = gn.machine(Ridge(), X, t, device="cuda")
+    with pytest.raises(Exception, match="sparse"):
+        forced.fit(executor=gn_executor)
+    assert cp.implicit_conversions() == []
