@@ -4,15 +4,16 @@ import numpy as np
 import pandas as pd
 import pytest
 from sklearn.base import clone
-from sklearn.compose import ColumnTransformer
+from sklearn.compose import ColumnTransformer, TransformedTargetRegressor
 from sklearn.ensemble import (
     ExtraTreesClassifier,
     ExtraTreesRegressor,
     RandomForestClassifier,
     RandomForestRegressor,
+    VotingClassifier,
     VotingRegressor,
 )
-from sklearn.linear_model import Ridge
+from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
@@ -156,3 +157,20 @@ def test_chunks_and_join_directly():
     assert joined.n_estimators == 5 and not joined.warm_start and len(joined.estimators_) == 5
     np.testing.assert_array_equal(joined.classes_, ref.classes_)
     np.testing.assert_array_equal(joined.predict_proba(X), ref.predict_proba(X))
+
+
+COMPOSED = [
+    ("voting-soft", lambda: VotingClassifier([("lr", LogisticRegression()),
+                                              ("rf", RandomForestClassifier(5, random_state=0))], voting="soft"),
+     labels, "rf"),
+    ("ttr", lambda: TransformedTargetRegressor(ExtraTreesRegressor(4, random_state=0), func=np.log1p,
+                                               inverse_func=np.expm1), np.abs(y), "regressor"),
+]
+
+
+@pytest.mark.parametrize("case", COMPOSED, ids=[c[0] for c in COMPOSED])
+def test_forest_members_of_other_compositions_are_split(case, executor):
+    _name, make, target, name = case
+    model = gn.from_sklearn(make(), split_forests=True).fit(X, target)
+    assert model.conversion_[name]["kind"] == "forest"
+    assert_same(model, make().fit(X, target), X)

@@ -2,7 +2,7 @@
 
 Parameters are the original's (``get_params()`` / ``set_params()`` with its
 nested names, e.g. ``columntransformer__num__scaler__with_mean``) plus
-``executor``, ``device``, ``workers``, ``reuse_fitted`` and
+``executor``, ``device``, ``workers``, ``reuse_fitted``, ``split_forests`` and
 ``sklearn_estimator`` (the composition itself, a clone of what was given).
 The network is rebuilt from the composition at each ``fit``; machines whose
 inputs are unchanged keep their fitted state, so only what changed retrains.

@@ -22,6 +22,7 @@ once) or ``warm_start`` set, fewer than two trees, or a single worker.
 from __future__ import annotations
 
 import copy
+import itertools
 import warnings
 from typing import Any
 
@@ -78,7 +79,7 @@ def chunk_bounds(n_estimators: int, k: int) -> list[tuple[int, int]]:
     """``k`` contiguous ranges of trees of near-equal sizes (larger ones first), at most one per tree."""
     k = max(1, min(k, n_estimators))
     edges = np.cumsum([0] + [len(a) for a in np.array_split(np.arange(n_estimators), k)])
-    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
+    return [(int(a), int(b)) for a, b in itertools.pairwise(edges)]
 
 
 class ForestChunk(BaseEstimator):
@@ -193,8 +194,9 @@ def build_forest(est: Any, X: Any, y: Any, path: str, ctx: Context) -> dict[str,
     bounds = chunk_bounds(int(est.n_estimators), ctx.forest_chunks)
     parts = []
     for i, (a, b) in enumerate(bounds):
-        m = machine(ForestChunk(est, a, b), X, y, name=f"{name}[chunk {i + 1}/{len(bounds)}]")
-        ctx.note(m.name, "forest chunk", est, f"trees {a}..{b - 1} of {est.n_estimators}")
+        chunk_name = f"{name}[chunk {i + 1}/{len(bounds)}]"
+        m = machine(ForestChunk(est, a, b), X, y, name=chunk_name)
+        ctx.note(chunk_name, "forest chunk", est, f"trees {a}..{b - 1} of {est.n_estimators}")
         parts.append(m.transform(X))
     join = machine(ForestJoin(est), *parts, name=name)
     ctx.leaves[name] = est
