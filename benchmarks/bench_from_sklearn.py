@@ -88,6 +88,28 @@ def _interleaved(fns: dict[str, Any], repeats: int) -> dict[str, tuple[float, li
     return {k: (min(v), v, outs[k]) for k, v in times.items()}
 
 
+def ideal_speedup(tasks: dict[str, float], workers: int) -> float:
+    """The best speed-up of the fits on ``workers`` given each task's time (the last gpunets fit's).
+
+    The network has two stages (the column groups, then the voting members with the forests' chunks);
+    a stage takes at least its longest task and its total over the workers.  The ratio of all tasks' total
+    (one worker) to the sum of those bounds is what any scheduler could reach at best.
+    """
+    stages = [[v for k, v in tasks.items() if k.startswith(p) and "<" not in k]
+              for p in ("columntransformer__", "votingregressor__")]
+    bound = sum(max(max(st), sum(st) / workers) for st in stages if st)
+    return sum(tasks.values()) / bound if bound else float("nan")
+
+
+def whole(tasks: dict[str, float]) -> dict[str, float]:
+    """The task times with each forest's chunks as one task (as without ``split_forests``)."""
+    out: dict[str, float] = {}
+    for k, v in tasks.items():
+        base = k.split("[chunk", 1)[0]
+        out[base] = out.get(base, 0.0) + v
+    return out
+
+
 def run(quick: bool = False, repeats: int | None = None) -> dict[str, Any]:
     """Run the benchmark; return the figures as a dict (``--quick``: one timed run, small data)."""
     import gpunets as gn
@@ -104,8 +126,11 @@ def run(quick: bool = False, repeats: int | None = None) -> dict[str, Any]:
     def njobs2():
         return composition(2).fit(X, y).predict(Xt)
 
+    last: dict[str, Any] = {}
+
     def ours():
         m = gn.from_sklearn(composition(None), executor="threads", workers=2)
+        last["model"] = m
         return m.fit(X, y).predict(Xt)
 
     res = _interleaved({"serial": serial, "n_jobs2": njobs2, "gpunets": ours}, repeats)
@@ -114,8 +139,11 @@ def run(quick: bool = False, repeats: int | None = None) -> dict[str, Any]:
     diff_njobs = float(np.max(np.abs(res["gpunets"][2] - res["n_jobs2"][2])))
     speedup = best["serial"] / best["gpunets"]
     ratio = best["gpunets"] / best["n_jobs2"]
+    tasks = {k: round(v.get("seconds", 0.0), 3) for k, v in last["model"].report_.items()}
     return {
         "rows": n, "test_rows": len(Xt), "repeats": repeats,
+        "fit_task_seconds": tasks, "ideal_fit_speedup_2_workers": ideal_speedup(tasks, 2),
+        "ideal_fit_speedup_2_workers_forests_whole": ideal_speedup(whole(tasks), 2),
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "load_before": load_before, "load_after": os.getloadavg(),
         "seconds": best, "all_seconds": {k: v[1] for k, v in res.items()},

@@ -2,7 +2,8 @@
 
 One module per kind of composition (:mod:`.pipeline`, :mod:`.columns` for
 ``ColumnTransformer``/``FeatureUnion``, :mod:`.ensembles` for voting and
-stacking, :mod:`.target` for ``TransformedTargetRegressor``), the dispatch in
+stacking, :mod:`.target` for ``TransformedTargetRegressor``, :mod:`.forests` for
+random and extra-trees forests split into chunks of trees), the dispatch in
 :mod:`._base`, the composites in :mod:`.composite`.  Importing this package
 imports scikit-learn but none of cupy, cudf, cuml, numba or dask.
 """

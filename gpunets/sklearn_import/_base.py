@@ -30,6 +30,7 @@ class Context:
     data: Any = None                                          # the training X (for column selection)
     root_X: Any = None                                        # the source holding it
     cache: dict = field(default_factory=dict)                 # kept by the composite across fits
+    forest_chunks: int = 1                                    # chunks of trees per forest (forests.py)
 
     def note(self, path: str, kind: str, est: Any, note: str = "") -> None:
         entry = self.parts.setdefault(path or "(root)", {"kind": kind, "estimator": type(est).__name__,
@@ -75,7 +76,7 @@ def _known() -> list[tuple[Callable[[Any], bool], Callable[..., dict[str, Any]]]
     )
     from sklearn.pipeline import FeatureUnion, Pipeline
 
-    from . import columns, ensembles, pipeline, target  # lazy: the builders import this module
+    from . import columns, ensembles, forests, pipeline, target  # lazy: the builders import this module
 
     return [
         (lambda e: isinstance(e, Pipeline), pipeline.build_pipeline),
@@ -85,6 +86,7 @@ def _known() -> list[tuple[Callable[[Any], bool], Callable[..., dict[str, Any]]]
         (lambda e: isinstance(e, VotingClassifier), ensembles.build_voting_classifier),
         (lambda e: isinstance(e, (StackingRegressor, StackingClassifier)), ensembles.build_stacking),
         (lambda e: isinstance(e, TransformedTargetRegressor), target.build_transformed_target),
+        (forests.is_forest, forests.build_forest),
     ]
 
 

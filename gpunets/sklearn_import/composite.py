@@ -2,7 +2,7 @@
 
 Parameters are the original's (``get_params()`` / ``set_params()`` with its
 nested names, e.g. ``columntransformer__num__scaler__with_mean``) plus
-``executor``, ``device``, ``workers``, ``reuse_fitted`` and
+``executor``, ``device``, ``workers``, ``reuse_fitted``, ``split_forests`` and
 ``sklearn_estimator`` (the composition itself, a clone of what was given).
 The network is rebuilt from the composition at each ``fit``; machines whose
 inputs are unchanged keep their fitted state, so only what changed retrains.
@@ -25,7 +25,7 @@ from .reuse import adopt
 __all__ = ["OWN_PARAMS", "FromSklearnClassifier", "FromSklearnRegressor", "FromSklearnTransformer"]
 
 #: the composite's own parameters; every other parameter name is the original's
-OWN_PARAMS = ("sklearn_estimator", "executor", "device", "workers", "reuse_fitted")
+OWN_PARAMS = ("sklearn_estimator", "executor", "device", "workers", "reuse_fitted", "split_forests")
 
 
 def _as_input(X: Any) -> Any:
@@ -38,12 +38,13 @@ def _as_input(X: Any) -> Any:
 
 class _FromSklearn(Composite):
     def __init__(self, sklearn_estimator: Any, *, executor: Any = "auto", device: Any = "auto",
-                 workers: int | None = None, reuse_fitted: bool = False) -> None:
+                 workers: int | None = None, reuse_fitted: bool = False, split_forests: bool | None = None) -> None:
         self.sklearn_estimator = sklearn_estimator
         self.executor = executor
         self.device = device
         self.workers = workers
         self.reuse_fitted = reuse_fitted
+        self.split_forests = split_forests
 
     # --- parameters: the original's names --------------------------------------------------------------
     def get_params(self, deep: bool = True) -> dict[str, Any]:
@@ -74,7 +75,10 @@ class _FromSklearn(Composite):
 
     def network(self, X: Any, y: Any) -> dict[str, Any]:
         """The original composition as a network, recursively (see :mod:`gpunets.sklearn_import`)."""
-        ctx = Context(data=X.data, root_X=X, cache=self.__dict__.setdefault("_gn_cache", {}))
+        from .forests import n_chunks
+
+        chunks = 1 if self.reuse_fitted else n_chunks(self.executor, self.workers, self.split_forests)
+        ctx = Context(data=X.data, root_X=X, cache=self.__dict__.setdefault("_gn_cache", {}), forest_chunks=chunks)
         outs = build(self.sklearn_estimator, X, None if y.data is None else y, "", ctx)
         self._gn_ctx = ctx
         original = self.__dict__.pop("_gn_adopt_from", None)
@@ -166,7 +170,8 @@ class _FromSklearn(Composite):
     # --- display: the original structure -------------------------------------------------------------------
     def __repr__(self, N_CHAR_MAX: int = 700) -> str:
         opts = [f"{k}={getattr(self, k)!r}" for k, d in (("executor", "auto"), ("device", "auto"),
-                                                          ("workers", None), ("reuse_fitted", False))
+                                                          ("workers", None), ("reuse_fitted", False),
+                                                          ("split_forests", None))
                 if getattr(self, k) != d]
         inner = repr(self.sklearn_estimator)
         return f"from_sklearn({inner}{', ' if opts else ''}{', '.join(opts)})"

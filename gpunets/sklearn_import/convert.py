@@ -19,7 +19,7 @@ def not_an_estimator(obj: Any) -> TypeError:
 
 
 def from_sklearn(estimator: Any, *, executor: Any = "auto", device: Any = "auto", workers: int | None = None,
-                 reuse_fitted: bool = False) -> Any:
+                 reuse_fitted: bool = False, split_forests: bool | None = None) -> Any:
     """Turn a scikit-learn composition into a gpunets composite whose network mirrors it.
 
     ``Pipeline``, ``FeatureUnion``, ``ColumnTransformer``, ``VotingRegressor`` /
@@ -45,6 +45,12 @@ def from_sklearn(estimator: Any, *, executor: Any = "auto", device: Any = "auto"
         When ``estimator`` is fitted, its fitted parts are adopted at the first ``fit`` wherever the
         structure allows (same class and parameters, every upstream part adopted too); the fit skips
         them, and ``conversion_`` says per machine what was adopted (stacks always train).
+    split_forests : bool, optional
+        Random and extra-trees forests become one machine per chunk of trees (as many chunks as
+        workers) and a join, so their trees train side by side with the rest of the network;
+        predictions are the unsplit forest's.  Default (``None``): split unless the executor is
+        ``"serial"`` or there is one worker; ``False``: never (a forest is one machine).  Forests with
+        ``oob_score`` or ``warm_start``, and with ``reuse_fitted``, are never split.
 
     Returns
     -------
@@ -73,7 +79,7 @@ def from_sklearn(estimator: Any, *, executor: Any = "auto", device: Any = "auto"
                                            and callable(getattr(estimator, "get_params", None))):
         raise not_an_estimator(estimator)
     model = make_composite(estimator, executor=executor, device=device, workers=workers,
-                           reuse_fitted=reuse_fitted)
+                           reuse_fitted=reuse_fitted, split_forests=split_forests)
     if reuse_fitted:
         model._gn_fitted_original = estimator
     return model
