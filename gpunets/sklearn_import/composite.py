@@ -21,6 +21,7 @@ from ..graph import upstream_machines
 from ._base import Context, build, first_part, operations
 from .names import feature_names_out
 from .reuse import adopt
+from .forests import n_chunks
 
 __all__ = ["OWN_PARAMS", "FromSklearnClassifier", "FromSklearnRegressor", "FromSklearnTransformer"]
 
@@ -75,8 +76,6 @@ class _FromSklearn(Composite):
 
     def network(self, X: Any, y: Any) -> dict[str, Any]:
         """The original composition as a network, recursively (see :mod:`gpunets.sklearn_import`)."""
-        from .forests import n_chunks
-
         chunks = 1 if self.reuse_fitted else n_chunks(self.executor, self.workers, self.split_forests)
         ctx = Context(data=X.data, root_X=X, cache=self.__dict__.setdefault("_gn_cache", {}), forest_chunks=chunks)
         outs = build(self.sklearn_estimator, X, None if y.data is None else y, "", ctx)

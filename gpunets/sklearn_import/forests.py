@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator, clone
 
+from ..config import get_config
+from ..executors.base import default_workers
 from ..machines import machine
 from ._base import Context, leaf
 
@@ -61,9 +63,6 @@ def why_not_split(est: Any) -> str:
 
 def n_chunks(executor: Any, workers: int | None, split: bool | None) -> int:
     """How many chunks a forest is split into: the workers, unless ``split`` is False or the run is serial."""
-    from ..config import get_config
-    from ..executors.base import default_workers
-
     if split is False:
         return 1
     spec = get_config()["executor"] if executor is None or (isinstance(executor, str) and executor == "auto") \
