@@ -28,10 +28,13 @@ from gpunets.testing import assert_allclose_any, fake_gpu
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
+_LANE = os.environ.get("GPUNETS_FAKE_GPU")   # read at collection, before any fake_gpu() block sets it
+
+
 def _needs_fake_on_the_workers(executor):
     """Dask runs tasks in worker processes, which see the fake GPU only through the environment (the lane
     sets GPUNETS_FAKE_GPU before they start); a fake turned on in this process alone stops at the client."""
-    if executor == "dask" and "GPUNETS_FAKE_GPU" not in os.environ:
+    if getattr(executor, "name", "") == "dask" and _LANE is None:
         pytest.skip("dask workers are other processes: run the fake-GPU lane (GPUNETS_FAKE_GPU=1) for this case")
 
 
