@@ -151,6 +151,36 @@ def test_verbose_feature_names_out_false():
     assert model.get_feature_names_out().tolist() == ["a", "b"] == clone(ct).fit(df).get_feature_names_out().tolist()
 
 
+SET_OUTPUT_CASES = [
+    ("ct", lambda: ColumnTransformer([("s", StandardScaler(), ["a", "b"]),
+                                      ("o", OneHotEncoder(sparse_output=False), ["cat"])], remainder="passthrough")),
+    ("ct-short-names", lambda: ColumnTransformer([("s", StandardScaler(), ["a", "b"])], remainder="passthrough",
+                                                 verbose_feature_names_out=False)),
+    ("union", lambda: make_union(StandardScaler(), PCA(2))),
+    ("pipeline", lambda: make_pipeline(ColumnTransformer([("s", StandardScaler(), ["a", "b"])]),
+                                       make_union(StandardScaler(), PCA(1)))),
+]
+
+
+@pytest.mark.parametrize("case", SET_OUTPUT_CASES, ids=[c[0] for c in SET_OUTPUT_CASES])
+def test_set_output_pandas_is_reproduced(case, executor):
+    _name, make = case
+    data = df.set_index(np.arange(100, 180)) if _name.startswith(("ct", "pipeline")) else df[["a", "b", "c", "d"]]
+    ref = make().set_output(transform="pandas").fit(data, y).transform(data)
+    out = gn.from_sklearn(make().set_output(transform="pandas")).fit(data, y).transform(data)
+    pd.testing.assert_frame_equal(out, ref)
+
+
+def test_global_transform_output_is_followed():
+    import sklearn
+
+    data = df[["a", "b", "c", "d"]]
+    with sklearn.config_context(transform_output="pandas"):
+        ref = make_union(StandardScaler(), PCA(2)).fit(data).transform(data)
+        out = gn.from_sklearn(make_union(StandardScaler(), PCA(2)), executor="serial").fit(data).transform(data)
+    pd.testing.assert_frame_equal(out, ref)
+
+
 def test_pandas_selected_by_name_at_predict(executor):
     ct = make_pipeline(ColumnTransformer([("num", StandardScaler(), ["a", "b"]), ("cat", OneHotEncoder(), ["cat"])]),
                        Ridge())

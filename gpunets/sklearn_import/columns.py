@@ -54,10 +54,20 @@ class ColumnStack(BaseEstimator):
     sparse: for a ColumnTransformer (``sparse_threshold`` set) when some part is
     sparse and the overall density is below ``sparse_threshold``; for a
     FeatureUnion (``sparse_threshold=None``) whenever some part is sparse.
+
+    ``output`` is the original's ``set_output(transform=...)`` setting (``None``:
+    scikit-learn's global ``transform_output``).  With ``"pandas"`` or
+    ``"polars"``, parts that are DataFrames are joined as a DataFrame whose
+    columns carry the original's names (``names``: the parts' names, prefixed
+    as ``verbose_feature_names_out`` says), as scikit-learn's set_output does.
     """
 
-    def __init__(self, sparse_threshold: float | None = 0.3) -> None:
+    def __init__(self, sparse_threshold: float | None = 0.3, names: tuple[str, ...] = (),
+                 verbose_feature_names_out: Any = True, output: str | None = None) -> None:
         self.sparse_threshold = sparse_threshold
+        self.names = names
+        self.verbose_feature_names_out = verbose_feature_names_out
+        self.output = output
 
     def fit(self, *Xs: Any) -> ColumnStack:
         from scipy import sparse
@@ -77,9 +87,12 @@ class ColumnStack(BaseEstimator):
         from scipy import sparse
         from sklearn.utils.validation import check_array
 
+        out = self._container(Xs)
+        if out is not None:
+            return out
         if self.sparse_threshold is None:  # FeatureUnion: sparse whenever a part is
             if any(sparse.issparse(X) for X in Xs):
-                return sparse.hstack(Xs).tocsr()
+                return self._dense_only(sparse.hstack(Xs).tocsr())
             return np.hstack(Xs)
         if self.sparse_output_:
             try:
@@ -87,8 +100,49 @@ class ColumnStack(BaseEstimator):
             except ValueError as e:
                 msg = "For a sparse output, all columns should be a numeric or convertible to a numeric."
                 raise ValueError(msg) from e
-            return sparse.hstack(converted).tocsr()
+            return self._dense_only(sparse.hstack(converted).tocsr())
         return np.hstack([X.toarray() if sparse.issparse(X) else X for X in Xs])
+
+    def _config(self) -> str:
+        from sklearn import get_config
+
+        return self.output or get_config()["transform_output"]
+
+    def _dense_only(self, out: Any) -> Any:
+        config = self._config()
+        if config != "default":
+            msg = ("The transformer outputs a scipy sparse matrix. Try to set the transformer output to a dense "
+                   f"array or disable {config.capitalize()} output with set_output(transform='default').")
+            raise ValueError(msg)
+        return out
+
+    def _container(self, Xs: tuple[Any, ...]) -> Any:
+        """The joined DataFrame when set_output asks for one and every part is one; else ``None``."""
+        from copy import copy
+
+        from scipy import sparse
+        from sklearn.utils._set_output import ADAPTERS_MANAGER
+
+        config = self._config()
+        if config == "default" or any(sparse.issparse(X) for X in Xs):
+            return None
+        if self.sparse_threshold is not None and getattr(self, "sparse_output_", False):
+            return None
+        adapter = ADAPTERS_MANAGER.adapters[config]
+        if not Xs or not all(adapter.is_supported_container(X) for X in Xs) or len(self.names) != len(Xs):
+            return None
+        columns = self._prefixer()._add_prefix_for_feature_names_out(
+            [(name, np.asarray(X.columns, dtype=object)) for name, X in zip(self.names, Xs)])
+        parts = [adapter.rename_columns(copy(X), [f"{i}_{j}" for j in range(X.shape[1])]) for i, X in enumerate(Xs)]
+        return adapter.rename_columns(adapter.hstack(parts), list(columns))
+
+    def _prefixer(self) -> Any:
+        from sklearn.compose import ColumnTransformer
+        from sklearn.pipeline import FeatureUnion
+
+        if self.sparse_threshold is None:
+            return FeatureUnion([], verbose_feature_names_out=self.verbose_feature_names_out)
+        return ColumnTransformer([], verbose_feature_names_out=self.verbose_feature_names_out)
 
 
 def _weighted(Xt: Any, weight: Any, name: str) -> Any:
@@ -96,10 +150,13 @@ def _weighted(Xt: Any, weight: Any, name: str) -> Any:
 
 
 def _join(parts: list[Any], sparse_threshold: float | None, X: Any, path: str, ctx: Context,
-          kind: str) -> Any:
+          kind: str, owner: Any, names: list[str]) -> Any:
     if not parts:
         return node(no_columns, X, name=f"{path or kind}[no columns]")
-    stack = machine(ColumnStack(sparse_threshold), *parts, name=join(path, "<stack>") if path else f"{kind}<stack>")
+    output = getattr(owner, "_sklearn_output_config", {}).get("transform")
+    verbose = getattr(owner, "verbose_feature_names_out", True)
+    stack = machine(ColumnStack(sparse_threshold, tuple(names), verbose, output), *parts,
+                    name=join(path, "<stack>") if path else f"{kind}<stack>")
     return stack._operation("transform", *parts)
 
 
@@ -168,7 +225,8 @@ def build_column_transformer(ct: Any, X: Any, y: Any, path: str, ctx: Context) -
             Xt = build(trans, Xs, y, sub, ctx)["transform"]
         parts.append(_weighted(Xt, weights.get(name), sub))
     ctx.parts[path or "(root)"]["columns"] = active
-    return {"transform": _join(parts, ct.sparse_threshold, X, path, ctx, "columntransformer")}
+    return {"transform": _join(parts, ct.sparse_threshold, X, path, ctx, "columntransformer", ct,
+                               [name for name, _, _ in active])}
 
 
 # --- FeatureUnion -------------------------------------------------------------------------------------------
@@ -178,12 +236,14 @@ def build_feature_union(fu: Any, X: Any, y: Any, path: str, ctx: Context) -> dic
     fu._validate_transformers()
     weights = fu.transformer_weights or {}
     parts = []
+    names = []
     for name, trans in fu.transformer_list:
         if is_drop(trans):
             continue
+        names.append(name)
         sub = join(path, name)
         Xt = X if (isinstance(trans, str) and trans == "passthrough") else build(trans, X, y, sub, ctx)["transform"]
         parts.append(_weighted(Xt, weights.get(name), sub))
     if not parts:
         return {"transform": node(no_columns, X, name=f"{path or 'featureunion'}[no columns]")}
-    return {"transform": _join(parts, None, X, path, ctx, "featureunion")}
+    return {"transform": _join(parts, None, X, path, ctx, "featureunion", fu, names)}
