@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .graph import machine_parents, machine_sources, upstream_machines
-from .machines import Machine, _equal, _same_rows, labels, snapshot_params
+from .machines import WARM_UPDATE, Machine, _equal, _same_rows, labels, snapshot_params
 from .plan import _n_rows_of, _rows_key
 from .nodes import is_node
 
@@ -78,6 +78,10 @@ def explain(plan: "Plan", rows: Any = None, force: bool = False) -> dict["Machin
         changed = sorted(k for k in set(params) | set(st.params)
                          if k not in params or k not in st.params or not _equal(params[k], st.params[k]))
         word = "hyperparameter" if len(changed) == 1 else "hyperparameters"
+        if action == WARM_UPDATE and changed:
+            grown = ", ".join(f"{k} ({st.params.get(k)!r} -> {params.get(k)!r})" for k in changed)
+            out[m] = f"{word} {grown} grew: continued from the fitted state"
+            continue
         out[m] = f"{word} {', '.join(changed)} changed" if changed else action
     return out
 
