@@ -208,7 +208,7 @@ class _Builder:
         if m is not None:
             fk = self.fit_key.get(m._uid)
             st = m._state             # read once: a fit in another thread may replace it
-            if fk is None and st is None and m.static and self.mode == "call":
+            if fk is None and st is None and m.static:
                 st = _static_state(m)   # an unfitted static machine applies a copy of its model (MLJ)
             if fk is None and st is None:
                 raise NotFittedError(m._not_fitted_message() + f" (needed by node {x._short()})")
@@ -498,7 +498,7 @@ def _check_only(targets: Sequence[Any]) -> None:
         raise TypeError(msg)
     own = {t._uid for t in targets}
     missing = [m for m in upstream_machines([a for t in targets for a in t.args])
-               if m._uid not in own and m._state is None]
+               if m._uid not in own and m._state is None and not m.static]
     if missing:
         names = ", ".join(labels(missing).values())
         what = ", ".join(t.label for t in targets)

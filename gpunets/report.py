@@ -226,9 +226,10 @@ class FitReport:
     def __repr__(self) -> str:
         rows = self.rows()
         w = max([8] + [len(self._device_text(r)) for r in rows])
-        lines = [self._title(), f"  {'machine':<24} {'action':<7} {'device':<{w}} {'lane':<5} {'ms':>9}  why"]
+        a = max([7] + [len(r["action"]) for r in rows])   # "update (warm)" widens the column
+        lines = [self._title(), f"  {'machine':<24} {'action':<{a}} {'device':<{w}} {'lane':<5} {'ms':>9}  why"]
         for r in rows:
-            lines.append(f"  {r['machine']:<24} {r['action']:<7} {self._device_text(r):<{w}} {str(r['lane']):<5} "
+            lines.append(f"  {r['machine']:<24} {r['action']:<{a}} {self._device_text(r):<{w}} {str(r['lane']):<5} "
                          f"{r['seconds'] * 1e3:>9.2f}  {r['why']}")
         return "\n".join(lines)
 

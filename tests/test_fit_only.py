@@ -74,3 +74,15 @@ def test_only_takes_machines_and_a_bool(net):
     with pytest.raises(TypeError, match=r"only='yes' must be True or False"):
         ridge.fit(only="yes")
     assert not ridge.is_fitted
+
+
+def test_an_unfitted_static_machine_upstream_is_applied_as_it_is(executor, net):
+    from sklearn.preprocessing import FunctionTransformer
+
+    X, y, *_ = net
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    log = gn.machine(FunctionTransformer(np.abs))
+    ridge = gn.machine(Ridge(), log.transform(Xs), ys)
+    assert ridge.fit(only=True).actions.by_label() == {"Ridge": "train"}
+    assert not log.is_fitted
+    np.testing.assert_allclose(ridge.estimator_.coef_, Ridge().fit(np.abs(X), y).coef_)

@@ -194,3 +194,32 @@ def test_bad_warm_arguments_are_named_before_anything_is_built(data):
     with pytest.raises(TypeError, match="warm_params"):
         gn.set_config(warm_params=[1])
     assert gn.get_config()["warm_params"] == ("n_estimators", "max_iter", "n_iter")
+
+
+def test_a_warm_update_continues_only_where_its_fitted_state_lives(data):
+    from gpunets.testing import fake_gpu
+
+    X, y = data
+    with fake_gpu(1), gn.config(fallback="silent", executor="serial"):
+        mach, yhat = network(RandomForestRegressor(n_estimators=3, warm_start=True, random_state=0), X, y,
+                             device="cuda")
+        yhat.fit()
+        assert mach._state.path == "cpu_fallback"       # no cuML here: the forest falls back to the CPU
+        mach.model.n_estimators = 5
+        assert yhat.fit().actions[mach] == "update (warm)" and len(mach.estimator_.estimators_) == 5
+        mach.device = "cpu"                             # its next fit runs on another route: a fresh clone
+        mach.model.n_estimators = 7
+        report = yhat.fit()
+        assert report.actions[mach] == "update" and mach.report()["history"][-1] == "update"
+        np.testing.assert_array_equal(yhat(), RandomForestRegressor(n_estimators=7, random_state=0).fit(X, y)
+                                      .predict(X))
+
+
+def test_the_printed_report_keeps_its_columns_with_a_warm_update(data):
+    X, y = data
+    mach, yhat = network(RandomForestRegressor(n_estimators=2, warm_start=True, random_state=0), X, y)
+    yhat.fit()
+    mach.model.n_estimators = 3
+    header, row = repr(yhat.fit()).splitlines()[1:3]
+    assert row.split()[1:3] == ["update", "(warm)"]
+    assert header.index("device") == row.index("cpu")
