@@ -76,7 +76,8 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
     Returns
     -------
     FitReport
-        ``actions`` maps every machine upstream to ``"train"``, ``"update"`` or ``"skip"``.
+        ``actions`` maps every machine upstream to ``"train"``, ``"update"``, ``"update (warm)"`` (continued
+        from its fitted state), ``"static"`` (a machine with no training arguments) or ``"skip"``.
 
     Examples
     --------

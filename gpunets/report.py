@@ -140,7 +140,8 @@ class FitReport:
     Attributes
     ----------
     actions : ActionMap
-        Every machine upstream -> ``"train"``, ``"update"`` or ``"skip"`` (also by label).
+        Every machine upstream -> ``"train"``, ``"update"``, ``"update (warm)"``, ``"static"`` or ``"skip"``
+        (also by label).
     trace : Trace
         One record per task: kind, lane, device, start, end.
     executor : str

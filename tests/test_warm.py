@@ -223,3 +223,24 @@ def test_the_printed_report_keeps_its_columns_with_a_warm_update(data):
     header, row = repr(yhat.fit()).splitlines()[1:3]
     assert row.split()[1:3] == ["update", "(warm)"]
     assert header.index("device") == row.index("cpu")
+
+
+class Forested(gn.CompositeRegressor):
+    def __init__(self, forest=None):
+        self.forest = forest
+
+    def network(self, X, y):
+        from sklearn.preprocessing import StandardScaler
+
+        W = gn.machine(StandardScaler(), X).transform(X)
+        return gn.machine(self.forest, W, y, name="forest").predict(W)
+
+
+def test_a_composite_component_grown_by_set_params_continues(executor, data):
+    X, y = data
+    comp = Forested(RandomForestRegressor(n_estimators=3, warm_start=True, random_state=0)).fit(X, y)
+    comp.set_params(forest__n_estimators=6)
+    comp.fit(X, y)
+    assert comp.fit_report_.actions.by_label() == {"StandardScaler": "skip", "forest": "update (warm)"}
+    cold = Forested(RandomForestRegressor(n_estimators=6, random_state=0)).fit(X, y)
+    np.testing.assert_array_equal(comp.predict(X), cold.predict(X))
