@@ -19,7 +19,7 @@ from typing import Any
 
 from . import verbs
 
-__all__ = ["config", "get_config", "set_config", "check_run_options", "FALLBACK_POLICIES"]
+__all__ = ["config", "get_config", "set_config", "check_run_options", "check_warm_params", "FALLBACK_POLICIES"]
 
 FALLBACK_POLICIES = ("warn", "raise", "silent")
 
@@ -32,6 +32,8 @@ _DEFAULTS: dict[str, Any] = {
     "gpu_memory": "default",  # GPU memory resource, process-wide, set once: "default", "async" or "pool"
     "thread_unsafe": (),  # estimator classes (or dotted names) fitted and called one at a time
     "output": "auto",     # what a call returns: "auto" | "device" | "numpy" | "pandas" (like cuML's output_type)
+    # iteration-like hyperparameters whose growth a machine may continue from its fitted state ("update (warm)")
+    "warm_params": ("n_estimators", "max_iter", "n_iter"),
 }
 OUTPUT_TYPES = ("auto", "device", "numpy", "pandas")
 
@@ -43,7 +45,7 @@ def get_config() -> dict[str, Any]:
     """Return a copy of the settings in force here.
 
     >>> sorted(get_config())
-    ['device', 'executor', 'fallback', 'gpu_memory', 'output', 'progress', 'thread_unsafe', 'workers']
+    ['device', 'executor', 'fallback', 'gpu_memory', 'output', 'progress', 'thread_unsafe', 'warm_params', 'workers']
     """
     local = _LOCAL.get()
     return dict(local if local is not None else _GLOBAL)
@@ -63,9 +65,30 @@ def _validate(changes: dict[str, Any]) -> dict[str, Any]:
         verbs.get("check_gpu_memory")(changes["gpu_memory"])
     if "thread_unsafe" in changes:
         changes = {**changes, "thread_unsafe": verbs.get("check_thread_unsafe")(changes["thread_unsafe"])}
+    if "warm_params" in changes:
+        changes = {**changes, "warm_params": check_warm_params(changes["warm_params"])}
     if "device" in changes and changes["device"] not in (None, "auto"):
         verbs.get("check_device")(changes["device"])  # Device.parse: raises a ValueError listing the valid forms
     return changes
+
+
+def check_warm_params(value: Any) -> tuple[str, ...]:
+    """``warm_params`` as a tuple of hyperparameter names, or a TypeError naming what is wrong.
+
+    >>> check_warm_params(["n_estimators"])
+    ('n_estimators',)
+    >>> check_warm_params("max_iter")
+    Traceback (most recent call last):
+    ...
+    TypeError: warm_params='max_iter' must be a list or tuple of hyperparameter names, e.g. ('max_iter',) ...
+    """
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) and v for v in value):
+        return tuple(value)
+    example = f"({value!r},)" if isinstance(value, str) else "('n_estimators', 'max_iter')"
+    msg = (f"warm_params={value!r} must be a list or tuple of hyperparameter names, e.g. {example} (the "
+           "iteration-like hyperparameters whose growth a machine continues from its fitted state); use () to "
+           "turn warm updates off everywhere.")
+    raise TypeError(msg)
 
 
 def check_run_options(**options: Any) -> None:
@@ -87,7 +110,7 @@ def check_run_options(**options: Any) -> None:
                 raise ValueError(msg)
         elif name == "executor":
             verbs.get("check_executor")(value)   # the executors live above config
-        elif name in ("progress", "force", "trace"):
+        elif name in ("progress", "force", "trace", "only"):
             if not isinstance(value, bool):
                 msg = f"{name}={value!r} must be True or False."
                 raise TypeError(msg)
@@ -138,6 +161,10 @@ class config:
         What calling a node returns (cuML's ``output_type``): ``"auto"`` the type family and device
         of the data given, ``"device"`` the value where it was computed, ``"numpy"`` a NumPy array on
         the host, ``"pandas"`` a pandas object on the host (the input's index where it had one).
+    warm_params : tuple of str, optional
+        The iteration-like hyperparameters (default ``("n_estimators", "max_iter", "n_iter")``) whose growth
+        a machine continues from its fitted state instead of refitting (see :class:`gpunets.Machine`'s
+        ``warm``); ``()`` turns warm updates off.
 
     Examples
     --------

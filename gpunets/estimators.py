@@ -16,7 +16,8 @@ from .data import device_of
 from .models import call_context, fit_context
 from .threadsafety import serialized, unsafe_groups
 
-__all__ = ["fresh_estimator", "fit_estimator", "fit_transform_estimator", "apply_estimator"]
+__all__ = ["fresh_estimator", "fit_estimator", "fit_transform_estimator", "apply_estimator", "is_stateless",
+           "static_estimator", "partial_fit_estimator"]
 
 
 def fresh_estimator(model: Any) -> Any:
@@ -48,6 +49,58 @@ def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None,
     info["seconds"] = time.perf_counter() - start
     shape = getattr(values[0], "shape", None) if values else None
     info["n_rows"] = int(shape[0]) if shape else None
+    return est, info
+
+
+def partial_fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None,
+                          times: int = 1) -> tuple[Any, dict[str, Any]]:
+    """Call ``est.partial_fit(*values)`` ``times`` times (a warm update's passes); return it and where it ran.
+
+    ``est`` is a copy of a fitted estimator (never a committed state): like :func:`fit_estimator`,
+    pure apart from training ``est`` itself.
+    """
+    seconds = 0.0
+    info: dict[str, Any] = {}
+    for _ in range(times):
+        est, info = fit_estimator(est, values, resolved, method="partial_fit")
+        info.pop("output", None)
+        seconds += info["seconds"]
+    info["seconds"] = seconds
+    return est, info
+
+
+def is_stateless(model: Any) -> bool:
+    """Whether ``model`` may be applied without being fitted (a *static* model, as MLJ calls it).
+
+    True when scikit-learn's ``requires_fit`` tag is False (``FunctionTransformer``, ``Normalizer``,
+    ``Binarizer``), or when the model says it is fitted as it is (``__sklearn_is_fitted__()`` True).
+
+    >>> from sklearn.preprocessing import FunctionTransformer, StandardScaler
+    >>> is_stateless(FunctionTransformer()), is_stateless(StandardScaler())
+    (True, False)
+    """
+    tags = getattr(model, "__sklearn_tags__", None)
+    if callable(tags):
+        try:
+            if tags().requires_fit is False:
+                return True
+        except Exception:  # noqa: BLE001 - a model whose tags fail is simply not known to be stateless
+            pass
+    fitted = getattr(model, "__sklearn_is_fitted__", None)
+    if callable(fitted):
+        try:
+            return bool(fitted())
+        except Exception:  # noqa: BLE001 - as above
+            return False
+    return False
+
+
+def static_estimator(est: Any, resolved: Any = None) -> tuple[Any, dict[str, Any]]:
+    """A static machine's "fit": nothing is called; return the unfitted copy ``est`` and where it runs."""
+    info: dict[str, Any] = {"device": "cpu", "path": "sklearn"}
+    if resolved is not None:
+        info = {"device": str(resolved.device), "path": resolved.path}
+    info.update(seconds=0.0, n_rows=None)
     return est, info
 
 

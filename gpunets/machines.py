@@ -15,8 +15,22 @@ machine upstream of the target, dependencies first:
    by :mod:`fingerprint <gpunets.fingerprint>`), or an upstream machine that retrained
    (in this call or since this machine's last fit) → ``"train"``;
 3. its own model's hyperparameters changed since its last fit (nested
-   estimators' parameters included) → ``"update"``;
+   estimators' parameters included) → ``"update"``: a fresh clone with the new
+   hyperparameters; or ``"update (warm)"`` when the change is only the growth of
+   iteration-like hyperparameters (``gn.config(warm_params=...)``) and the
+   machine can continue from its fitted state (``warm=``, below);
 4. otherwise → ``"skip"``.
+
+Warm updates (MLJ's ``update``): with ``warm="auto"`` (the default) a machine
+whose estimator has ``warm_start=True`` continues from its fitted state when
+only an iteration-like hyperparameter grew (``n_estimators`` 100 → 200 fits
+100 more trees); with ``warm="partial_fit"`` it calls ``partial_fit`` once per
+unit of growth (``max_iter`` 5 → 8: three more passes).  The continuation
+works on a deep copy of the fitted estimator, never on the committed state.
+
+A machine with no training arguments (``machine(FunctionTransformer(f))``) is
+*static*: it never trains, its "fit" only takes a copy of the model
+(action ``"static"``), and its operations apply to the data they are called on.
 
 >>> import numpy as np, gpunets as gn
 >>> from sklearn.linear_model import Ridge
@@ -35,25 +49,34 @@ from __future__ import annotations
 
 import copy
 import itertools
+import numbers
 import random
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from . import verbs
+from .config import get_config
 from .devices import Device, current_placement
-from .estimators import apply_estimator, fresh_estimator
+from .estimators import apply_estimator, fresh_estimator, is_stateless
 from .exceptions import NotFittedError
 from .fingerprint import fingerprint
 from .graph import Upstream
 from .nodes import AbstractNode, Node, Source, as_node, is_node
 
-__all__ = ["Machine", "machine", "labels", "OPERATIONS"]
+__all__ = ["Machine", "machine", "labels", "OPERATIONS", "WARM_UPDATE", "STATIC", "WARM_MODES"]
 
 #: How many past fit actions a machine's report keeps (``n_fits`` counts them all).
 HISTORY_LENGTH = 100
 
 OPERATIONS = ("predict", "predict_proba", "predict_log_proba", "decision_function", "transform",
               "inverse_transform", "fit_transform", "score")
+
+#: The action of a machine that continues from its fitted state (warm_start or partial_fit).
+WARM_UPDATE = "update (warm)"
+#: The action of a static machine (no training arguments) taking a copy of its model.
+STATIC = "static"
+#: The values of ``machine(..., warm=...)``.
+WARM_MODES = ("auto", False, "partial_fit")
 
 # Unique across processes (a random base), so that identities never collide; a copy gets a new one.
 _uids = itertools.count(random.getrandbits(40) << 22)
@@ -70,6 +93,7 @@ class PendingFit:
     rows_key: Any
     upstream: bytes
     parents: tuple[tuple["Machine", int], ...] = ()   # nearest upstream machines and their versions after this fit
+    warm: tuple[str, int] | None = None   # a warm update: (method, times), e.g. ("partial_fit", 3)
 
 
 @dataclass(frozen=True)
@@ -106,15 +130,22 @@ class Machine:
         Where the machine trains and predicts (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
     name : str, optional
         A label for reports (default: the model's class name).
+    warm : {"auto", False, "partial_fit"}, default "auto"
+        How an update whose only change is grown iteration-like hyperparameters (``gn.config(warm_params=...)``)
+        runs: ``"auto"`` continues from the fitted state when the estimator has ``warm_start=True``;
+        ``"partial_fit"`` calls ``partial_fit`` once per unit of growth on a copy of the fitted estimator;
+        ``False`` always refits a fresh clone.
     """
 
-    def __init__(self, model: Any, *args: Any, device: Any = None, name: str | None = None) -> None:
+    def __init__(self, model: Any, *args: Any, device: Any = None, name: str | None = None,
+                 warm: Any = "auto") -> None:
         if isinstance(model, type) or not callable(getattr(model, "fit", None)):
             hint = (" It is a class: pass an instance, e.g. machine(Ridge(), X, y)."
                     if isinstance(model, type) else "")
             msg = (f"machine() needs a model with a fit method (a scikit-learn-style estimator); "
                    f"got {model!r} of type {type(model).__name__}.{hint}")
             raise TypeError(msg)
+        _check_warm(model, warm, bool(args))
         nodes = []
         for i, a in enumerate(args):
             _check_argument(a, f"argument {i} of machine({type(model).__name__}, ...)")
@@ -129,6 +160,7 @@ class Machine:
             device = Device.parse(device)
         self.device = device
         self.frozen = False
+        self.warm = warm
         self._state: FittedState | None = None
         self._version = 0
         self.n_fits = 0
@@ -160,12 +192,21 @@ class Machine:
         return (f"<p><b>Machine {escape(self.label)}</b>: {escape(repr(self.model))}; {state}{frozen}</p>"
                 + verbs.get("repr_html")(list(self.args)))
 
+    @property
+    def static(self) -> bool:
+        """A machine with no training arguments: it never trains (see :func:`machine`)."""
+        return not self.args
+
     # --- operations return nodes ---------------------------------------------------------
     def _operation(self, op: str, *args: Any, name: str | None = None) -> Node:
         if not callable(getattr(self.model, op, None)):
             msg = (f"{self.label} has no method {op!r}, so machine.{op}(...) cannot be built. "
                    f"Operations it offers: {[o for o in OPERATIONS if callable(getattr(self.model, o, None))]}.")
             raise AttributeError(msg)
+        if not args and self.static:
+            msg = (f"Machine {self.label} is static (no training arguments), so {op}() has no default input: "
+                   f"pass the data it applies to, e.g. mach.{op}(X) with X a source or a node.")
+            raise TypeError(msg)
         if not args:
             args = self.args[:1]
         for i, a in enumerate(args):
@@ -224,12 +265,18 @@ class Machine:
         self.frozen = False
         return self
 
-    def fit(self, *data: Any, rows: Any = None, force: bool = False, **kw: Any) -> Any:
+    def fit(self, *data: Any, rows: Any = None, force: bool = False, only: bool = False, **kw: Any) -> Any:
         """Train this machine and every machine upstream of it; see :func:`gpunets.fit`.
+
+        With ``only=True`` train this machine alone (MLJ's ``fit_only!``): on the values its upstream
+        machines compute with their current fitted states, retraining none of them; an upstream
+        machine that is not fitted raises :class:`~gpunets.exceptions.NotFittedError` naming it.
 
         Takes no data (``mach.fit(X, y)`` raises a ``TypeError`` that says where data goes).
         """
         verbs.get("reject_fit_data")(self, data)
+        if only is not False:   # passed on only when asked for: gn.fit(mach) stays as it was
+            kw["only"] = only
         return verbs.get("fit")(self, rows=rows, force=force, **kw)
 
     # --- the retraining rule -------------------------------------------------------------
@@ -246,13 +293,44 @@ class Machine:
         if self.frozen:
             return "skip"
         st = self._state
+        if self.static:   # no data: rows and sources never matter (MLJ's Static)
+            return STATIC if st is None or force or not params_equal(st.params, snapshot_params(self.model)) else "skip"
         if st is None or force or upstream_changing or not _same_rows(st.rows, rows_key):
             return "train"
         if st.upstream != self._upstream_versions(upstream):
             return "train"
-        if not params_equal(st.params, snapshot_params(self.model)):
-            return "update"
+        params = snapshot_params(self.model)
+        if not params_equal(st.params, params):
+            return WARM_UPDATE if self._warm_steps(st, params) is not None else "update"
         return "skip"
+
+    def _warm_steps(self, st: FittedState, params: dict[str, Any]) -> tuple[str, int] | None:
+        """How ``st`` can continue to ``params`` (``("fit", 1)``, ``("partial_fit", k)``), or None: refit.
+
+        Only when every changed hyperparameter is a top-level, iteration-like one
+        (``gn.config(warm_params=...)``) whose integer value grew, and the machine's ``warm``
+        mode applies: ``"auto"`` needs ``warm_start=True``, ``"partial_fit"`` a ``partial_fit``
+        method.  Routes where another class was fitted (a cuML twin) and composites refit instead.
+        """
+        if self.warm is False or st.path == "cuml" or getattr(st.estimator, "_gn_incremental", False):
+            return None
+        iteration = get_config()["warm_params"]
+        changed = [k for k in set(st.params) | set(params)
+                   if k not in st.params or k not in params or not _equal(st.params[k], params[k])]
+        growth = 0
+        for k in changed:
+            old, new = st.params.get(k), params.get(k)
+            if (k not in iteration or "__" in k or not isinstance(old, numbers.Integral) or not isinstance(new, numbers.Integral)
+                    or isinstance(new, bool) or new <= old):
+                return None
+            growth = max(growth, int(new) - int(old))
+        if self.warm == "partial_fit":
+            if len(changed) != 1 or not callable(getattr(st.estimator, "partial_fit", None)):
+                return None
+            return ("partial_fit", growth)
+        if params.get("warm_start") is not True:
+            return None
+        return ("fit", 1)
 
     def _prepare_fit(self, action: str, rows_key: Any, upstream: bytes,
                      parents: tuple[tuple["Machine", int], ...] = ()) -> "PendingFit":
@@ -262,11 +340,20 @@ class Machine:
         this plan's fits have committed (:meth:`gpunets.graph.Upstream.stamp`).
         """
         previous = self._state
+        params = snapshot_params(self.model)
+        warm = None
         if action == "update" and previous is not None and getattr(previous.estimator, "_gn_incremental", False):
             est = previous.estimator._gn_updated_copy(self.model)
+        elif action == WARM_UPDATE and previous is not None and (warm := self._warm_steps(previous, params)):
+            # a deep copy: the committed state is never trained further (atomic fits, safe concurrent calls)
+            est = copy.deepcopy(previous.estimator)
+            own = self.model.get_params(deep=False)
+            est.set_params(**{k: own[k] for k in params if k in own and not _equal(previous.params.get(k), params[k])})
         else:
+            if action == WARM_UPDATE:   # the state changed since the plan was decided: refit
+                action = "update"
             est = fresh_estimator(self.model)
-        return PendingFit(self, action, est, snapshot_params(self.model), rows_key, upstream, parents)
+        return PendingFit(self, action, est, params, rows_key, upstream, parents, warm)
 
     def _commit(self, pending: "PendingFit", est: Any, info: dict[str, Any]) -> None:
         """Install the result of a successful fit (called on the client, in the scheduler)."""
@@ -298,6 +385,8 @@ class Machine:
         st = self._state
         base = {"label": self.label, "model": type(self.model).__name__, "frozen": self.frozen,
                 "trained": st is not None, "n_fits": self.n_fits}
+        if self.static:
+            base["static"] = True
         if st is None:
             return base
         base.update(action=st.action, seconds=st.seconds, n_rows=st.n_rows, device=st.device, path=st.path,
@@ -311,6 +400,32 @@ class Machine:
 def source_state(s: Source) -> tuple[int, Any]:
     """What a fit records of a source: its version (data replaced) and its data's fingerprint (changed in place)."""
     return s._version, fingerprint(s._data)
+
+
+def _check_warm(model: Any, warm: Any, has_args: bool) -> None:
+    """The ``warm=`` and static-machine checks of :func:`machine`, before anything is built."""
+    name = type(model).__name__
+    if not any(warm is m for m in WARM_MODES) and not (isinstance(warm, str) and warm in WARM_MODES):
+        msg = (f"machine({name}, ...): warm={warm!r} is not a warm-update mode; expected 'auto' (continue with "
+               "warm_start when the estimator has warm_start=True), 'partial_fit' (continue with partial_fit) or "
+               "False (always refit a fresh clone).")
+        raise ValueError(msg)
+    if warm == "partial_fit" and not callable(getattr(model, "partial_fit", None)):
+        msg = (f"machine({name}, ..., warm='partial_fit'): {name} has no partial_fit method, so an update cannot "
+               f"continue with it. Use warm='auto' with {name}(warm_start=True) if it has warm_start, or warm=False.")
+        raise TypeError(msg)
+    if not has_args:
+        if warm == "partial_fit":
+            msg = (f"machine({name}, warm='partial_fit') has no training arguments (a static machine never trains), "
+                   "so there is nothing to continue. Pass its training data, e.g. machine(model, X, y, warm=...).")
+            raise TypeError(msg)
+        if not is_stateless(model):
+            msg = (f"machine({name}) has no training arguments, so it would be static (it never trains and applies "
+                   f"its operations to the data they are called on), but {name} must be fitted before it can "
+                   f"transform or predict (scikit-learn's requires_fit tag). Pass its training data, e.g. "
+                   f"machine({name}(), X) or machine({name}(), X, y); only stateless models such as "
+                   "FunctionTransformer, Normalizer or Binarizer can be static.")
+            raise TypeError(msg)
 
 
 def _check_argument(a: Any, what: str) -> None:
@@ -336,7 +451,7 @@ def _same_rows(a: Any, b: Any) -> bool:
     return _equal(a, b)
 
 
-def machine(model: Any, *args: Any, device: Any = None, name: str | None = None) -> Machine:
+def machine(model: Any, *args: Any, device: Any = None, name: str | None = None, warm: Any = "auto") -> Machine:
     """Bind ``model`` to its training arguments.
 
     Parameters
@@ -350,6 +465,12 @@ def machine(model: Any, *args: Any, device: Any = None, name: str | None = None)
         ``gn.device`` block, else the config default.
     name : str, optional
         Label for reports.
+    warm : {"auto", False, "partial_fit"}, default "auto"
+        How an update that only grows iteration-like hyperparameters runs (see :class:`Machine`).
+
+    With no training arguments the machine is *static* (MLJ's ``Static``): the model must be
+    stateless (``FunctionTransformer``, ``Normalizer``: scikit-learn's ``requires_fit`` tag is
+    False), it is never fitted, and its operations need their data, e.g. ``mach.transform(X)``.
 
     Examples
     --------
@@ -364,7 +485,7 @@ def machine(model: Any, *args: Any, device: Any = None, name: str | None = None)
     >>> W().ravel().tolist()
     [-1.0, 1.0]
     """
-    return Machine(model, *args, device=device, name=name)
+    return Machine(model, *args, device=device, name=name, warm=warm)
 
 
 def labels(machines: Iterable[Machine]) -> dict[Machine, str]:

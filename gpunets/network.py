@@ -43,7 +43,7 @@ def _max_lanes(executor: Any, workers: int | None) -> int:
 
 
 def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = None,
-        workers: int | None = None, device: Any = None, progress: bool | None = None) -> Any:
+        workers: int | None = None, device: Any = None, progress: bool | None = None, only: bool = False) -> Any:
     """Train every machine upstream of ``targets``, dependencies first.
 
     Each machine trains, updates or skips by the retraining rules (see
@@ -67,11 +67,17 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
         by their scikit-learn twins).
     progress : bool, optional
         Show a tqdm progress bar.
+    only : bool, default False
+        Train the target machines alone (MLJ's ``fit_only!``; the targets must be machines): their
+        training data are computed with the upstream machines' current fitted states, and no upstream
+        machine retrains. An upstream machine that is not fitted raises
+        :class:`~gpunets.exceptions.NotFittedError` naming it.
 
     Returns
     -------
     FitReport
-        ``actions`` maps every machine upstream to ``"train"``, ``"update"`` or ``"skip"``.
+        ``actions`` maps every machine upstream to ``"train"``, ``"update"``, ``"update (warm)"`` (continued
+        from its fitted state), ``"static"`` (a machine with no training arguments) or ``"skip"``.
 
     Examples
     --------
@@ -89,12 +95,13 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
     if not targets:
         msg = "gn.fit needs at least one node or machine to fit, e.g. gn.fit(yhat)."
         raise TypeError(msg)
-    check_run_options(executor=executor, workers=workers, progress=progress, force=force)
+    check_run_options(executor=executor, workers=workers, progress=progress, force=force, only=only)
     _remember_site()
     if device is not None:
         with config(device=device), _override_placement(device):
-            return fit(*targets, rows=rows, force=force, executor=executor, workers=workers, progress=progress)
-    plan = compile_fit(list(targets), rows=rows, force=force, max_lanes=_max_lanes(executor, workers))
+            return fit(*targets, rows=rows, force=force, executor=executor, workers=workers, progress=progress,
+                       only=only)
+    plan = compile_fit(list(targets), rows=rows, force=force, max_lanes=_max_lanes(executor, workers), only=only)
     reasons = explain(plan, rows, force)
     ex = get_executor(executor, workers, plan)
     show = get_config()["progress"] if progress is None else progress

@@ -32,11 +32,12 @@ from typing import Any, Callable, Sequence
 from .data import check_placeable, device_of, installed, n_rows, take_rows, to_device
 from .value_types import host_only
 from .devices import CPU, Device, check_available, is_host_only, placement_override, resolve, same_device
-from .estimators import apply_estimator, fit_estimator, fit_transform_estimator
+from .estimators import (apply_estimator, fit_estimator, fit_transform_estimator, partial_fit_estimator,
+                         static_estimator)
 from .exceptions import NetworkError, NotFittedError
 from .fingerprint import scope
 from .graph import Upstream, machine_sources, op_nodes, upstream_machines
-from .machines import Machine, labels
+from .machines import STATIC, FittedState, Machine, labels
 from .models import is_cuml_estimator, resolve_estimator
 from .nodes import AbstractNode, Node, Source, is_node
 
@@ -207,6 +208,8 @@ class _Builder:
         if m is not None:
             fk = self.fit_key.get(m._uid)
             st = m._state             # read once: a fit in another thread may replace it
+            if fk is None and st is None and m.static:
+                st = _static_state(m)   # an unfitted static machine applies a copy of its model (MLJ)
             if fk is None and st is None:
                 raise NotFittedError(m._not_fitted_message() + f" (needed by node {x._short()})")
             if fk is not None:
@@ -249,12 +252,14 @@ class _Builder:
         the same answer as ``fit(X, y).transform(X)``, often cheaper) and ``x``
         takes its result instead of transforming the training rows again.
         """
-        if x.operation != "transform" or len(x._args) != 1 or x._args[0] is not m.args[0]:
+        if x.operation != "transform" or len(x._args) != 1 or not m.args or x._args[0] is not m.args[0]:
             return False
         est, n_args, resolved = self.fit_args[m._uid]
         if not callable(getattr(est, "fit_transform", None)):
             return False
         task = self.tasks[fk]
+        if task.fn.func is not _fit_task and task.fn.func is not _fit_transform_task:
+            return False              # a static machine, or a warm update by partial_fit
         if task.fn.func is not _fit_transform_task:
             task.fn = partial(_fit_transform_task, est, n_args, resolved)
         return True
@@ -368,7 +373,8 @@ def _resolve_fit(b: "_Builder", m: "Machine", pending: Any, deps: Sequence[int] 
     if dev.is_cpu and not is_cuml_estimator(pending.estimator):
         return None, dev, "sklearn"
     r = resolve_estimator(pending.estimator, dev, what=what)
-    if r.path in ("cpu_fallback", "array_api") and getattr(pending.estimator, "_gn_incremental", False):
+    if r.path in ("cpu_fallback", "array_api") and (getattr(pending.estimator, "_gn_incremental", False)
+                                                    or pending.warm is not None):
         # the model's own class runs: keep the pending estimator, which for an update is the fitted
         # composite's incremental copy (resolving clones it, and a clone would retrain from scratch)
         import dataclasses
@@ -404,6 +410,26 @@ def _placed_by_default(spec: Any) -> bool:
 
 def _fit_task(est: Any, n_args: int, resolved: Any, *values: Any) -> tuple[Any, dict[str, Any]]:
     return fit_estimator(est, tuple(values[:n_args]), resolved)
+
+
+def _partial_fit_task(est: Any, n_args: int, resolved: Any, times: int, *values: Any) -> tuple[Any, dict[str, Any]]:
+    return partial_fit_estimator(est, tuple(values[:n_args]), resolved, times)
+
+
+def _static_task(est: Any, resolved: Any) -> tuple[Any, dict[str, Any]]:
+    return static_estimator(est, resolved)
+
+
+def _static_state(m: "Machine") -> Any:
+    """The state a call uses for a static machine that was never fitted: a fresh copy of its model, not kept."""
+    pending = m._prepare_fit(STATIC, None, b"")
+    return FittedState(pending.estimator, pending.params, None, b"", 0, STATIC, 0.0)
+
+
+def _warm_route_ok(m: "Machine", dev: Any, path: str) -> bool:
+    """A warm update continues only where its fitted state lives: the same device and route as its last fit."""
+    st = m._state
+    return st is not None and st.path == path and st.device == str(dev)
 
 
 def _fit_transform_task(est: Any, n_args: int, resolved: Any, *values: Any) -> tuple[Any, dict[str, Any], Any]:
@@ -451,13 +477,39 @@ def _n_rows_of(machines: Sequence[Any]) -> int | None:
 
 
 def compile_fit(targets: Sequence[Any], *, rows: Any = None, force: bool = False,
-                max_lanes: int | None = None) -> Plan:
-    """The plan that trains every machine upstream of ``targets`` (nodes or machines)."""
+                max_lanes: int | None = None, only: bool = False) -> Plan:
+    """The plan that trains every machine upstream of ``targets`` (nodes or machines).
+
+    With ``only=True`` the targets must be machines, and only they train (MLJ's ``fit_only!``):
+    their upstream values are computed with the upstream machines' current fitted states.
+    """
+    if only:
+        _check_only(targets)
     with scope():   # each source's data is fingerprinted once per fit
-        return _compile_fit(targets, rows=rows, force=force, max_lanes=max_lanes)
+        return _compile_fit(targets, rows=rows, force=force, max_lanes=max_lanes, only=only)
 
 
-def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: int | None) -> Plan:
+def _check_only(targets: Sequence[Any]) -> None:
+    """``fit(only=True)``: every target a machine, every machine upstream of them fitted (else a clear error)."""
+    bad = [t for t in targets if not isinstance(t, Machine)]
+    if bad:
+        msg = (f"fit(only=True) trains machines alone, so its targets must be machines; got {bad[0]!r} of type "
+               f"{type(bad[0]).__name__}. Hint: mach.fit(only=True), or fit the node without only=True.")
+        raise TypeError(msg)
+    own = {t._uid for t in targets}
+    missing = [m for m in upstream_machines([a for t in targets for a in t.args])
+               if m._uid not in own and m._state is None and not m.static]
+    if missing:
+        names = ", ".join(labels(missing).values())
+        what = ", ".join(t.label for t in targets)
+        msg = (f"fit(only=True) trains {what} alone on the values its upstream machines compute with their fitted "
+               f"states, but these upstream machines are not fitted: {names}. Hint: fit without only=True "
+               "(mach.fit()) to train them too, or fit them first.")
+        raise NotFittedError(msg)
+
+
+def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: int | None,
+                 only: bool = False) -> Plan:
 
     nodes: list[AbstractNode] = []
     extra: list[Machine] = []
@@ -470,7 +522,7 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
         else:
             msg = f"gn.fit takes nodes or machines; got {t!r} of type {type(t).__name__}."
             raise TypeError(msg)
-    machines = list(upstream_machines(nodes))
+    machines = [] if only else list(upstream_machines(nodes))
     seen = {m._uid for m in machines}
     for m in extra:
         if m._uid not in seen:
@@ -490,12 +542,25 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
         pending_deps = [b.node(a) for a in m.args]
         pending = m._prepare_fit(actions[m], rows_key, up.stamp(m, expected=True), up.parents(m, expected=True))
         resolved, dev, path = _resolve_fit(b, m, pending, pending_deps)
+        if pending.warm is not None and not _warm_route_ok(m, dev, path):
+            # it would run elsewhere than its fitted state (another device or route): refit a fresh clone
+            actions[m] = "update"
+            pending = m._prepare_fit("update", rows_key, up.stamp(m, expected=True), up.parents(m, expected=True))
+            resolved, dev, path = _resolve_fit(b, m, pending, pending_deps)
+        if pending.action != actions[m]:
+            actions[m] = pending.action
         est = resolved.estimator if resolved is not None else pending.estimator
         frames = "array" if path == "array_api" else "auto"
         deps = [b.moved(k, dev, frames) for k in pending_deps]
         b.mach_dev[m._uid] = (dev, path)
         b.fit_args[m._uid] = (est, len(deps), resolved)
-        key = b.add(kind="fit", label=f"fit {m.label}", fn=partial(_fit_task, est, len(deps), resolved),
+        if actions[m] == STATIC:
+            fn = partial(_static_task, est, resolved)
+        elif pending.warm is not None and pending.warm[0] == "partial_fit":
+            fn = partial(_partial_fit_task, est, len(deps), resolved, pending.warm[1])
+        else:
+            fn = partial(_fit_task, est, len(deps), resolved)
+        key = b.add(kind="fit", label=f"fit {m.label}", fn=fn,
                     deps=tuple(deps), machine=m, cost=10.0, commit=partial(_commit_fit, m, pending), device=dev)
         b.fit_key[m._uid] = key
     return Plan("fit", b.tasks, tuple(b.fit_key.values()), actions, max_lanes)

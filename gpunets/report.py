@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .graph import machine_parents, machine_sources, upstream_machines
-from .machines import Machine, _equal, _same_rows, labels, snapshot_params
+from .machines import WARM_UPDATE, Machine, _equal, _same_rows, labels, snapshot_params
 from .plan import _n_rows_of, _rows_key
 from .nodes import is_node
 
@@ -78,6 +78,10 @@ def explain(plan: "Plan", rows: Any = None, force: bool = False) -> dict["Machin
         changed = sorted(k for k in set(params) | set(st.params)
                          if k not in params or k not in st.params or not _equal(params[k], st.params[k]))
         word = "hyperparameter" if len(changed) == 1 else "hyperparameters"
+        if action == WARM_UPDATE and changed:
+            grown = ", ".join(f"{k} ({st.params.get(k)!r} -> {params.get(k)!r})" for k in changed)
+            out[m] = f"{word} {grown} grew: continued from the fitted state"
+            continue
         out[m] = f"{word} {', '.join(changed)} changed" if changed else action
     return out
 
@@ -136,7 +140,8 @@ class FitReport:
     Attributes
     ----------
     actions : ActionMap
-        Every machine upstream -> ``"train"``, ``"update"`` or ``"skip"`` (also by label).
+        Every machine upstream -> ``"train"``, ``"update"``, ``"update (warm)"``, ``"static"`` or ``"skip"``
+        (also by label).
     trace : Trace
         One record per task: kind, lane, device, start, end.
     executor : str
@@ -222,9 +227,10 @@ class FitReport:
     def __repr__(self) -> str:
         rows = self.rows()
         w = max([8] + [len(self._device_text(r)) for r in rows])
-        lines = [self._title(), f"  {'machine':<24} {'action':<7} {'device':<{w}} {'lane':<5} {'ms':>9}  why"]
+        a = max([7] + [len(r["action"]) for r in rows])   # "update (warm)" widens the column
+        lines = [self._title(), f"  {'machine':<24} {'action':<{a}} {'device':<{w}} {'lane':<5} {'ms':>9}  why"]
         for r in rows:
-            lines.append(f"  {r['machine']:<24} {r['action']:<7} {self._device_text(r):<{w}} {str(r['lane']):<5} "
+            lines.append(f"  {r['machine']:<24} {r['action']:<{a}} {self._device_text(r):<{w}} {str(r['lane']):<5} "
                          f"{r['seconds'] * 1e3:>9.2f}  {r['why']}")
         return "\n".join(lines)
 
