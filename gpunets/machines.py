@@ -46,6 +46,7 @@ from .exceptions import NotFittedError
 from .fingerprint import fingerprint
 from .graph import Upstream
 from .nodes import AbstractNode, Node, Source, as_node, is_node
+from .weights import keyword_nodes
 
 __all__ = ["Machine", "machine", "labels", "OPERATIONS"]
 
@@ -106,9 +107,15 @@ class Machine:
         Where the machine trains and predicts (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
     name : str, optional
         A label for reports (default: the model's class name).
+    **fit_keywords : nodes or data
+        Training arguments passed to ``fit`` by name (``sample_weight=w``).
     """
 
-    def __init__(self, model: Any, *args: Any, device: Any = None, name: str | None = None) -> None:
+    #: names of the trailing ``args`` that ``fit`` takes as keywords (``sample_weight=w``); see :mod:`gpunets.weights`
+    fit_keywords: tuple[str, ...] = ()
+
+    def __init__(self, model: Any, *args: Any, device: Any = None, name: str | None = None,
+                 **fit_keywords: Any) -> None:
         if isinstance(model, type) or not callable(getattr(model, "fit", None)):
             hint = (" It is a class: pass an instance, e.g. machine(Ridge(), X, y)."
                     if isinstance(model, type) else "")
@@ -119,9 +126,11 @@ class Machine:
         for i, a in enumerate(args):
             _check_argument(a, f"argument {i} of machine({type(model).__name__}, ...)")
             nodes.append(as_node(a, what=f"argument {i} of machine {type(model).__name__}", position=i))
+        nodes.extend(keyword_nodes(model, fit_keywords))
         self._uid = next(_uids)
         self.model = model
         self.args: tuple[AbstractNode, ...] = tuple(nodes)
+        self.fit_keywords = tuple(fit_keywords)
         self.name = name
         if device is None:
             device = current_placement()
@@ -148,7 +157,9 @@ class Machine:
         return self.name or type(self.model).__name__
 
     def __repr__(self) -> str:
-        args = ", ".join(a._short(1) for a in self.args)
+        k = len(self.args) - len(self.fit_keywords)
+        args = ", ".join([a._short(1) for a in self.args[:k]]
+                         + [f"{n}={a._short(1)}" for n, a in zip(self.fit_keywords, self.args[k:])])
         return f"<Machine {self.label}({args})>"
 
     def _repr_html_(self) -> str:
@@ -336,7 +347,7 @@ def _same_rows(a: Any, b: Any) -> bool:
     return _equal(a, b)
 
 
-def machine(model: Any, *args: Any, device: Any = None, name: str | None = None) -> Machine:
+def machine(model: Any, *args: Any, device: Any = None, name: str | None = None, **fit_keywords: Any) -> Machine:
     """Bind ``model`` to its training arguments.
 
     Parameters
@@ -350,6 +361,9 @@ def machine(model: Any, *args: Any, device: Any = None, name: str | None = None)
         ``gn.device`` block, else the config default.
     name : str, optional
         Label for reports.
+    **fit_keywords : nodes or data
+        Training arguments passed to ``fit`` by name, e.g. ``sample_weight=w``
+        (see :mod:`gpunets.weights`); ``model.fit`` must take them.
 
     Examples
     --------
@@ -364,7 +378,7 @@ def machine(model: Any, *args: Any, device: Any = None, name: str | None = None)
     >>> W().ravel().tolist()
     [-1.0, 1.0]
     """
-    return Machine(model, *args, device=device, name=name)
+    return Machine(model, *args, device=device, name=name, **fit_keywords)
 
 
 def labels(machines: Iterable[Machine]) -> dict[Machine, str]:

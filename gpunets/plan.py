@@ -39,6 +39,7 @@ from .graph import Upstream, machine_sources, op_nodes, upstream_machines
 from .machines import Machine, labels
 from .models import is_cuml_estimator, resolve_estimator
 from .nodes import AbstractNode, Node, Source, is_node
+from .weights import check_weight_rows, check_weight_values
 
 __all__ = ["Task", "Plan", "compile_fit", "compile_call", "assign_lanes"]
 
@@ -256,7 +257,7 @@ class _Builder:
             return False
         task = self.tasks[fk]
         if task.fn.func is not _fit_transform_task:
-            task.fn = partial(_fit_transform_task, est, n_args, resolved)
+            task.fn = partial(_fit_transform_task, est, n_args, resolved, **task.fn.keywords)
         return True
 
     def _check_in_step(self, m: Any, st: Any) -> None:
@@ -402,12 +403,28 @@ def _placed_by_default(spec: Any) -> bool:
     return placement_override() is None
 
 
-def _fit_task(est: Any, n_args: int, resolved: Any, *values: Any) -> tuple[Any, dict[str, Any]]:
-    return fit_estimator(est, tuple(values[:n_args]), resolved)
+def _fit_task(est: Any, n_args: int, resolved: Any, *values: Any, keywords: tuple[str, ...] = (),
+              weights: Any = None) -> tuple[Any, dict[str, Any]]:
+    check_weight_values(weights, values)
+    return fit_estimator(est, tuple(values[:n_args]), resolved, keywords=keywords)
 
 
-def _fit_transform_task(est: Any, n_args: int, resolved: Any, *values: Any) -> tuple[Any, dict[str, Any], Any]:
-    return fit_transform_estimator(est, tuple(values[:n_args]), resolved)
+def _fit_transform_task(est: Any, n_args: int, resolved: Any, *values: Any, keywords: tuple[str, ...] = (),
+                        weights: Any = None) -> tuple[Any, dict[str, Any], Any]:
+    check_weight_values(weights, values)
+    return fit_transform_estimator(est, tuple(values[:n_args]), resolved, keywords=keywords)
+
+
+def _fit_keywords(b: "_Builder", m: "Machine") -> dict[str, Any]:
+    """The keyword arguments of ``m``'s fit task: its keyword training arguments' names, and the check of
+    its sample weights' rows where it could not be made now (:func:`gpunets.weights.check_weight_rows`)."""
+    out: dict[str, Any] = {}
+    if m.fit_keywords:
+        out["keywords"] = m.fit_keywords
+    pending = check_weight_rows(m, lambda s: b.tasks[b.memo[s._uid]].value)
+    if pending is not None:
+        out["weights"] = (*pending, m.label)
+    return out
 
 
 def _training_output(fitted: tuple[Any, ...]) -> Any:
@@ -495,7 +512,8 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
         deps = [b.moved(k, dev, frames) for k in pending_deps]
         b.mach_dev[m._uid] = (dev, path)
         b.fit_args[m._uid] = (est, len(deps), resolved)
-        key = b.add(kind="fit", label=f"fit {m.label}", fn=partial(_fit_task, est, len(deps), resolved),
+        key = b.add(kind="fit", label=f"fit {m.label}", fn=partial(_fit_task, est, len(deps), resolved,
+                                                                   **_fit_keywords(b, m)),
                     deps=tuple(deps), machine=m, cost=10.0, commit=partial(_commit_fit, m, pending), device=dev)
         b.fit_key[m._uid] = key
     return Plan("fit", b.tasks, tuple(b.fit_key.values()), actions, max_lanes)
