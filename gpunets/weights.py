@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping
 from .nodes import AbstractNode, Node, Source, is_node
 from .rows import n_rows
 
-__all__ = ["fit_parameters", "accepts_fit_keyword", "keyword_nodes", "weights_position", "check_weight_rows",
+__all__ = ["fit_parameters", "accepts_fit_keyword", "keyword_nodes", "add_fit_keyword", "weights_position", "check_weight_rows",
            "check_weight_values", "weight_rows_mismatch"]
 
 WEIGHTS = "sample_weight"
@@ -92,6 +92,19 @@ def keyword_nodes(model: Any, keywords: Mapping[str, Any]) -> list[AbstractNode]
             raise TypeError(msg)
         out.append(v if is_node(v) else Source(v, name=k))
     return out
+
+
+def add_fit_keyword(m: Any, name: str, value: Any) -> None:
+    """Give machine ``m`` one more keyword training argument (a composite routing its metadata).
+
+    Only for a machine of a network being built: it is then fitted with ``name=value``.
+    """
+    if name in m.fit_keywords:
+        msg = f"machine {m.label} already has the training argument {name}=; it cannot take a second one."
+        raise ValueError(msg)
+    (node,) = keyword_nodes(m.model, {name: value})
+    m.args = m.args + (node,)
+    m.fit_keywords = m.fit_keywords + (name,)
 
 
 def weights_position(m: Any) -> int | None:
