@@ -126,11 +126,12 @@ class Machine:
         for i, a in enumerate(args):
             _check_argument(a, f"argument {i} of machine({type(model).__name__}, ...)")
             nodes.append(as_node(a, what=f"argument {i} of machine {type(model).__name__}", position=i))
-        nodes.extend(keyword_nodes(model, fit_keywords))
+        keywords = keyword_nodes(model, fit_keywords)   # None values left out
+        nodes.extend(keywords.values())
         self._uid = next(_uids)
         self.model = model
         self.args: tuple[AbstractNode, ...] = tuple(nodes)
-        self.fit_keywords = tuple(fit_keywords)
+        self.fit_keywords = tuple(keywords)
         self.name = name
         if device is None:
             device = current_placement()

@@ -68,17 +68,22 @@ def accepts_fit_keyword(model: Any, name: str) -> bool:
     return var_kw or name in names
 
 
-def keyword_nodes(model: Any, keywords: Mapping[str, Any]) -> list[AbstractNode]:
+def keyword_nodes(model: Any, keywords: Mapping[str, Any]) -> dict[str, AbstractNode]:
     """The nodes of a machine's keyword training arguments, checked against ``model.fit``.
+
+    A keyword given None is left out (``fit`` takes its default), so ``network(X, y, sample_weight=None)``
+    may pass its ``sample_weight`` on whether or not weights were given.
 
     Raises
     ------
     TypeError
         When ``model.fit`` takes no such keyword, or a value is neither a node nor data.
     """
-    out = []
+    out: dict[str, AbstractNode] = {}
     cls = type(model).__name__
     for k, v in keywords.items():
+        if v is None:
+            continue
         if not accepts_fit_keyword(model, k):
             names, _ = fit_parameters(model)
             hint = (" It cannot learn from sample weights: drop the weights for this machine, or use a model "
@@ -90,7 +95,7 @@ def keyword_nodes(model: Any, keywords: Mapping[str, Any]) -> list[AbstractNode]
             msg = (f"machine({cls}, ..., {k}=...) is {v!r} of type {type(v).__name__}: expected a node or data "
                    "(NumPy, pandas, CuPy or cuDF). Wrap data in gn.source(data) or pass a node.")
             raise TypeError(msg)
-        out.append(v if is_node(v) else Source(v, name=k))
+        out[k] = v if is_node(v) else Source(v, name=k)
     return out
 
 
@@ -99,10 +104,12 @@ def add_fit_keyword(m: Any, name: str, value: Any) -> None:
 
     Only for a machine of a network being built: it is then fitted with ``name=value``.
     """
+    if value is None:
+        return
     if name in m.fit_keywords:
         msg = f"machine {m.label} already has the training argument {name}=; it cannot take a second one."
         raise ValueError(msg)
-    (node,) = keyword_nodes(m.model, {name: value})
+    (node,) = keyword_nodes(m.model, {name: value}).values()
     m.args = m.args + (node,)
     m.fit_keywords = m.fit_keywords + (name,)
 
