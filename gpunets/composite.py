@@ -84,7 +84,7 @@ from .network import evaluate
 from .network import fit as gn_fit
 from .nodes import AbstractNode, Source, is_node
 from .report import ActionMap
-from .routing import check_fit_metadata, composite_members, members_router, route_to_members
+from .routing import check_fit_metadata, composite_members, members_router, route_to_members, routed_names
 
 __all__ = ["Composite", "CompositeRegressor", "CompositeClassifier", "CompositeTransformer", "COMPOSITE_OPERATIONS"]
 
@@ -340,19 +340,19 @@ class Composite(BaseEstimator):
         saved = dict(self.__dict__)   # fitted attributes are committed together, only if the fit succeeds
         try:
             Xo, yo = self._gn_validate_fit(X, y)
-            fit_params, routed = check_fit_metadata(self, Xo, fit_params)
-            self._gn_fit_network(Xo, yo, fit_params, routed)
+            fit_params = check_fit_metadata(self, Xo, fit_params)
+            self._gn_fit_network(Xo, yo, fit_params)
         except BaseException:
             self.__dict__.clear()
             self.__dict__.update(saved)
             raise
         return self
 
-    def _gn_fit_network(self, X: Any, y: Any, fit_params: dict[str, Any], routed: Any = frozenset()) -> None:
+    def _gn_fit_network(self, X: Any, y: Any, fit_params: dict[str, Any]) -> None:
         with scope():   # the data are fingerprinted once, here and by the core's retraining rules
-            self._gn_fit_network_scoped(X, y, fit_params, routed)
+            self._gn_fit_network_scoped(X, y, fit_params)
 
-    def _gn_fit_network_scoped(self, X: Any, y: Any, fit_params: dict[str, Any], routed: Any = frozenset()) -> None:
+    def _gn_fit_network_scoped(self, X: Any, y: Any, fit_params: dict[str, Any]) -> None:
         old: NetworkState | None = self.__dict__.get("_gn_state")
         data = {"X": X, "y": y}
         extra: dict[str, Any] = {}
@@ -367,6 +367,7 @@ class Composite(BaseEstimator):
             sources = dict(old.sources)
         else:
             sources = {k: Source(v, name=k) for k, v in data.items()}
+        routed = routed_names(self, fit_params)   # metadata for the members, not for network()
         outputs = self._gn_build({k: v for k, v in sources.items() if k not in routed}, extra)
         machines = upstream_machines(list(outputs.values()))
         names = self._gn_names(machines)

@@ -38,7 +38,7 @@ from .nodes import Source
 from .rows import n_rows
 from .weights import add_fit_keyword
 
-__all__ = ["routing_enabled", "network_takes", "check_fit_metadata", "route_to_members", "members_router",
+__all__ = ["routing_enabled", "network_takes", "routed_names", "check_fit_metadata", "route_to_members", "members_router",
            "composite_members", "takes_sample_weight", "weights_refused"]
 
 WEIGHTS = "sample_weight"
@@ -83,8 +83,14 @@ def network_takes(composite: Any) -> tuple[set[str], bool]:
     return names, any(p.kind is p.VAR_KEYWORD for p in params)
 
 
-def check_fit_metadata(composite: Any, X: Any, fit_params: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
-    """Validate ``fit``'s keyword arguments before any work; return them and the names routed to members.
+def routed_names(composite: Any, fit_params: Mapping[str, Any]) -> set[str]:
+    """The names of ``fit``'s keyword arguments routed to the members: those ``network`` does not take."""
+    takes, var_kw = network_takes(composite)
+    return set() if var_kw else {k for k in fit_params if k not in takes}
+
+
+def check_fit_metadata(composite: Any, X: Any, fit_params: dict[str, Any]) -> dict[str, Any]:
+    """Validate ``fit``'s keyword arguments before any work; return them (weights as arrays).
 
     ``sample_weight=None`` is dropped; list weights become arrays; weights must be 1-D with one value per
     row of ``X``.  Arguments ``network`` takes go to ``network``; others are metadata routed to the
@@ -114,12 +120,9 @@ def check_fit_metadata(composite: Any, X: Any, fit_params: dict[str, Any]) -> tu
                        "weight per row of X.")
                 raise ValueError(msg)
             params[WEIGHTS] = w
-    takes, var_kw = network_takes(composite)
-    if var_kw:
-        return params, set()
-    routed = {k for k in params if k not in takes}
+    routed = routed_names(composite, params)
     if not routed:
-        return params, set()
+        return params
     allowed = set(getattr(composite, "_gn_routable", None) or ((WEIGHTS,) if not routing_enabled() else routed))
     bad = sorted(routed - allowed)
     if bad:
@@ -130,7 +133,10 @@ def check_fit_metadata(composite: Any, X: Any, fit_params: dict[str, Any]) -> tu
                "(sklearn.set_config(enable_metadata_routing=True)) and request it with set_fit_request on the "
                "members that need it.")
         raise TypeError(msg)
-    return params, routed
+    for k in routed:   # metadata are data: sources, cut to rows like X
+        if not hasattr(params[k], "shape"):
+            params[k] = np.asarray(params[k])
+    return params
 
 
 def members_router(owner: Any, members: Mapping[str, Any]) -> MetadataRouter:

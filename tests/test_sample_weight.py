@@ -339,3 +339,35 @@ def test_stack_metadata_routing_equals_sklearn(data, executor):
         for cls in (gn.StackingRegressor, SkStackingRegressor):
             with pytest.raises(UnsetMetadataPassedError, match="Ridge.fit, which is used within StackingRegressor"):
                 cls(unset, cv=3).fit(X, y, sample_weight=w)
+
+
+class GroupAware(RegressorMixin, BaseEstimator):
+    """Remembers the metadata its fit got."""
+
+    def fit(self, X, y, groups=None):
+        self.groups_ = None if groups is None else np.asarray(groups).copy()
+        self.mean_ = float(np.mean(y))
+        return self
+
+    def predict(self, X):
+        return np.full(len(X), self.mean_)
+
+
+class OneModel(gn.CompositeRegressor):
+    def __init__(self, model=None):
+        self.model = model
+
+    def network(self, X, y):
+        return gn.machine(self.model, X, y).predict(X)
+
+
+def test_routing_carries_any_requested_metadata(data):
+    X, y, _ = data
+    groups = list(np.arange(60) % 4)
+    with pytest.raises(TypeError, match=r"\['groups'\].*only sample_weight is routed"):
+        OneModel(GroupAware()).fit(X, y, groups=groups)
+    with sklearn.config_context(enable_metadata_routing=True):
+        model = OneModel(GroupAware().set_fit_request(groups=True)).fit(X, y, groups=groups)
+        np.testing.assert_array_equal(model.machines_["model"].estimator_.groups_, groups)
+        with pytest.raises(TypeError, match=r"StackingRegressor routes only \['sample_weight'\]"):
+            gn.StackingRegressor([("g", GroupAware().set_fit_request(groups=True))], cv=3).fit(X, y, groups=groups)
