@@ -39,7 +39,7 @@ from .graph import Upstream, machine_sources, op_nodes, upstream_machines
 from .machines import Machine, labels
 from .models import is_cuml_estimator, resolve_estimator
 from .nodes import AbstractNode, Node, Source, is_node
-from .weights import check_weight_rows, check_weight_values
+from .weights import check_weight_rows, check_weight_values, keywords_fallback
 
 __all__ = ["Task", "Plan", "compile_fit", "compile_call", "assign_lanes"]
 
@@ -368,7 +368,8 @@ def _resolve_fit(b: "_Builder", m: "Machine", pending: Any, deps: Sequence[int] 
         dev = CPU
     if dev.is_cpu and not is_cuml_estimator(pending.estimator):
         return None, dev, "sklearn"
-    r = resolve_estimator(pending.estimator, dev, what=what)
+    r = keywords_fallback(resolve_estimator(pending.estimator, dev, what=what), pending.estimator,
+                          m.fit_keywords, what)
     if r.path in ("cpu_fallback", "array_api") and getattr(pending.estimator, "_gn_incremental", False):
         # the model's own class runs: keep the pending estimator, which for an update is the fitted
         # composite's incremental copy (resolving clones it, and a clone would retrain from scratch)

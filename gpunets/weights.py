@@ -32,6 +32,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Mapping
 
+from .models import Resolved, cpu_fallback, is_cuml_estimator
 from .nodes import AbstractNode, Node, Source, is_node
 from .rows import n_rows
 
@@ -112,6 +113,22 @@ def add_fit_keyword(m: Any, name: str, value: Any) -> None:
     (node,) = keyword_nodes(m.model, {name: value}).values()
     m.args = m.args + (node,)
     m.fit_keywords = m.fit_keywords + (name,)
+
+
+def keywords_fallback(resolved: Resolved, model: Any, keywords: tuple[str, ...], what: str) -> Resolved:
+    """``resolved``, or the CPU when its cuML twin's ``fit`` lacks one of ``keywords`` (the fallback policy applies).
+
+    cuML twins do not all take what the scikit-learn model takes (cuML's random forests have no
+    ``sample_weight``); the machine then trains ``model`` itself on the CPU, as for any other reason a
+    GPU cannot run it.
+    """
+    if resolved.path != "cuml" or not keywords or is_cuml_estimator(model):
+        return resolved
+    missing = [k for k in keywords if not accepts_fit_keyword(resolved.estimator, k)]
+    if not missing:
+        return resolved
+    reason = f"cuML's {type(resolved.estimator).__name__}.fit takes no {', '.join(missing)}"
+    return cpu_fallback(model, resolved.device, reason, what=what)
 
 
 def weights_position(m: Any) -> int | None:

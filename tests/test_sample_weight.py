@@ -371,3 +371,28 @@ def test_routing_carries_any_requested_metadata(data):
         np.testing.assert_array_equal(model.machines_["model"].estimator_.groups_, groups)
         with pytest.raises(TypeError, match=r"StackingRegressor routes only \['sample_weight'\]"):
             gn.StackingRegressor([("g", GroupAware().set_fit_request(groups=True))], cv=3).fit(X, y, groups=groups)
+
+
+class NoWeightsTwin(RegressorMixin, BaseEstimator):
+    """Stands for a cuML twin whose fit takes no sample_weight (cuML's random forests)."""
+
+    def fit(self, X, y):
+        raise AssertionError("the twin must not be fitted with weights it cannot take")
+
+
+def test_a_gpu_twin_without_the_keyword_falls_back_to_the_cpu(data, monkeypatch, caplog):
+    import logging
+
+    import gpunets.plan as plan
+    from gpunets.models import Resolved
+    from gpunets.testing import fake_gpu
+
+    X, y, w = data
+    monkeypatch.setattr(plan, "resolve_estimator",
+                        lambda model, dev, what: Resolved(NoWeightsTwin(), gn.Device.parse(dev), "cuml"))
+    with fake_gpu(1), caplog.at_level(logging.WARNING, logger="gpunets"), gn.config(fallback="warn"):
+        mach = gn.machine(Ridge(), X, y, sample_weight=w, device="cuda:0")
+        mach.fit()
+    assert mach.report()["path"] == "cpu_fallback"
+    assert "cuML's NoWeightsTwin.fit takes no sample_weight" in caplog.text
+    np.testing.assert_allclose(mach.estimator_.coef_, Ridge().fit(X, y, sample_weight=w).coef_, rtol=0, atol=1e-12)
