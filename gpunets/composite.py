@@ -84,6 +84,7 @@ from .network import evaluate
 from .network import fit as gn_fit
 from .nodes import AbstractNode, Source, is_node
 from .report import ActionMap
+from .routing import check_fit_metadata, composite_members, members_router, route_to_members, routed_names
 
 __all__ = ["Composite", "CompositeRegressor", "CompositeClassifier", "CompositeTransformer", "COMPOSITE_OPERATIONS"]
 
@@ -189,6 +190,8 @@ class Composite(BaseEstimator):
     executor: Any = "auto"
     device: Any = "auto"
     workers: int | None = None
+    #: ``fit(..., sample_weight=w)`` reaches the members (:mod:`gpunets.routing`)
+    _gn_routes_metadata = True
 
     # --- what subclasses write ---------------------------------------------------------
     def network(self, X: Source, y: Source) -> AbstractNode | Mapping[str, AbstractNode]:
@@ -325,6 +328,9 @@ class Composite(BaseEstimator):
 
         Extra keyword arguments that are arrays become sources of that name,
         passed to ``network`` as keyword arguments (others are passed as given).
+        ``sample_weight`` (and, with metadata routing on, other metadata), when
+        ``network`` does not take it, is routed to the members of the network
+        (:mod:`gpunets.routing`).
 
         Returns
         -------
@@ -334,6 +340,7 @@ class Composite(BaseEstimator):
         saved = dict(self.__dict__)   # fitted attributes are committed together, only if the fit succeeds
         try:
             Xo, yo = self._gn_validate_fit(X, y)
+            fit_params = check_fit_metadata(self, Xo, fit_params)
             self._gn_fit_network(Xo, yo, fit_params)
         except BaseException:
             self.__dict__.clear()
@@ -360,9 +367,11 @@ class Composite(BaseEstimator):
             sources = dict(old.sources)
         else:
             sources = {k: Source(v, name=k) for k, v in data.items()}
-        outputs = self._gn_build(sources, extra)
+        routed = routed_names(self, fit_params)   # metadata for the members, not for network()
+        outputs = self._gn_build({k: v for k, v in sources.items() if k not in routed}, extra)
         machines = upstream_machines(list(outputs.values()))
         names = self._gn_names(machines)
+        route_to_members(self, machines, names, {k: sources[k] for k in routed})   # before any training
         plain = self._gn_plain_params()
         if same:
             strict = plain.keys() != old.plain_params.keys() or not all(
@@ -506,6 +515,17 @@ class Composite(BaseEstimator):
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, str]:
         return {"text/plain": repr(self), "text/html": self._repr_html_()}
+
+    # --- metadata routing ----------------------------------------------------------------------------
+    def get_metadata_routing(self) -> Any:
+        """scikit-learn's routing of ``fit`` metadata to the members of the network (:mod:`gpunets.routing`).
+
+        Returns
+        -------
+        sklearn.utils.metadata_routing.MetadataRouter
+            One child per machine of the network, keyed as in ``report_``, ``fit`` routed to ``fit``.
+        """
+        return members_router(self, composite_members(self))
 
     # --- incremental refit by an outer network -------------------------------------------------------
     def _gn_updated_copy(self, spec: Any) -> Any:

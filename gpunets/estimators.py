@@ -26,12 +26,15 @@ def fresh_estimator(model: Any) -> Any:
 
 
 def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None,
-                  method: str = "fit") -> tuple[Any, dict[str, Any]]:
+                  method: str = "fit", keywords: tuple[str, ...] = ()) -> tuple[Any, dict[str, Any]]:
     """Fit the fresh estimator ``est`` on ``values``; return it and where it ran.
 
     Pure apart from fitting ``est`` itself, so it can run on any thread or Dask worker.
     With ``method="fit_transform"`` the result of ``est.fit_transform`` is in ``info["output"]``.
+    The last ``len(keywords)`` values are passed by those names (``sample_weight=w``).
     """
+    kw = dict(zip(keywords, values[len(values) - len(keywords):])) if keywords else {}
+    values = values[:len(values) - len(keywords)]
     start = time.perf_counter()
     info: dict[str, Any] = {"device": "cpu", "path": "sklearn"}
     groups = unsafe_groups(est)   # estimators with process-wide state fit one at a time
@@ -40,10 +43,10 @@ def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None,
         if getattr(resolved, "reason", ""):
             info["reason"] = resolved.reason
         with fit_context(resolved), serialized(groups):
-            result = getattr(est, method)(*values)
+            result = getattr(est, method)(*values, **kw)
     else:
         with serialized(groups):
-            result = getattr(est, method)(*values)
+            result = getattr(est, method)(*values, **kw)
     if method != "fit":
         info["output"] = result
     info["seconds"] = time.perf_counter() - start
@@ -53,7 +56,7 @@ def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None,
 
 
 def partial_fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None,
-                          times: int = 1) -> tuple[Any, dict[str, Any]]:
+                          times: int = 1, keywords: tuple[str, ...] = ()) -> tuple[Any, dict[str, Any]]:
     """Call ``est.partial_fit(*values)`` ``times`` times (a warm update's passes); return it and where it ran.
 
     ``est`` is a copy of a fitted estimator (never a committed state): like :func:`fit_estimator`,
@@ -62,7 +65,7 @@ def partial_fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = Non
     seconds = 0.0
     info: dict[str, Any] = {}
     for _ in range(times):
-        est, info = fit_estimator(est, values, resolved, method="partial_fit")
+        est, info = fit_estimator(est, values, resolved, method="partial_fit", keywords=keywords)
         info.pop("output", None)
         seconds += info["seconds"]
     info["seconds"] = seconds
@@ -105,10 +108,10 @@ def static_estimator(est: Any, resolved: Any = None) -> tuple[Any, dict[str, Any
 
 
 def fit_transform_estimator(est: Any, values: tuple[Any, ...],
-                            resolved: Any = None) -> tuple[Any, dict[str, Any], Any]:
+                            resolved: Any = None, keywords: tuple[str, ...] = ()) -> tuple[Any, dict[str, Any], Any]:
     """Like :func:`fit_estimator` with ``est.fit_transform``: the fitted estimator, where it ran, and the
     transform of its training input (scikit-learn's contract: ``fit(X, y).transform(X)``)."""
-    est, info = fit_estimator(est, values, resolved, method="fit_transform")
+    est, info = fit_estimator(est, values, resolved, method="fit_transform", keywords=keywords)
     return est, info, info.pop("output")
 
 

@@ -62,6 +62,7 @@ from .exceptions import NotFittedError
 from .fingerprint import fingerprint
 from .graph import Upstream
 from .nodes import AbstractNode, Node, Source, as_node, is_node
+from .weights import keyword_nodes
 
 __all__ = ["Machine", "machine", "labels", "OPERATIONS", "WARM_UPDATE", "STATIC", "WARM_MODES"]
 
@@ -135,10 +136,15 @@ class Machine:
         runs: ``"auto"`` continues from the fitted state when the estimator has ``warm_start=True``;
         ``"partial_fit"`` calls ``partial_fit`` once per unit of growth on a copy of the fitted estimator;
         ``False`` always refits a fresh clone.
+    **fit_keywords : nodes or data
+        Training arguments passed to ``fit`` by name (``sample_weight=w``).
     """
 
+    #: names of the trailing ``args`` that ``fit`` takes as keywords (``sample_weight=w``); see :mod:`gpunets.weights`
+    fit_keywords: tuple[str, ...] = ()
+
     def __init__(self, model: Any, *args: Any, device: Any = None, name: str | None = None,
-                 warm: Any = "auto") -> None:
+                 warm: Any = "auto", **fit_keywords: Any) -> None:
         if isinstance(model, type) or not callable(getattr(model, "fit", None)):
             hint = (" It is a class: pass an instance, e.g. machine(Ridge(), X, y)."
                     if isinstance(model, type) else "")
@@ -150,9 +156,12 @@ class Machine:
         for i, a in enumerate(args):
             _check_argument(a, f"argument {i} of machine({type(model).__name__}, ...)")
             nodes.append(as_node(a, what=f"argument {i} of machine {type(model).__name__}", position=i))
+        keywords = keyword_nodes(model, fit_keywords)   # None values left out
+        nodes.extend(keywords.values())
         self._uid = next(_uids)
         self.model = model
         self.args: tuple[AbstractNode, ...] = tuple(nodes)
+        self.fit_keywords = tuple(keywords)
         self.name = name
         if device is None:
             device = current_placement()
@@ -180,7 +189,9 @@ class Machine:
         return self.name or type(self.model).__name__
 
     def __repr__(self) -> str:
-        args = ", ".join(a._short(1) for a in self.args)
+        k = len(self.args) - len(self.fit_keywords)
+        args = ", ".join([a._short(1) for a in self.args[:k]]
+                         + [f"{n}={a._short(1)}" for n, a in zip(self.fit_keywords, self.args[k:])])
         return f"<Machine {self.label}({args})>"
 
     def _repr_html_(self) -> str:
@@ -451,7 +462,8 @@ def _same_rows(a: Any, b: Any) -> bool:
     return _equal(a, b)
 
 
-def machine(model: Any, *args: Any, device: Any = None, name: str | None = None, warm: Any = "auto") -> Machine:
+def machine(model: Any, *args: Any, device: Any = None, name: str | None = None, warm: Any = "auto",
+            **fit_keywords: Any) -> Machine:
     """Bind ``model`` to its training arguments.
 
     Parameters
@@ -467,6 +479,9 @@ def machine(model: Any, *args: Any, device: Any = None, name: str | None = None,
         Label for reports.
     warm : {"auto", False, "partial_fit"}, default "auto"
         How an update that only grows iteration-like hyperparameters runs (see :class:`Machine`).
+    **fit_keywords : nodes or data
+        Training arguments passed to ``fit`` by name, e.g. ``sample_weight=w``
+        (see :mod:`gpunets.weights`); ``model.fit`` must take them.
 
     With no training arguments the machine is *static* (MLJ's ``Static``): the model must be
     stateless (``FunctionTransformer``, ``Normalizer``: scikit-learn's ``requires_fit`` tag is
@@ -485,7 +500,7 @@ def machine(model: Any, *args: Any, device: Any = None, name: str | None = None,
     >>> W().ravel().tolist()
     [-1.0, 1.0]
     """
-    return Machine(model, *args, device=device, name=name, warm=warm)
+    return Machine(model, *args, device=device, name=name, warm=warm, **fit_keywords)
 
 
 def labels(machines: Iterable[Machine]) -> dict[Machine, str]:

@@ -61,6 +61,7 @@ __all__ = [
     "scipy_array_api_enabled",
     "supports_array_api",
     "resolve_estimator",
+    "cpu_fallback",
     "fit_context",
     "call_context",
     "prepare_inputs",
@@ -353,6 +354,18 @@ def _fall_back(model: Any, dev: Device, reason: str, *, what: str, policy: str) 
             f"gn.config(fallback='warn') runs it on the CPU with a logged line.")
     level = logging.WARNING if policy == "warn" else logging.INFO
     logger.log(level, "`%s.fit` falling back to CPU (%s on %s): %s", name, what, dev, reason)
+
+
+def cpu_fallback(model: Any, device: Union[str, Device], reason: str, *, what: str,
+                 fallback: Union[str, None] = None) -> Resolved:
+    """Run ``model`` on the CPU instead of ``device`` for ``reason``, as the fallback policy says.
+
+    >>> from sklearn.linear_model import Ridge
+    >>> cpu_fallback(Ridge(), "cuda:0", "no GPU here", what="machine Ridge", fallback="silent").path
+    'cpu_fallback'
+    """
+    _fall_back(model, Device.parse(device), reason, what=what, policy=fallback or get_config()["fallback"])
+    return Resolved(clone(model, safe=False), CPU, "cpu_fallback", reason)
 
 
 def resolve_estimator(model: Any, device: Union[str, Device], *, what: str,

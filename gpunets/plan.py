@@ -40,6 +40,7 @@ from .graph import Upstream, machine_sources, op_nodes, upstream_machines
 from .machines import STATIC, FittedState, Machine, labels
 from .models import is_cuml_estimator, resolve_estimator
 from .nodes import AbstractNode, Node, Source, is_node
+from .weights import check_weight_rows, check_weight_values, keywords_fallback
 
 __all__ = ["Task", "Plan", "compile_fit", "compile_call", "assign_lanes"]
 
@@ -261,7 +262,7 @@ class _Builder:
         if task.fn.func is not _fit_task and task.fn.func is not _fit_transform_task:
             return False              # a static machine, or a warm update by partial_fit
         if task.fn.func is not _fit_transform_task:
-            task.fn = partial(_fit_transform_task, est, n_args, resolved)
+            task.fn = partial(_fit_transform_task, est, n_args, resolved, **task.fn.keywords)
         return True
 
     def _check_in_step(self, m: Any, st: Any) -> None:
@@ -372,7 +373,8 @@ def _resolve_fit(b: "_Builder", m: "Machine", pending: Any, deps: Sequence[int] 
         dev = CPU
     if dev.is_cpu and not is_cuml_estimator(pending.estimator):
         return None, dev, "sklearn"
-    r = resolve_estimator(pending.estimator, dev, what=what)
+    r = keywords_fallback(resolve_estimator(pending.estimator, dev, what=what), pending.estimator,
+                          m.fit_keywords, what)
     if r.path in ("cpu_fallback", "array_api") and (getattr(pending.estimator, "_gn_incremental", False)
                                                     or pending.warm is not None):
         # the model's own class runs: keep the pending estimator, which for an update is the fitted
@@ -408,12 +410,16 @@ def _placed_by_default(spec: Any) -> bool:
     return placement_override() is None
 
 
-def _fit_task(est: Any, n_args: int, resolved: Any, *values: Any) -> tuple[Any, dict[str, Any]]:
-    return fit_estimator(est, tuple(values[:n_args]), resolved)
+def _fit_task(est: Any, n_args: int, resolved: Any, *values: Any, keywords: tuple[str, ...] = (),
+              weights: Any = None) -> tuple[Any, dict[str, Any]]:
+    check_weight_values(weights, values)
+    return fit_estimator(est, tuple(values[:n_args]), resolved, keywords=keywords)
 
 
-def _partial_fit_task(est: Any, n_args: int, resolved: Any, times: int, *values: Any) -> tuple[Any, dict[str, Any]]:
-    return partial_fit_estimator(est, tuple(values[:n_args]), resolved, times)
+def _partial_fit_task(est: Any, n_args: int, resolved: Any, times: int, *values: Any,
+                      keywords: tuple[str, ...] = (), weights: Any = None) -> tuple[Any, dict[str, Any]]:
+    check_weight_values(weights, values)
+    return partial_fit_estimator(est, tuple(values[:n_args]), resolved, times, keywords=keywords)
 
 
 def _static_task(est: Any, resolved: Any) -> tuple[Any, dict[str, Any]]:
@@ -432,8 +438,22 @@ def _warm_route_ok(m: "Machine", dev: Any, path: str) -> bool:
     return st is not None and st.path == path and st.device == str(dev)
 
 
-def _fit_transform_task(est: Any, n_args: int, resolved: Any, *values: Any) -> tuple[Any, dict[str, Any], Any]:
-    return fit_transform_estimator(est, tuple(values[:n_args]), resolved)
+def _fit_transform_task(est: Any, n_args: int, resolved: Any, *values: Any, keywords: tuple[str, ...] = (),
+                        weights: Any = None) -> tuple[Any, dict[str, Any], Any]:
+    check_weight_values(weights, values)
+    return fit_transform_estimator(est, tuple(values[:n_args]), resolved, keywords=keywords)
+
+
+def _fit_keywords(b: "_Builder", m: "Machine") -> dict[str, Any]:
+    """The keyword arguments of ``m``'s fit task: its keyword training arguments' names, and the check of
+    its sample weights' rows where it could not be made now (:func:`gpunets.weights.check_weight_rows`)."""
+    out: dict[str, Any] = {}
+    if m.fit_keywords:
+        out["keywords"] = m.fit_keywords
+    pending = check_weight_rows(m, lambda s: b.tasks[b.memo[s._uid]].value)
+    if pending is not None:
+        out["weights"] = (*pending, m.label)
+    return out
 
 
 def _training_output(fitted: tuple[Any, ...]) -> Any:
@@ -557,9 +577,9 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
         if actions[m] == STATIC:
             fn = partial(_static_task, est, resolved)
         elif pending.warm is not None and pending.warm[0] == "partial_fit":
-            fn = partial(_partial_fit_task, est, len(deps), resolved, pending.warm[1])
+            fn = partial(_partial_fit_task, est, len(deps), resolved, pending.warm[1], **_fit_keywords(b, m))
         else:
-            fn = partial(_fit_task, est, len(deps), resolved)
+            fn = partial(_fit_task, est, len(deps), resolved, **_fit_keywords(b, m))
         key = b.add(kind="fit", label=f"fit {m.label}", fn=fn,
                     deps=tuple(deps), machine=m, cost=10.0, commit=partial(_commit_fit, m, pending), device=dev)
         b.fit_key[m._uid] = key

@@ -30,6 +30,7 @@ import numpy as np
 from sklearn.base import ClassifierMixin, RegressorMixin, TransformerMixin, is_classifier, is_regressor
 from sklearn.model_selection import check_cv
 from sklearn.preprocessing import LabelEncoder
+from sklearn.utils.metadata_routing import MethodMapping, process_routing
 from sklearn.utils.metaestimators import _BaseComposition
 from sklearn.utils.multiclass import check_classification_targets, type_of_target
 
@@ -38,6 +39,7 @@ from .data import take_rows as _take
 from .devices import host_only
 from .machines import machine
 from .nodes import Source, node
+from .routing import members_router, routing_enabled, takes_sample_weight, weights_refused
 
 __all__ = ["StackingRegressor", "StackingClassifier"]
 
@@ -257,11 +259,16 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
             raise ValueError(msg)
 
     # --- the network --------------------------------------------------------------------------------------
-    def network(self, X: Source, y: Source) -> dict[str, Any]:
-        """One branch per (base model, fold), full-data refits, the final estimator (module docstring)."""
+    def network(self, X: Source, y: Source, sample_weight: Source | None = None) -> dict[str, Any]:
+        """One branch per (base model, fold), full-data refits, the final estimator (module docstring).
+
+        ``sample_weight`` reaches the members scikit-learn's stack gives it to (:meth:`_weight_routes`),
+        cut to each fold's training rows for the (member, fold) fits.
+        """
         names, ests = self._validate_estimators()
         final_est = self._validate_final()
         methods = self._methods(names, ests)
+        weighted, final_weighted = self._weight_routes(names, ests, final_est, sample_weight)
         dev = self._devices()
         y_data = np.asarray(y.data)
         n = len(y_data)
@@ -280,6 +287,9 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
         n_classes = len(self.classes_) if is_classifier(self) else 0
         folds = [(node(take_rows, X, tr, name=f"X[train {k}]"), node(take_rows, y, tr, name=f"y[train {k}]"),
                   node(take_rows, X, te, name=f"X[test {k}]")) for k, (tr, te) in enumerate(splits)]
+        fold_w = [{"sample_weight": node(take_rows, sample_weight, tr, name=f"w[train {k}]")}
+                  for k, (tr, _) in enumerate(splits)] if weighted else [{} for _ in splits]
+        full_w = {"sample_weight": sample_weight} if weighted else {}
         tests = tuple(te for _, te in splits)
         oof, full_preds = [], []
         self._gn_full_names = list(names)
@@ -287,7 +297,8 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
             d = dev.get(name)
             preds = []
             for k, (Xtr, ytr, Xte) in enumerate(folds):
-                m = machine(est, Xtr, ytr, name=f"{name}[fold {k}]", device=d)
+                m = machine(est, Xtr, ytr, name=f"{name}[fold {k}]", device=d,
+                            **(fold_w[k] if name in weighted else {}))
                 p = getattr(m, meth)(Xte)
                 if n_classes and meth != "predict":
                     present = np.unique(y_data[splits[k][0]])
@@ -295,18 +306,59 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
                         p = node(enforce_order_partial(present, n_classes, meth), p)
                 preds.append(p)
             oof.append(node(assemble_folds, tests, n, *preds, name=f"oof[{name}]"))
-            full = machine(est, X, y, name=name, device=d)
+            full = machine(est, X, y, name=name, device=d, **(full_w if name in weighted else {}))
             full_preds.append(getattr(full, meth)(X))
         extra = [X] if self.passthrough else []
         meta_train = node(concat_predictions, tuple(methods), n_classes, bool(self.passthrough), *oof, *extra,
                           name="X_meta[train]")
-        final = machine(final_est, meta_train, y, name="final_estimator", device=dev.get("final_estimator"))
+        final = machine(final_est, meta_train, y, name="final_estimator", device=dev.get("final_estimator"),
+                        **({"sample_weight": sample_weight} if final_weighted else {}))
         meta = node(concat_predictions, tuple(methods), n_classes, bool(self.passthrough), *full_preds, *extra,
                     name="X_meta")
         return self._outputs(final, meta)
 
     def _outputs(self, final: Any, meta: Any) -> dict[str, Any]:  # pragma: no cover - overridden
         raise NotImplementedError
+
+    # --- sample weights and metadata routing (scikit-learn's rules) ------------------------------------------
+    #: the only metadata a stack's fit takes (as scikit-learn's)
+    _gn_routable = ("sample_weight",)
+
+    def get_metadata_routing(self) -> Any:
+        """scikit-learn's routing: each base estimator's ``fit`` from ``fit``, the final estimator's ``predict``.
+
+        Returns
+        -------
+        sklearn.utils.metadata_routing.MetadataRouter
+        """
+        router = members_router(self, {name: est for name, est in self.estimators})
+        final = self.__dict__.get("final_estimator_", self.final_estimator)
+        router.add(final_estimator_=final, method_mapping=MethodMapping().add(caller="predict", callee="predict"))
+        return router
+
+    def _weight_routes(self, names: list[str], ests: list[Any], final_est: Any,
+                       sample_weight: Source | None) -> tuple[set[str], bool]:
+        """Which base estimators (by name) and whether the final estimator train with ``sample_weight``.
+
+        As scikit-learn's stack: without metadata routing every one of them, and one that cannot take
+        the weights is an error (raised here, before anything trains); with routing, the base estimators
+        that requested them (``process_routing``: unset requests raise ``UnsetMetadataPassedError``), and
+        the final estimator always.
+        """
+        if sample_weight is None:
+            return set(), False
+        if routing_enabled():
+            routed = process_routing(self, "fit", sample_weight=sample_weight.data)
+            weighted = {n for n in names if "sample_weight" in routed[n]["fit"]}
+            refused = {}
+        else:
+            weighted = set(names)
+            refused = {n: e for n, e in zip(names, ests) if not takes_sample_weight(e)}
+        if not takes_sample_weight(final_est):
+            refused["final_estimator"] = final_est
+        if refused:
+            raise weights_refused(type(self).__name__, refused)
+        return weighted, True
 
     def _gn_explain_missing(self, op: str) -> None:
         est = self.final_estimator if self.final_estimator is not None else self._default_final()

@@ -129,7 +129,7 @@ def _walk(est: Any, setting: tuple[Any, ...], out: set[str]) -> None:
         for item in (v if isinstance(v, (list, tuple)) else (v,)):
             if isinstance(item, tuple) and len(item) >= 2:   # (name, estimator[, columns]) as in Pipeline
                 item = item[1]
-            if hasattr(item, "fit") and not isinstance(item, type):
+            if callable(getattr(item, "fit", None)) and not isinstance(item, type):   # not a MetadataRequest
                 _walk(item, setting, out)
 
 

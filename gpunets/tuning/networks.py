@@ -14,6 +14,7 @@ Both return, per candidate, the node of its scores (one entry of scikit-learn's 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -225,12 +226,12 @@ class CompositeFold:
     def _machine(self, m: Any) -> AbstractNode:
         keys: list[Any] = []
         args = [self._arg(a, {}, keys) for a in m.args]
-        key = ("machine", tasks.step_key(m.model), tuple(keys))
+        key = ("machine", tasks.step_key(m.model), tuple(keys), m.fit_keywords)
 
         if key not in self.memo:
             self.report.fits[m.label] = self.report.fits.get(m.label, 0) + 1
         self.needed.add(key)
-        fit = self._intern(key, tasks.fit_model, clone(m.model), *args)
+        fit = self._intern(key, partial(tasks.fit_model, keywords=m.fit_keywords), clone(m.model), *args)
         self._intern(("seconds", key), tasks.seconds, fit)
         return self._intern(("fitted", key), tasks.fitted, fit)
 

@@ -240,8 +240,10 @@ def _first_failed(values: tuple[Any, ...]) -> Any:
     return next((v for v in values if isinstance(v, Failed)), None)
 
 
-def fit_model(est: Any, *values: Any) -> tuple[Any, None, float]:
-    """Fit one machine of a composite's network (a fresh clone of its model): ``(fitted, None, seconds)``."""
+def fit_model(est: Any, *values: Any, keywords: tuple[str, ...] = ()) -> tuple[Any, None, float]:
+    """Fit one machine of a composite's network (a fresh clone of its model): ``(fitted, None, seconds)``.
+
+    The last ``len(keywords)`` values are passed by those names (the machine's ``fit_keywords``)."""
     failed = _first_failed(values)
     if failed is not None:
         return failed, None, 0.0
@@ -249,7 +251,8 @@ def fit_model(est: Any, *values: Any) -> tuple[Any, None, float]:
 
     start = time.perf_counter()
     try:
-        return clone(est).fit(*values), None, time.perf_counter() - start
+        n = len(values) - len(keywords)
+        return clone(est).fit(*values[:n], **dict(zip(keywords, values[n:]))), None, time.perf_counter() - start
     except Exception as e:  # noqa: BLE001 - reported by candidate
         failed = Failed(e, traceback.format_exc(), time.perf_counter() - start)
         return failed, None, failed.seconds
