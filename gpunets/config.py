@@ -32,6 +32,8 @@ _DEFAULTS: dict[str, Any] = {
     "gpu_memory": "default",  # GPU memory resource, process-wide, set once: "default", "async" or "pool"
     "thread_unsafe": (),  # estimator classes (or dotted names) fitted and called one at a time
     "output": "auto",     # what a call returns: "auto" | "device" | "numpy" | "pandas" (like cuML's output_type)
+    "cache": False,       # machines keep their outputs on the training data (a machine's own cache= wins)
+    "cache_bytes": 1 << 30,  # the byte budget of that cache (least recently used entries are evicted)
 }
 OUTPUT_TYPES = ("auto", "device", "numpy", "pandas")
 
@@ -42,8 +44,9 @@ _LOCAL: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("
 def get_config() -> dict[str, Any]:
     """Return a copy of the settings in force here.
 
-    >>> sorted(get_config())
-    ['device', 'executor', 'fallback', 'gpu_memory', 'output', 'progress', 'thread_unsafe', 'workers']
+    >>> sorted(get_config())  # doctest: +NORMALIZE_WHITESPACE
+    ['cache', 'cache_bytes', 'device', 'executor', 'fallback', 'gpu_memory', 'output', 'progress',
+     'thread_unsafe', 'workers']
     """
     local = _LOCAL.get()
     return dict(local if local is not None else _GLOBAL)
@@ -61,11 +64,25 @@ def _validate(changes: dict[str, Any]) -> dict[str, Any]:
     check_run_options(**{k: v for k, v in changes.items() if k in ("workers", "executor", "progress", "output")})
     if "gpu_memory" in changes:
         verbs.get("check_gpu_memory")(changes["gpu_memory"])
+    _check_cache(changes)
     if "thread_unsafe" in changes:
         changes = {**changes, "thread_unsafe": verbs.get("check_thread_unsafe")(changes["thread_unsafe"])}
     if "device" in changes and changes["device"] not in (None, "auto"):
         verbs.get("check_device")(changes["device"])  # Device.parse: raises a ValueError listing the valid forms
     return changes
+
+
+def _check_cache(changes: dict[str, Any]) -> None:
+    if "cache" in changes and not isinstance(changes["cache"], bool):
+        msg = (f"cache={changes['cache']!r} must be True or False: whether machines keep their outputs on the "
+               "training data (a machine's own cache= argument wins).")
+        raise TypeError(msg)
+    if "cache_bytes" in changes:
+        v = changes["cache_bytes"]
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            msg = (f"cache_bytes={v!r} must be a non-negative integer: the byte budget of the cache of node "
+                   "outputs, e.g. cache_bytes=2**30 for 1 GiB (0 keeps nothing).")
+            raise ValueError(msg)
 
 
 def check_run_options(**options: Any) -> None:

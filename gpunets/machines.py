@@ -106,14 +106,23 @@ class Machine:
         Where the machine trains and predicts (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
     name : str, optional
         A label for reports (default: the model's class name).
+    cache : bool, optional
+        Keep the outputs of this machine's operations on the training data, so a refit that
+        needs them again does not recompute them (default: ``gn.get_config()["cache"]``);
+        see :mod:`gpunets.cache`.
     """
 
-    def __init__(self, model: Any, *args: Any, device: Any = None, name: str | None = None) -> None:
+    def __init__(self, model: Any, *args: Any, device: Any = None, name: str | None = None,
+                 cache: bool | None = None) -> None:
         if isinstance(model, type) or not callable(getattr(model, "fit", None)):
             hint = (" It is a class: pass an instance, e.g. machine(Ridge(), X, y)."
                     if isinstance(model, type) else "")
             msg = (f"machine() needs a model with a fit method (a scikit-learn-style estimator); "
                    f"got {model!r} of type {type(model).__name__}.{hint}")
+            raise TypeError(msg)
+        if cache is not None and not isinstance(cache, bool):
+            msg = (f"machine({type(model).__name__}, ...): cache={cache!r} must be True, False or None "
+                   "(None: the setting gn.set_config(cache=...)).")
             raise TypeError(msg)
         nodes = []
         for i, a in enumerate(args):
@@ -129,6 +138,7 @@ class Machine:
             device = Device.parse(device)
         self.device = device
         self.frozen = False
+        self.cache = cache
         self._state: FittedState | None = None
         self._version = 0
         self.n_fits = 0
@@ -336,7 +346,8 @@ def _same_rows(a: Any, b: Any) -> bool:
     return _equal(a, b)
 
 
-def machine(model: Any, *args: Any, device: Any = None, name: str | None = None) -> Machine:
+def machine(model: Any, *args: Any, device: Any = None, name: str | None = None,
+            cache: bool | None = None) -> Machine:
     """Bind ``model`` to its training arguments.
 
     Parameters
@@ -350,6 +361,9 @@ def machine(model: Any, *args: Any, device: Any = None, name: str | None = None)
         ``gn.device`` block, else the config default.
     name : str, optional
         Label for reports.
+    cache : bool, optional
+        Keep this machine's outputs on the training data for the next fit or call
+        (default: ``gn.get_config()["cache"]``); see :mod:`gpunets.cache`.
 
     Examples
     --------
@@ -364,7 +378,7 @@ def machine(model: Any, *args: Any, device: Any = None, name: str | None = None)
     >>> W().ravel().tolist()
     [-1.0, 1.0]
     """
-    return Machine(model, *args, device=device, name=name)
+    return Machine(model, *args, device=device, name=name, cache=cache)
 
 
 def labels(machines: Iterable[Machine]) -> dict[Machine, str]:
