@@ -41,8 +41,10 @@ True
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import threading
+import types
 import weakref
 from dataclasses import dataclass
 from hashlib import blake2b
@@ -300,9 +302,6 @@ def operation_key(f: Any) -> bytes | None:
     closure its code and defaults (so a lambda rebuilt by a composite's ``network`` names the same
     operation); anything else the object (a token, valid while it lives).
     """
-    import functools
-    import types
-
     if isinstance(f, str):
         return b"op:" + f.encode()
     if isinstance(f, functools.partial):

@@ -155,6 +155,11 @@ class config:
         What calling a node returns (cuML's ``output_type``): ``"auto"`` the type family and device
         of the data given, ``"device"`` the value where it was computed, ``"numpy"`` a NumPy array on
         the host, ``"pandas"`` a pandas object on the host (the input's index where it had one).
+    cache : bool, optional
+        Whether machines without their own ``cache=`` keep their outputs on the training data
+        (:mod:`gpunets.cache`); default False.
+    cache_bytes : int, optional
+        The byte budget of that cache (least recently used entries are evicted); default 1 GiB.
 
     Examples
     --------
