@@ -43,6 +43,7 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
+import sys
 import threading
 import types
 import weakref
@@ -309,9 +310,26 @@ def operation_key(f: Any) -> bytes | None:
         if inner is None:
             return None
         return digest(b"partial", inner, value_key((f.args, sorted(f.keywords.items()))))
+    name = _global_name(f)
+    if name is not None:
+        return b"global:" + name.encode()
     if isinstance(f, types.FunctionType) and not f.__closure__:
         t = token(f.__code__)
         if t is not None:
             return digest(b"code", str(t).encode(), value_key((f.__defaults__, f.__kwdefaults__)))
     t = token(f)
     return None if t is None else b"obj:" + str(t).encode()
+
+
+def _global_name(f: Any) -> str | None:
+    """``module:qualname`` when ``f`` is the object that name holds (``np.log``, ``operator.add``), else None."""
+    name = getattr(f, "__qualname__", None) or getattr(f, "__name__", None)
+    if not isinstance(name, str) or "<" in name:
+        return None
+    for mod in (getattr(f, "__module__", None), type(f).__module__):
+        obj = sys.modules.get(mod) if isinstance(mod, str) else None
+        for part in name.split("."):
+            obj = getattr(obj, part, None)
+        if obj is f:
+            return f"{mod}:{name}"
+    return None

@@ -213,3 +213,72 @@ def test_nbytes_of_frames_and_sparse():
     assert nbytes(df) == int(df.memory_usage(index=True).sum())
     m = sp.random(10, 10, density=0.2, format="csr", random_state=0)
     assert nbytes(m) == m.data.nbytes + m.indices.nbytes + m.indptr.nbytes
+
+
+def test_on_a_gpu_the_cache_holds_the_device_value_on_every_local_executor():
+    """On the fake GPU (array-API dispatch on fake CuPy): the cached output is the device array itself."""
+    import os
+    import subprocess
+    import sys
+
+    code = r"""
+import numpy as np, warnings, gpunets as gn
+import gpunets.fakegpu as fg
+from sklearn.linear_model import Ridge
+from sklearn.preprocessing import StandardScaler
+rng = np.random.default_rng(0)
+X, y = gn.source(rng.normal(size=(40, 3)), name="X"), gn.source(rng.normal(size=40), name="y")
+with gn.device("cuda"):
+    scale = gn.machine(StandardScaler(), X, cache=True)
+    W = scale.transform(X)
+    final = gn.machine(Ridge(solver="svd"), W, y)
+    yhat = final.predict(W)
+with warnings.catch_warnings():
+    warnings.filterwarnings("error", message=".*falling back to CPU")
+    for ex in ("serial", "threads", "streams"):
+        gn.cache_clear()
+        scale.fit(force=True, executor=ex)
+        yhat.fit(executor=ex)
+        final.model.alpha += 1.0
+        report = yhat.fit(executor=ex)
+        cached = [r for r in report.trace.records if r.label.endswith("(cached)")]
+        assert [(r.label, r.device) for r in cached] == [("transform(StandardScaler, X) (cached)", "cuda:0")], ex
+        value = W(executor=ex, output="device")
+        assert type(value).__module__.startswith("gpunets.fakegpu"), type(value)
+        assert W(executor=ex, output="device") is value            # the device array itself, kept
+        assert gn.cache_info().bytes == 40 * 3 * 8
+        ref = Ridge(solver="svd", alpha=final.model.alpha).fit(StandardScaler().fit_transform(X.data), y.data)
+        np.testing.assert_allclose(yhat(executor=ex), ref.predict(StandardScaler().fit_transform(X.data)),
+                                   rtol=1e-6, atol=1e-8)
+assert fg.implicit_conversions() == []
+print("ok")
+"""
+    env = dict(os.environ, GPUNETS_FAKE_GPU="1", SCIPY_ARRAY_API="1", CUPY_CUDA_PER_THREAD_DEFAULT_STREAM="1",
+               PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["ok"]
+
+
+def test_branches_store_concurrently_and_functions_between_keep_their_keys(executor):
+    """Six caching branches behind arithmetic and a NumPy function: stored from worker threads, all hit."""
+    rng = np.random.default_rng(6)
+    X = gn.source(rng.normal(size=(50, 4)), name="X")
+    y = gn.source(rng.normal(size=50), name="y")
+    Z = gn.node(np.abs, X * 2.0 + 1.0)
+    branches = [gn.machine(PolynomialFeatures(2 + i % 2), Z, cache=True, name=f"poly{i}").transform(Z)
+                for i in range(6)]
+    W = gn.hstack(*branches)
+    final = gn.machine(Ridge(), W, y)
+    yhat = final.predict(W)
+    yhat.fit()
+    first = yhat()
+    final.model.alpha = 4.0
+    report = yhat.fit()
+    n = 0 if _is_dask(executor) else 6
+    assert len(_cached_labels(report.trace)) == n
+    assert gn.cache_info().hits >= n
+    P = [PolynomialFeatures(2 + i % 2).fit_transform(np.abs(X.data * 2.0 + 1.0)) for i in range(6)]
+    ref = Ridge(alpha=4.0).fit(np.hstack(P), y.data).predict(np.hstack(P))
+    np.testing.assert_allclose(yhat(), ref)
+    assert not np.allclose(first, ref)
