@@ -190,6 +190,8 @@ class Composite(BaseEstimator):
     executor: Any = "auto"
     device: Any = "auto"
     workers: int | None = None
+    #: names of components frozen after their first fit (a subclass exposes it as ``freeze=()`` in ``__init__``)
+    freeze: tuple[str, ...] = ()
 
     # --- what subclasses write ---------------------------------------------------------
     def network(self, X: Source, y: Source) -> AbstractNode | Mapping[str, AbstractNode]:
