@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .cache import CacheInfo, cache_clear, cache_info
 from .config import config, get_config, set_config
 from .devices import Device, DeviceFallbackWarning, device
 from .exceptions import (CycleError, DeviceUnavailableError, EvaluationError, FitError, GpunetsError, NetworkError,
@@ -51,7 +52,7 @@ __version__ = _version()
 __all__ = [
     "source", "node", "machine", "fit", "evaluate", "report", "fitted_params", "last_trace",
     "mean", "weighted_sum", "vote", "hstack", "sum", "min", "max", "var",
-    "config", "get_config", "set_config", "device", "Device", "DeviceFallbackWarning",
+    "config", "get_config", "set_config", "cache_info", "cache_clear", "CacheInfo", "device", "Device", "DeviceFallbackWarning",
     "AbstractNode", "Source", "Node", "Machine", "FitReport", "Trace", "Evaluation",
     "Executor", "SerialExecutor", "ThreadsExecutor", "StreamsExecutor", "DaskExecutor",
     "GpunetsError", "NotFittedError", "CycleError", "NetworkError", "DeviceUnavailableError", "FitError",

@@ -27,7 +27,7 @@ import numpy as np
 from .data import same_data
 from .nodes import Node, Source, is_node
 
-__all__ = ["same_value", "match_machines", "adopt_states"]
+__all__ = ["same_value", "match_machines", "adopt_states", "carry_frozen", "frozen_names"]
 
 
 def same_value(a: Any, b: Any) -> bool:
@@ -179,3 +179,40 @@ def adopt_states(new: Iterable[Any], mapping: dict[int, Any]) -> None:
         m._state = st
         m._version = o._version
         m.n_fits = o.n_fits
+
+
+def frozen_names(freeze: Any, valid: Iterable[str], owner: str) -> tuple[str, ...]:
+    """Check a composite's ``freeze`` hyperparameter: component names of its network (a tuple of str)."""
+    if freeze is None:
+        return ()
+    if isinstance(freeze, str) or not isinstance(freeze, (tuple, list, set, frozenset)) or not all(
+            isinstance(n, str) for n in freeze):
+        msg = (f"{owner}: freeze={freeze!r} must be a tuple of component names, e.g. freeze=('encoder',) "
+               "(a single name still goes in a tuple).")
+        raise TypeError(msg)
+    valid = sorted(set(valid))
+    unknown = sorted(set(freeze) - set(valid))
+    if unknown:
+        msg = (f"{owner}: freeze names {unknown}, which are not components of its network. Valid names "
+               f"are: {valid} (the keys of machines_).")
+        raise ValueError(msg)
+    return tuple(freeze)
+
+
+def carry_frozen(new: Iterable[Any], names: dict[int, str], carried: dict[str, Any]) -> None:
+    """Keep frozen components frozen in a rebuilt network (MLJ's ``Freezable``).
+
+    ``carried`` maps component names to the frozen machines of the previous network (or of the
+    composite a clone was made from).  The new machine of that name adopts the frozen machine's
+    identity and fitted state, whatever the data (new rows included), and is frozen: it skips.
+    """
+    for m in new:
+        o = carried.get(names.get(id(m), ""))
+        if o is None or o._state is None:
+            continue
+        if m._uid != o._uid:      # not adopted already (the same data: adopt_states did)
+            m._uid = o._uid
+            m._state = o._state
+            m._version = o._version
+            m.n_fits = o.n_fits
+        m.frozen = True

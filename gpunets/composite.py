@@ -72,10 +72,11 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from . import verbs
-from ._composite_ops import adopt_states, match_machines, same_value
+from ._composite_ops import adopt_states, carry_frozen, frozen_names, match_machines, same_value
 from ._warn import _OWNER
 from .config import config
 from .devices import override_placement
+from .estimators import is_frozen_estimator
 from .executors import get_executor
 from .fingerprint import fingerprint, scope
 from .graph import upstream_machines
@@ -192,6 +193,8 @@ class Composite(BaseEstimator):
     workers: int | None = None
     #: ``fit(..., sample_weight=w)`` reaches the members (:mod:`gpunets.routing`)
     _gn_routes_metadata = True
+    #: names of components frozen after their first fit (a subclass exposes it as ``freeze=()`` in ``__init__``)
+    freeze: tuple[str, ...] = ()
 
     # --- what subclasses write ---------------------------------------------------------
     def network(self, X: Source, y: Source) -> AbstractNode | Mapping[str, AbstractNode]:
@@ -378,6 +381,7 @@ class Composite(BaseEstimator):
                 _same_param(plain[k], v) for k, v in old.plain_params.items())
             mapping = match_machines(machines, old.machines, new_names=names, old_names=old.names, strict=strict)
             adopt_states(machines, mapping)
+        to_freeze = self._gn_freeze(machines, names, old)
         opts = self._gn_run_options()
         token = _OWNER.set(self)   # fallback warnings name this estimator, not its internal machines
         try:
@@ -385,9 +389,51 @@ class Composite(BaseEstimator):
         finally:
             _OWNER.reset(token)
         _relabel(report, names)
+        for m in to_freeze:   # components named in ``freeze`` that trained now: frozen from here on
+            m.frozen = True
+        self.__dict__.pop("_gn_frozen_carry", None)
         self._gn_state = NetworkState(sources, data, outputs, machines, names, plain, fps)
         self.fit_report_ = report
         self._gn_after_fit(self._gn_state)
+
+    def _gn_freeze(self, machines: tuple[Machine, ...], names: dict[int, str],
+                   old: NetworkState | None) -> list[Machine]:
+        """Keep frozen components frozen (docs/composites.md, "Freezing components"); return the
+        components named in ``freeze`` that have no fitted state yet (they train now, then freeze).
+
+        Carried over: the machines frozen in the previous network (``machines_[name].freeze()``), those
+        of the composite this one was cloned from, and the fitted components named in ``freeze``.
+        """
+        freeze = frozen_names(getattr(self, "freeze", ()), names.values(), type(self).__name__)
+        carried: dict[str, Machine] = dict(self.__dict__.get("_gn_frozen_carry") or {})
+        if old is not None:
+            for m in old.machines:
+                name = old.names.get(id(m))
+                if name is not None and m.is_fitted and (m.frozen or name in freeze):
+                    carried[name] = m
+        carry_frozen(machines, names, carried)
+        return [m for m in machines if (names[id(m)] in freeze or is_frozen_estimator(m.model)) and not m.frozen]
+
+    def _gn_frozen_components(self) -> dict[str, Machine]:
+        """``{component name: machine}`` of the fitted components that stay frozen (kept by a clone)."""
+        out: dict[str, Machine] = dict(self.__dict__.get("_gn_frozen_carry") or {})
+        st = self.__dict__.get("_gn_state")
+        if st is not None:
+            out.update({st.names[id(m)]: m for m in st.machines if m.frozen and m.is_fitted})
+        return out
+
+    def __sklearn_clone__(self) -> "Composite":
+        """scikit-learn's ``clone``: the same hyperparameters, unfitted, except frozen components.
+
+        A frozen component keeps its fitted state through a clone (as scikit-learn's
+        ``FrozenEstimator`` does), so ``cross_val_score`` refits the other components on each fold
+        and never the frozen ones.
+        """
+        new = super().__sklearn_clone__()
+        frozen = self._gn_frozen_components()
+        if frozen:
+            new._gn_frozen_carry = frozen
+        return new
 
     def _gn_after_fit(self, state: NetworkState) -> None:
         """Hook: set fitted attributes from the trained network (subclasses)."""

@@ -34,6 +34,8 @@ _DEFAULTS: dict[str, Any] = {
     "output": "auto",     # what a call returns: "auto" | "device" | "numpy" | "pandas" (like cuML's output_type)
     # iteration-like hyperparameters whose growth a machine may continue from its fitted state ("update (warm)")
     "warm_params": ("n_estimators", "max_iter", "n_iter"),
+    "cache": False,       # machines keep their outputs on the training data (a machine's own cache= wins)
+    "cache_bytes": 1 << 30,  # the byte budget of that cache (least recently used entries are evicted)
 }
 OUTPUT_TYPES = ("auto", "device", "numpy", "pandas")
 
@@ -44,8 +46,9 @@ _LOCAL: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("
 def get_config() -> dict[str, Any]:
     """Return a copy of the settings in force here.
 
-    >>> sorted(get_config())
-    ['device', 'executor', 'fallback', 'gpu_memory', 'output', 'progress', 'thread_unsafe', 'warm_params', 'workers']
+    >>> sorted(get_config())  # doctest: +NORMALIZE_WHITESPACE
+    ['cache', 'cache_bytes', 'device', 'executor', 'fallback', 'gpu_memory', 'output', 'progress',
+     'thread_unsafe', 'warm_params', 'workers']
     """
     local = _LOCAL.get()
     return dict(local if local is not None else _GLOBAL)
@@ -63,6 +66,7 @@ def _validate(changes: dict[str, Any]) -> dict[str, Any]:
     check_run_options(**{k: v for k, v in changes.items() if k in ("workers", "executor", "progress", "output")})
     if "gpu_memory" in changes:
         verbs.get("check_gpu_memory")(changes["gpu_memory"])
+    _check_cache(changes)
     if "thread_unsafe" in changes:
         changes = {**changes, "thread_unsafe": verbs.get("check_thread_unsafe")(changes["thread_unsafe"])}
     if "warm_params" in changes:
@@ -89,6 +93,17 @@ def check_warm_params(value: Any) -> tuple[str, ...]:
            "iteration-like hyperparameters whose growth a machine continues from its fitted state); use () to "
            "turn warm updates off everywhere.")
     raise TypeError(msg)
+def _check_cache(changes: dict[str, Any]) -> None:
+    if "cache" in changes and not isinstance(changes["cache"], bool):
+        msg = (f"cache={changes['cache']!r} must be True or False: whether machines keep their outputs on the "
+               "training data (a machine's own cache= argument wins).")
+        raise TypeError(msg)
+    if "cache_bytes" in changes:
+        v = changes["cache_bytes"]
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            msg = (f"cache_bytes={v!r} must be a non-negative integer: the byte budget of the cache of node "
+                   "outputs, e.g. cache_bytes=2**30 for 1 GiB (0 keeps nothing).")
+            raise ValueError(msg)
 
 
 def check_run_options(**options: Any) -> None:
@@ -165,6 +180,11 @@ class config:
         The iteration-like hyperparameters (default ``("n_estimators", "max_iter", "n_iter")``) whose growth
         a machine continues from its fitted state instead of refitting (see :class:`gpunets.Machine`'s
         ``warm``); ``()`` turns warm updates off.
+    cache : bool, optional
+        Whether machines without their own ``cache=`` keep their outputs on the training data
+        (:mod:`gpunets.cache`); default False.
+    cache_bytes : int, optional
+        The byte budget of that cache (least recently used entries are evicted); default 1 GiB.
 
     Examples
     --------

@@ -11,13 +11,14 @@ import time
 from typing import Any
 
 from sklearn.base import clone
+from sklearn.utils.validation import check_is_fitted
 
 from .data import device_of
 from .models import call_context, fit_context
 from .threadsafety import serialized, unsafe_groups
 
 __all__ = ["fresh_estimator", "fit_estimator", "fit_transform_estimator", "apply_estimator", "is_stateless",
-           "static_estimator", "partial_fit_estimator"]
+           "static_estimator", "partial_fit_estimator", "is_frozen_estimator"]
 
 
 def fresh_estimator(model: Any) -> Any:
@@ -38,15 +39,21 @@ def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None,
     start = time.perf_counter()
     info: dict[str, Any] = {"device": "cpu", "path": "sklearn"}
     groups = unsafe_groups(est)   # estimators with process-wide state fit one at a time
+    call = getattr(est, method)
+    if method == "fit" and is_frozen_estimator(est):
+        # scikit-learn's FrozenEstimator: fitting is a no-op (its fit(X, y) signature would reject a
+        # transformer's single training argument); it only checks that the wrapped estimator is fitted
+        check_is_fitted(est.estimator)
+        call = _frozen_fit(est)
     if resolved is not None:
         info = {"device": str(resolved.device), "path": resolved.path}
         if getattr(resolved, "reason", ""):
             info["reason"] = resolved.reason
         with fit_context(resolved), serialized(groups):
-            result = getattr(est, method)(*values, **kw)
+            result = call(*values, **kw)
     else:
         with serialized(groups):
-            result = getattr(est, method)(*values, **kw)
+            result = call(*values, **kw)
     if method != "fit":
         info["output"] = result
     info["seconds"] = time.perf_counter() - start
@@ -105,6 +112,19 @@ def static_estimator(est: Any, resolved: Any = None) -> tuple[Any, dict[str, Any
         info = {"device": str(resolved.device), "path": resolved.path}
     info.update(seconds=0.0, n_rows=None)
     return est, info
+
+
+def _frozen_fit(est: Any) -> Any:
+    def fit(*values: Any, **kw: Any) -> Any:
+        return est
+
+    return fit
+
+
+def is_frozen_estimator(est: Any) -> bool:
+    """Whether ``est`` is scikit-learn's ``FrozenEstimator`` (``sklearn.frozen``, scikit-learn 1.6+)."""
+    cls = type(est)
+    return cls.__name__ == "FrozenEstimator" and cls.__module__.startswith("sklearn.")
 
 
 def fit_transform_estimator(est: Any, values: tuple[Any, ...],

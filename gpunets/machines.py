@@ -136,6 +136,10 @@ class Machine:
         runs: ``"auto"`` continues from the fitted state when the estimator has ``warm_start=True``;
         ``"partial_fit"`` calls ``partial_fit`` once per unit of growth on a copy of the fitted estimator;
         ``False`` always refits a fresh clone.
+    cache : bool, optional
+        Keep the outputs of this machine's operations on the training data, so a refit that
+        needs them again does not recompute them (default: ``gn.get_config()["cache"]``);
+        see :mod:`gpunets.cache`.
     **fit_keywords : nodes or data
         Training arguments passed to ``fit`` by name (``sample_weight=w``).
     """
@@ -144,7 +148,7 @@ class Machine:
     fit_keywords: tuple[str, ...] = ()
 
     def __init__(self, model: Any, *args: Any, device: Any = None, name: str | None = None,
-                 warm: Any = "auto", **fit_keywords: Any) -> None:
+                 warm: Any = "auto", cache: bool | None = None, **fit_keywords: Any) -> None:
         if isinstance(model, type) or not callable(getattr(model, "fit", None)):
             hint = (" It is a class: pass an instance, e.g. machine(Ridge(), X, y)."
                     if isinstance(model, type) else "")
@@ -152,6 +156,10 @@ class Machine:
                    f"got {model!r} of type {type(model).__name__}.{hint}")
             raise TypeError(msg)
         _check_warm(model, warm, bool(args))
+        if cache is not None and not isinstance(cache, bool):
+            msg = (f"machine({type(model).__name__}, ...): cache={cache!r} must be True, False or None "
+                   "(None: the setting gn.set_config(cache=...)).")
+            raise TypeError(msg)
         nodes = []
         for i, a in enumerate(args):
             _check_argument(a, f"argument {i} of machine({type(model).__name__}, ...)")
@@ -170,6 +178,7 @@ class Machine:
         self.device = device
         self.frozen = False
         self.warm = warm
+        self.cache = cache
         self._state: FittedState | None = None
         self._version = 0
         self.n_fits = 0
@@ -463,7 +472,7 @@ def _same_rows(a: Any, b: Any) -> bool:
 
 
 def machine(model: Any, *args: Any, device: Any = None, name: str | None = None, warm: Any = "auto",
-            **fit_keywords: Any) -> Machine:
+            cache: bool | None = None, **fit_keywords: Any) -> Machine:
     """Bind ``model`` to its training arguments.
 
     Parameters
@@ -479,6 +488,9 @@ def machine(model: Any, *args: Any, device: Any = None, name: str | None = None,
         Label for reports.
     warm : {"auto", False, "partial_fit"}, default "auto"
         How an update that only grows iteration-like hyperparameters runs (see :class:`Machine`).
+    cache : bool, optional
+        Keep this machine's outputs on the training data for the next fit or call
+        (default: ``gn.get_config()["cache"]``); see :mod:`gpunets.cache`.
     **fit_keywords : nodes or data
         Training arguments passed to ``fit`` by name, e.g. ``sample_weight=w``
         (see :mod:`gpunets.weights`); ``model.fit`` must take them.
@@ -500,7 +512,7 @@ def machine(model: Any, *args: Any, device: Any = None, name: str | None = None,
     >>> W().ravel().tolist()
     [-1.0, 1.0]
     """
-    return Machine(model, *args, device=device, name=name, warm=warm, **fit_keywords)
+    return Machine(model, *args, device=device, name=name, warm=warm, cache=cache, **fit_keywords)
 
 
 def labels(machines: Iterable[Machine]) -> dict[Machine, str]:

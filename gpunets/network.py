@@ -101,7 +101,8 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
         with config(device=device), _override_placement(device):
             return fit(*targets, rows=rows, force=force, executor=executor, workers=workers, progress=progress,
                        only=only)
-    plan = compile_fit(list(targets), rows=rows, force=force, max_lanes=_max_lanes(executor, workers), only=only)
+    plan = compile_fit(list(targets), rows=rows, force=force, max_lanes=_max_lanes(executor, workers), only=only,
+                       cache=_cache_allowed(executor))
     reasons = explain(plan, rows, force)
     ex = get_executor(executor, workers, plan)
     show = get_config()["progress"] if progress is None else progress
@@ -134,6 +135,12 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
     report = FitReport(plan, run.trace, run.trace.executor, reasons)
     _adopt_nested_traces(report)
     return report
+
+
+def _cache_allowed(executor: Any) -> bool:
+    """The cache of node outputs is off on Dask: intermediate values stay on the workers (docs/caching.md)."""
+    spec = get_config()["executor"] if executor is None or executor == "auto" else executor
+    return (spec if isinstance(spec, str) else getattr(spec, "name", None)) != "dask"
 
 
 def _adopt_nested_traces(report: Any) -> None:
@@ -347,7 +354,8 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
     check_run_options(executor=executor, workers=workers, output=output, trace=trace)
     _remember_site()
     bindings = _bindings(target, data, named, keep_training)
-    plan = compile_call([target], bindings, rows=rows, max_lanes=_max_lanes(executor, workers))
+    plan = compile_call([target], bindings, rows=rows, max_lanes=_max_lanes(executor, workers),
+                        cache=_cache_allowed(executor))
     ex = get_executor(executor, workers, plan)
     with gpu_timing(trace):   # on a GPU the trace shows GPU time (timed CUDA events), not host issue time
         run = ex.run(plan)

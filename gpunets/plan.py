@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Sequence
 
+from .cache import CACHE, digest, machine_caches, operation_key, token, value_key
+from .config import get_config
 from .data import check_placeable, device_of, installed, n_rows, take_rows, to_device
 from .value_types import host_only
 from .devices import CPU, Device, check_available, is_host_only, placement_override, resolve, same_device
@@ -132,7 +134,7 @@ class Plan:
 class _Builder:
     """Turns nodes into tasks, memoised so a node reached twice is computed once."""
 
-    def __init__(self, *, rows: Any, bindings: dict[int, Any], mode: str) -> None:
+    def __init__(self, *, rows: Any, bindings: dict[int, Any], mode: str, cache: bool = False) -> None:
         self.rows = rows
         self.bindings = bindings      # source uid -> replacement data
         self.mode = mode              # "fit" (sources at rows) or "call"
@@ -147,6 +149,12 @@ class _Builder:
         self._names: dict[Any, str] = {}             # Device -> its string, computed once
         self.states: dict[int, Any] = {}             # machine uid -> the fitted state this plan uses
         self.stale: list[tuple[Any, list[Any]]] = []  # (machine, upstream machines it is out of step with)
+        # the cache of node outputs (gpunets.cache): how each task's key is made, the keys made, the hits
+        self.cache = cache
+        self.recipes: dict[int, tuple[tuple[int, ...], Any]] = {}
+        self.ckeys: dict[int, bytes | None] = {}
+        self.n_hits = 0
+        self.budget = int(get_config()["cache_bytes"]) if cache else 0
 
     def placed(self, spec: Any, what: "str | Callable[[], str]", owner: Any = None) -> Any:
         """The device ``spec`` resolves to here (explicit, block, config), after the availability check.
@@ -176,12 +184,15 @@ class _Builder:
             if src.kind == "source" and dev.is_cuda:
                 check_placeable(src.value, what=f"source {src.label!r} (moved to {dev})", device=dev)
             mk = self.add(kind="move", fn=partial(_move, dev, frames), deps=(key,), device=dev,
-                          label=f"move {src.label} to {dev}")
+                          label=f"move {src.label} to {dev}",
+                          recipe=((key,), f"move {dev} {frames}".encode()) if self.cache else None)
             self.moves[(key, dev, frames)] = mk
         return mk
 
-    def add(self, *, device: Any = None, **kw: Any) -> int:
+    def add(self, *, device: Any = None, recipe: Any = None, **kw: Any) -> int:
         key = len(self.tasks)
+        if recipe is not None:
+            self.recipes[key] = recipe
         dev = CPU if device is None else device
         name = self._names.get(dev)
         if name is None:
@@ -201,7 +212,9 @@ class _Builder:
     def _make(self, x: AbstractNode) -> int:
         if isinstance(x, Source):
             value = self._source_value(x)
-            return self.add(kind="source", label=x.label, fn=None, node=x, value=value, device=device_of(value))
+            recipe = ((), partial(_source_head, x, self.rows)) if self.cache else None
+            return self.add(kind="source", label=x.label, fn=None, node=x, value=value, device=device_of(value),
+                            recipe=recipe)
         assert isinstance(x, Node)
         m = x.machine
         fk = None
@@ -236,15 +249,85 @@ class _Builder:
                 spec.append((False, a))
         if m is None:
             fn = x.operation if plain else partial(_call_with_constants, x.operation, tuple(spec))
-            return self.add(kind="eval", fn=fn, deps=tuple(deps), node=x, cost=1.0, device=dev)
+            recipe = (tuple(deps), partial(_function_head, x.operation, tuple(spec))) if self.cache else None
+            return self.add(kind="eval", fn=fn, deps=tuple(deps), node=x, cost=1.0, device=dev, recipe=recipe)
+        ck, owner, recipe = None, 0, None
+        if self.cache:
+            est = self.fit_args[m._uid][0] if fk is not None else st.estimator
+            owner = token(est) or 0
+            head = None if not owner else digest(
+                b"op", str(owner).encode(), str(m._version + 1 if fk is not None else st.version).encode(),
+                str(x.operation).encode(), f"{dev} {frames}".encode(), _constants_key(spec))
+            recipe = (tuple(deps), head)
+            ck = self.key_of(recipe) if machine_caches(m) else None
+        if ck is not None and fk is None:
+            hit = CACHE.get(ck)
+            if hit is not None:   # the machine's output on these data is known: upstream of it need not run
+                self.n_hits += 1
+                return self.add(kind="eval", fn=partial(_cached, hit), deps=(), node=x, machine=m, cost=0.0,
+                                device=dev, label=f"{x._short()} (cached)", recipe=((), ck))
         if fk is not None and self._training_output(x, m, fk):
-            return self.add(kind="eval", fn=_training_output, deps=(fk,), node=x, machine=m, cost=1.0, device=dev)
+            fn = _training_output if ck is None else partial(_store, ck, owner, self.budget, _training_output)
+            return self.add(kind="eval", fn=fn, deps=(fk,), node=x, machine=m, cost=1.0, device=dev, recipe=recipe)
         if fk is not None:
             deps.append(fk)  # the fitted estimator arrives as the last input
             fn = partial(_apply_fitted, x.operation, tuple(spec))
         else:
             fn = partial(_apply_state, x.operation, tuple(spec), st.estimator, st.path)
-        return self.add(kind="eval", fn=fn, deps=tuple(deps), node=x, machine=m, cost=2.0, device=dev)
+        if ck is not None:
+            fn = partial(_store, ck, owner, self.budget, fn)
+        return self.add(kind="eval", fn=fn, deps=tuple(deps), node=x, machine=m, cost=2.0, device=dev,
+                        recipe=recipe)
+
+    def key_of(self, recipe: tuple[tuple[int, ...], Any]) -> bytes | None:
+        """The cache key of a value made by ``recipe`` (its inputs' tasks, its own part); None: not keyed.
+
+        Inputs' keys are made on demand, each once, iteratively (no recursion limit on long chains).
+        """
+        deps, head = recipe
+        memo, recipes = self.ckeys, self.recipes
+        stack = [d for d in deps if d not in memo]
+        while stack:
+            k = stack[-1]
+            if k in memo:
+                stack.pop()
+                continue
+            r = recipes.get(k)
+            if r is None:
+                memo[k] = None
+                stack.pop()
+                continue
+            todo = [d for d in r[0] if d not in memo]
+            if todo:
+                stack.extend(todo)
+                continue
+            memo[k] = _combine(r, memo)
+            stack.pop()
+        return _combine(recipe, memo)
+
+    def prune(self, outputs: tuple[int, ...]) -> dict[int, int]:
+        """Drop the tasks that only fed values now taken from the cache; the old key -> new key map.
+
+        Sources stay (they cost nothing and tell a call the type of the data given).
+        """
+        tasks = self.tasks
+        need = bytearray(len(tasks))
+        stack = list(outputs)
+        while stack:
+            k = stack.pop()
+            if not need[k]:
+                need[k] = 1
+                stack.extend(tasks[k].deps)
+        remap: dict[int, int] = {}
+        kept: list[Task] = []
+        for t in tasks:
+            if need[t.key] or t.kind == "source":
+                remap[t.key] = len(kept)
+                t.key = len(kept)
+                t.deps = tuple(remap[d] for d in t.deps)
+                kept.append(t)
+        self.tasks = kept
+        return remap
 
     def _training_output(self, x: Node, m: "Machine", fk: int) -> bool:
         """Is ``x`` ``m.transform`` of ``m``'s own training input, in the plan that fits ``m``?
@@ -340,6 +423,46 @@ class _Builder:
         except IndexError as e:
             msg = f"rows out of range for {what} source {s.label!r} ({n_rows(value)} rows): {e}"
             raise IndexError(msg) from None
+
+
+def _combine(recipe: tuple[tuple[int, ...], Any], memo: dict[int, bytes | None]) -> bytes | None:
+    deps, head = recipe
+    if callable(head):
+        head = head()
+    if head is None:
+        return None
+    parts = [head]
+    for d in deps:
+        k = memo[d]
+        if k is None:
+            return None
+        parts.append(k)
+    return digest(*parts)
+
+
+def _source_head(s: Source, rows: Any) -> bytes:
+    """A source's part of a cache key: its data's content and the rows taken (uid-free)."""
+    r = b"all" if rows is None else repr(rows).encode() if isinstance(rows, slice) else value_key(rows)
+    return digest(b"source", value_key(s._data), r)
+
+
+def _constants_key(spec: tuple[tuple[bool, Any], ...] | list[tuple[bool, Any]]) -> bytes:
+    return digest(*[b"node" if is_dep else value_key(v) for is_dep, v in spec])
+
+
+def _function_head(op: Any, spec: tuple[tuple[bool, Any], ...]) -> bytes | None:
+    name = operation_key(op)
+    return None if name is None else digest(b"fn", name, _constants_key(spec))
+
+
+def _cached(value: Any) -> Any:
+    return value
+
+
+def _store(key: bytes, owner: int, budget: int, fn: Callable[..., Any], *values: Any) -> Any:
+    value = fn(*values)
+    CACHE.put(key, value, budget=budget, owner=owner)
+    return value
 
 
 def _call_with_constants(fn: Callable[..., Any], spec: tuple[tuple[bool, Any], ...], *values: Any) -> Any:
@@ -497,16 +620,18 @@ def _n_rows_of(machines: Sequence[Any]) -> int | None:
 
 
 def compile_fit(targets: Sequence[Any], *, rows: Any = None, force: bool = False,
-                max_lanes: int | None = None, only: bool = False) -> Plan:
+                max_lanes: int | None = None, only: bool = False, cache: bool = False) -> Plan:
     """The plan that trains every machine upstream of ``targets`` (nodes or machines).
 
     With ``only=True`` the targets must be machines, and only they train (MLJ's ``fit_only!``):
     their upstream values are computed with the upstream machines' current fitted states.
+    With ``cache=True`` machines that keep their outputs (:mod:`gpunets.cache`) take them from the
+    cache and store them.
     """
     if only:
         _check_only(targets)
     with scope():   # each source's data is fingerprinted once per fit
-        return _compile_fit(targets, rows=rows, force=force, max_lanes=max_lanes, only=only)
+        return _compile_fit(targets, rows=rows, force=force, max_lanes=max_lanes, only=only, cache=cache)
 
 
 def _check_only(targets: Sequence[Any]) -> None:
@@ -529,7 +654,7 @@ def _check_only(targets: Sequence[Any]) -> None:
 
 
 def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: int | None,
-                 only: bool = False) -> Plan:
+                 only: bool = False, cache: bool = False) -> Plan:
 
     nodes: list[AbstractNode] = []
     extra: list[Machine] = []
@@ -549,12 +674,15 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
             machines.append(m)
             seen.add(m._uid)
     rows_key = _rows_key(rows, _n_rows_of(machines) if rows is not None else None)
+    if cache and not get_config()["cache"]:
+        cache = any(getattr(m, "cache", None) for m in machines)   # keys cost a little: only when some machine keeps outputs
+        CACHE.requested = CACHE.requested or cache
     actions: dict[Any, str] = {}
     # One memoised walk answers every machine's questions about its upstream (linear in the network).
     up = Upstream(lambda p: actions.get(p, "skip"))
     for m in machines:
         actions[m] = m._decide(rows_key, force, up.changing(m), upstream=up)
-    b = _Builder(rows=rows, bindings={}, mode="fit")
+    b = _Builder(rows=rows, bindings={}, mode="fit", cache=cache)
     # Every source is validated here (no data, rows out of range) before anything runs.
     for m in machines:
         if actions[m] == "skip":
@@ -583,15 +711,29 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
         key = b.add(kind="fit", label=f"fit {m.label}", fn=fn,
                     deps=tuple(deps), machine=m, cost=10.0, commit=partial(_commit_fit, m, pending), device=dev)
         b.fit_key[m._uid] = key
+    if b.n_hits:
+        remap = b.prune(tuple(b.fit_key.values()))
+        b.fit_key = {u: remap[k] for u, k in b.fit_key.items()}
     return Plan("fit", b.tasks, tuple(b.fit_key.values()), actions, max_lanes)
 
 
 def compile_call(targets: Sequence[AbstractNode], bindings: dict[int, Any], *, rows: Any = None,
-                 max_lanes: int | None = None) -> Plan:
-    """The plan that evaluates ``targets`` with origins replaced by ``bindings`` (source uid -> data)."""
-    b = _Builder(rows=rows, bindings=bindings, mode="call")
-    outputs = tuple(b.node(t) for t in targets)
+                 max_lanes: int | None = None, cache: bool = False) -> Plan:
+    """The plan that evaluates ``targets`` with origins replaced by ``bindings`` (source uid -> data).
+
+    With ``cache=True`` and no bindings (the training data), cached machine outputs are used and kept.
+    """
+    cache = cache and not bindings and (CACHE.requested or bool(get_config()["cache"]))
+    b = _Builder(rows=rows, bindings=bindings, mode="call", cache=cache)
+    if cache:
+        with scope():
+            outputs = tuple(b.node(t) for t in targets)
+    else:
+        outputs = tuple(b.node(t) for t in targets)
     b.raise_if_stale()
+    if b.n_hits:
+        remap = b.prune(outputs)
+        outputs = tuple(remap[k] for k in outputs)
     return Plan("call", b.tasks, outputs, max_lanes=max_lanes)
 
 
