@@ -51,6 +51,7 @@ import dataclasses
 import functools
 import importlib
 import io
+from importlib import metadata
 import json
 import os
 import pickle
@@ -66,6 +67,7 @@ from .composite import Composite, NetworkState
 from .data import device_of, is_cudf, is_cupy_array, to_device
 from .devices import CPU, Device, check_available, local_ordinal
 from .exceptions import GpunetsError
+from .executors import Executor, SerialExecutor, StreamsExecutor, ThreadsExecutor
 from .machines import FittedState, Machine
 from .models import _fall_back, cuml_installed, cuml_twin_class, is_cuml_estimator
 from ._gpulibs import loaded_cupy
@@ -99,7 +101,16 @@ TRUSTED_TYPES: tuple[str, ...] = (
     "functools.partial",
     "sklearn.utils._bunch.Bunch",
     *(f"_operator.{op}" for op in ("add", "sub", "mul", "truediv", "pow", "matmul", "neg", "abs", "getitem")),
+    # scikit-learn's cross-validation splitters (a stack's cv=): plain parameter holders, like its estimators
+    *(f"sklearn.model_selection._split.{name}" for name in (
+        "KFold", "StratifiedKFold", "GroupKFold", "StratifiedGroupKFold", "RepeatedKFold", "RepeatedStratifiedKFold",
+        "ShuffleSplit", "StratifiedShuffleSplit", "GroupShuffleSplit", "TimeSeriesSplit", "PredefinedSplit",
+        "LeaveOneOut", "LeavePOut", "LeaveOneGroupOut", "LeavePGroupsOut")),
 )
+
+# Executors are saved as what they were made from; a Dask executor as the name "dask" (its client stays behind).
+_EXECUTORS: dict[str, type[Executor]] = {"serial": SerialExecutor, "threads": ThreadsExecutor,
+                                         "streams": StreamsExecutor}
 
 
 class PersistenceError(GpunetsError, ValueError):
@@ -281,6 +292,14 @@ class _Encoder:
             return self.network(x)
         if isinstance(x, FitReport):
             return self.report(x)
+        if isinstance(x, Executor):
+            name = x.name if type(x) is _EXECUTORS.get(x.name) else "dask" if x.name == "dask" else None
+            if name is None:
+                msg = (f"Cannot save the executor {x!r} (a {type(x).__name__}): gn.save stores gpunets' own "
+                       f"executors only. Set the parameter to its name (e.g. executor='threads') before saving.")
+                raise TypeError(msg)
+            args = x._constructor_args(for_pickle=True) if name != "dask" else {}
+            return _Record("executor", {"name": name, "args": self.value(args)})
         if _is_leaf(x):
             return x
         if type(x) in (list, tuple, set, frozenset):
@@ -373,11 +392,10 @@ def _versions() -> dict[str, Any]:
 
     from . import __version__
 
-    sk = None
     try:
-        sk = importlib.import_module("skops").__version__
-    except ImportError:
-        pass
+        sk: str | None = metadata.version("skops")   # read from the metadata: skops stays unimported
+    except metadata.PackageNotFoundError:
+        sk = None
     return {"gpunets": __version__, "python": platform.python_version(), "numpy": np.__version__,
             "sklearn": sklearn.__version__, "skops": sk}
 
@@ -632,6 +650,10 @@ class _Decoder:
         if getattr(gpu, "output_type", None) == "numpy" and "output_type" in gpu.get_params(deep=False):
             gpu.set_params(output_type="input")
         return gpu, str(target), "cuml"
+
+    def _executor(self, fields: dict[str, Any]) -> Any:
+        cls = _EXECUTORS.get(fields["name"])
+        return cls(**self.value(fields["args"])) if cls is not None else "dask"
 
     def _network(self, fields: dict[str, Any]) -> NetworkState:
         sources = self.value(fields["sources"])
