@@ -62,7 +62,9 @@ import zipfile
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+import sklearn
 
+from . import __version__
 from .composite import Composite, NetworkState
 from .data import device_of, is_cudf, is_cupy_array, to_device
 from .devices import CPU, Device, check_available, local_ordinal
@@ -307,7 +309,7 @@ class _Encoder:
             return x if all(a is b for a, b in zip(items, x)) else type(x)(items)
         if isinstance(x, tuple) and hasattr(x, "_fields"):   # a namedtuple
             items = [self.value(v) for v in x]
-            return x if all(a is b for a, b in zip(items, x)) else type(x)._make(items)
+            return x if all(a is b for a, b in zip(items, x)) else type(x)._make(items)  # type: ignore[attr-defined]
         if type(x) is dict:
             return self.mapping(x)
         return self.obj(x)
@@ -388,10 +390,6 @@ def _skops_io() -> Any:
 
 
 def _versions() -> dict[str, Any]:
-    import sklearn
-
-    from . import __version__
-
     try:
         sk: str | None = metadata.version("skops")   # read from the metadata: skops stays unimported
     except metadata.PackageNotFoundError:
@@ -482,8 +480,6 @@ def _series(version: str) -> tuple[str, ...]:
 
 
 def _read_meta(zf: zipfile.ZipFile, path: str) -> dict[str, Any]:
-    from . import __version__
-
     try:
         meta = json.loads(zf.read(_META))
     except (KeyError, ValueError) as exc:
@@ -533,6 +529,18 @@ def _load_skops(payload: bytes, trusted: Sequence[Any] | None, path: str) -> Any
     return sio.loads(payload, trusted=allowed)
 
 
+def _graph_classes() -> dict[str, type]:
+    """gpunets' node and machine classes by name (the table names them; nothing else is built from it)."""
+    out: dict[str, type] = {}
+    todo: list[type] = [Node, Machine]
+    while todo:
+        cls = todo.pop()
+        if cls.__module__.startswith("gpunets."):
+            out.setdefault(cls.__name__, cls)
+        todo.extend(cls.__subclasses__())
+    return out
+
+
 class _Decoder:
     """Rebuilds the saved object from an :class:`_Archive`: graph objects with new identities, GPU values moved
     back to their device where it exists here (else kept on the host, with the fallback policy's warning)."""
@@ -547,9 +555,9 @@ class _Decoder:
         self.converted = False    # a fitted cuML estimator was rebuilt from its scikit-learn twin
 
     def run(self) -> Any:
-        classes = {"Source": Source, "Node": Node, "Machine": Machine}
+        classes = _graph_classes()
         for rec in self.archive.table:
-            cls = Source if rec.kind == "source" else classes.get(rec.fields.get("class"))
+            cls: Any = Source if rec.kind == "source" else classes.get(str(rec.fields.get("class")))
             if cls is None or rec.kind not in ("source", "node", "machine"):
                 msg = f"{self.path!r}: the file is damaged (an unknown graph entry {rec.kind!r})."
                 raise PersistenceError(msg)
@@ -642,7 +650,7 @@ class _Decoder:
             return est, "cpu", "cpu_fallback"
         cp = loaded_cupy()
         if cp is not None:
-            with cp.cuda.Device(local_ordinal(target.index)):
+            with cp.cuda.Device(local_ordinal(target.index or 0)):
                 gpu = twin.from_sklearn(est)
         else:
             gpu = twin.from_sklearn(est)
