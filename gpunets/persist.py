@@ -466,8 +466,14 @@ def save(obj: Any, path: str | os.PathLike[str], *, format: str = "pickle") -> s
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         zf.writestr(_META, json.dumps(meta, indent=1))
         zf.writestr(_PAYLOAD[format], payload)
-    with open(path, "wb") as f:
-        f.write(buf.getvalue())
+    partial = f"{path}.partial-{os.getpid()}"   # written whole, then renamed: a failed write leaves `path` as it was
+    try:
+        with open(partial, "wb") as f:
+            f.write(buf.getvalue())
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
     return path
 
 
@@ -599,7 +605,12 @@ class _Decoder:
     def _decode(self, x: Any) -> Any:
         if isinstance(x, _HostValue):
             dev = self.target(x.device)
-            return x.value if dev.is_cpu else to_device(x.value, dev)
+            if dev.is_cpu:
+                return x.value
+            try:
+                return to_device(x.value, dev)
+            except ImportError:   # a cuDF frame where cuDF is not installed: it stays a pandas frame
+                return x.value
         if isinstance(x, _Record):
             return getattr(self, f"_{x.kind}")(x.fields)
         if isinstance(x, _Items):
@@ -744,4 +755,8 @@ def load(path: str | os.PathLike[str], *, trusted: Sequence[Any] | None = None) 
     if not isinstance(archive, _Archive):
         msg = f"{path!r}: the file is damaged (its payload is a {type(archive).__name__}, not a gpunets archive)."
         raise PersistenceError(msg)
-    return _Decoder(archive, path).run()
+    try:
+        return _Decoder(archive, path).run()
+    except (KeyError, AttributeError, IndexError) as exc:   # a payload that gn.save did not write
+        msg = f"{path!r}: the file is damaged ({type(exc).__name__}: {exc} while rebuilding the network)."
+        raise PersistenceError(msg) from exc

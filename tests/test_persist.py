@@ -215,6 +215,11 @@ def test_stacks_and_composites_predict_as_the_original(executor, fmt, tmp_path):
     assert sorted(lreg.report_) == sorted(reg.report_) and lavg.fit_report_.actions.by_label() == {
         "first": "train", "DecisionTreeRegressor": "train"}
     assert lreg.estimators_[0] is lreg.machines_["r"].estimator_
+    if executor.name == "dask":     # its client belongs to this process: it comes back as the name
+        assert lreg.executor == "dask"
+    else:                           # rebuilt from what it was made from
+        assert type(lreg.executor) is type(executor) and lreg.executor is not executor
+        assert lreg.executor._constructor_args(False) == executor._constructor_args(False)
     assert all(v is None for v in lreg._gn_state.data.values())
     assert lavg.set_params(first__alpha=2.0).fit(Xd, yd).fit_report_.actions["first"] == "train"
     np.testing.assert_allclose(lavg.predict(Xnew), avg.predict(Xnew), rtol=1e-12)
@@ -266,6 +271,11 @@ def test_lambdas_cannot_be_saved_and_no_file_is_written(fmt, tmp_path):
                                         r"with def at the top level of a module"):
         gn.save(node, path, format=fmt)
     assert not path.exists()
+    good = gn.save(X * 3, tmp_path / "kept.gn", format=fmt)
+    with pytest.raises(TypeError, match="Cannot save node"):
+        gn.save(node, good, format=fmt)                      # a failed save leaves the file there as it was
+    np.testing.assert_array_equal(_load(good, fmt)(np.ones(2)), [3.0, 3.0])
+    assert os.listdir(tmp_path) == ["kept.gn"]
 
 
 # ----------------------------------------------------------------- bad files and bad arguments
