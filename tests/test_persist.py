@@ -437,3 +437,77 @@ print(st.path, st.device, type(st.estimator.coef_).__module__)
         loaded = gn.load(path)
     assert {m._state.path for m in loaded.machines} == {"cpu_fallback"}
     np.testing.assert_allclose(loaded(X), ref, rtol=1e-6, atol=1e-8)
+
+
+class _FittedCumlRidge:
+    """Stands for a fitted cuML Ridge (only what gn.save touches: cuML's interop ``as_sklearn``)."""
+
+    def __init__(self, fitted):
+        self._fitted = fitted
+
+    def as_sklearn(self):
+        return self._fitted
+
+    def predict(self, X):  # pragma: no cover - the saved file holds the scikit-learn twin
+        return self._fitted.predict(X)
+
+
+_FittedCumlRidge.__module__ = "cuml.linear_model"   # what is_cuml_estimator looks at; cuML is never imported
+
+
+def test_fitted_cuml_estimators_are_saved_as_their_sklearn_twins(no_gpu, fmt, tmp_path):
+    import dataclasses
+
+    Xd, yd = _data()
+    X, y = gn.source(Xd, name="X"), gn.source(yd, name="y")
+    mach = gn.machine(Ridge(), X, y)
+    yhat = mach.predict(X)
+    yhat.fit()
+    expected = yhat(Xd[:5])
+    fitted = mach._state.estimator
+    mach._state = dataclasses.replace(mach._state, estimator=_FittedCumlRidge(fitted), path="cuml", device="cuda:0")
+    path = gn.save(yhat, tmp_path / "cuml.gn", format=fmt)
+    assert isinstance(mach._state.estimator, _FittedCumlRidge)      # the live machine keeps its cuML estimator
+    with zipfile.ZipFile(path) as zf:
+        assert json.loads(zf.read("gpunets.json"))["devices"] == ["cuda:0"]
+    with pytest.warns(gn.DeviceFallbackWarning, match="fitted on cuda:0"):
+        loaded = _load(path, fmt)
+    st = loaded.machine._state
+    assert (st.path, st.device, type(st.estimator)) == ("cpu_fallback", "cpu", Ridge)
+    np.testing.assert_array_equal(loaded(Xd[:5]), expected)
+
+
+# ----------------------------------------------------------------- a real GPU (skipped here)
+
+
+@pytest.mark.gpu
+def test_real_gpu_states_come_back_on_the_gpu_and_on_the_cpu_elsewhere(fmt, tmp_path):
+    from gpunets.models import is_cuml_estimator
+
+    Xd, yd = _data(200)
+    X, y = gn.source(Xd, name="X"), gn.source(yd, name="y")
+    with gn.device("cuda"):
+        W = gn.machine(StandardScaler(), X).transform(X)
+        yhat = gn.machine(Ridge(alpha=0.5), W, y).predict(W)
+    yhat.fit()
+    expected = gn.testing._to_numpy(yhat(Xd[:9]))
+    routes = [(m._state.path, m._state.device) for m in yhat.machines]
+    path = gn.save(yhat, tmp_path / "gpu.gn", format=fmt)
+    loaded = _load(path, fmt)
+    assert [(m._state.path, m._state.device) for m in loaded.machines] == routes
+    for m in loaded.machines:
+        if m._state.path == "cuml":
+            assert is_cuml_estimator(m._state.estimator)
+    np.testing.assert_allclose(gn.testing._to_numpy(loaded(Xd[:9])), expected, rtol=1e-6, atol=1e-9)
+    code = ("import warnings, numpy as np, gpunets as gn\n"
+            "warnings.simplefilter('ignore')\n"
+            f"net = gn.load({str(path)!r}{', trusted=%r' % TREE if fmt == 'skops' else ''})\n"
+            f"print(sorted({{m._state.device for m in net.machines}}), net(np.load({str(tmp_path / 'x.npy')!r})).tolist())")
+    np.save(tmp_path / "x.npy", Xd[:9])
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join([os.getcwd(),
+                                                                                os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    devices, _, values = out.stdout.strip().partition("] ")
+    assert devices == "['cpu'"
+    np.testing.assert_allclose(json.loads(values), expected, rtol=1e-6, atol=1e-9)
