@@ -225,6 +225,30 @@ def test_stacks_and_composites_predict_as_the_original(executor, fmt, tmp_path):
     np.testing.assert_allclose(lavg.predict(Xnew), avg.predict(Xnew), rtol=1e-12)
 
 
+def test_a_stack_inside_a_network_is_saved_without_its_data(tmp_path):
+    Xd, yd = _data()
+    X, y = gn.source(Xd, name="X"), gn.source(yd, name="y")
+    stack = gn.StackingRegressor([("r", Ridge()), ("r2", Ridge(alpha=5.0))], Ridge(), cv=KFold(3))
+    outer = gn.machine(stack, X, y)
+    yhat = gn.mean(outer.predict(X), gn.machine(Ridge(), X, y).predict(X))
+    yhat.fit()
+    for fmt in ["pickle"] + (["skops"] if _has_skops() else []):
+        loaded = gn.load(gn.save(yhat, tmp_path / f"outer.{fmt}", format=fmt))
+        np.testing.assert_array_equal(loaded(Xd[:6]), yhat(Xd[:6]))
+        inner = next(m for m in loaded.machines if isinstance(m.model, gn.StackingRegressor)).estimator_
+        assert all(v is None for v in inner._gn_state.data.values())
+        assert all(s.data is None for s in inner._gn_state.sources.values())
+        assert sorted(inner.report_) == sorted(outer.estimator_.report_)
+
+
+def _has_skops():
+    try:
+        import skops.io  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 # ----------------------------------------------------------------- the safe format
 
 
