@@ -70,7 +70,7 @@ from .data import device_of, is_cudf, is_cupy_array, to_device
 from .devices import CPU, Device, check_available, local_ordinal
 from .exceptions import GpunetsError
 from .executors import Executor, SerialExecutor, StreamsExecutor, ThreadsExecutor
-from .machines import FittedState, Machine
+from .machines import OPERATIONS, FittedState, Machine
 from .models import _fall_back, cuml_installed, cuml_twin_class, is_cuml_estimator
 from ._gpulibs import loaded_cupy
 from .config import get_config
@@ -573,7 +573,12 @@ class _Decoder:
                 obj.__setstate__((None, {"name": rec.fields["name"], "_data": None, "_version": 0}))
                 mark_data_not_saved(obj)
             elif rec.kind == "node":
-                obj.__setstate__((None, self.value(rec.fields["attrs"])))
+                attrs = self.value(rec.fields["attrs"])
+                if attrs.get("machine") is not None and attrs.get("operation") not in OPERATIONS:
+                    msg = (f"{self.path!r}: the file is damaged (a machine operation {attrs.get('operation')!r}; "
+                           f"operations are {list(OPERATIONS)}).")
+                    raise PersistenceError(msg)
+                obj.__setstate__((None, attrs))
             else:
                 obj.__setstate__(self.value(rec.fields["attrs"]))
         root = self.value(self.archive.root)
@@ -612,6 +617,9 @@ class _Decoder:
             except ImportError:   # a cuDF frame where cuDF is not installed: it stays a pandas frame
                 return x.value
         if isinstance(x, _Record):
+            if x.kind not in ("state", "network", "report", "executor"):
+                msg = f"{self.path!r}: the file is damaged (an unknown record {x.kind!r})."
+                raise PersistenceError(msg)
             return getattr(self, f"_{x.kind}")(x.fields)
         if isinstance(x, _Items):
             return {self.value(k): self.value(v) for k, v in x.pairs}

@@ -302,6 +302,33 @@ def test_lambdas_cannot_be_saved_and_no_file_is_written(fmt, tmp_path):
     assert os.listdir(tmp_path) == ["kept.gn"]
 
 
+def test_a_tampered_skops_file_builds_only_what_gn_save_writes(tmp_path):
+    sio = pytest.importorskip("skops.io")
+    from gpunets.persist import TRUSTED_TYPES, _Archive, _Record
+
+    X = gn.source(np.ones(3), name="X")
+    path = gn.save(X * 2, tmp_path / "x.skops", format="skops")
+    with zipfile.ZipFile(path) as zf:
+        meta = zf.read("gpunets.json")
+
+    def tampered(archive):
+        with zipfile.ZipFile(path, "w") as zf:
+            zf.writestr("gpunets.json", meta)
+            zf.writestr("payload.skops", sio.dumps(archive))
+
+    tampered(_Archive(_Record("decode", {"fields": {}}), []))
+    with pytest.raises(gn.PersistenceError, match="damaged .an unknown record 'decode'"):
+        gn.load(path)
+    mach = gn.machine(Ridge(), X, X)
+    good = gn.save(mach.predict(X), tmp_path / "ridge.skops", format="skops")
+    with zipfile.ZipFile(good) as zf:
+        archive = sio.loads(zf.read("payload.skops"), trusted=list(TRUSTED_TYPES))
+    next(r for r in archive.table if r.kind == "node").fields["attrs"]["operation"] = "set_params"
+    tampered(archive)
+    with pytest.raises(gn.PersistenceError, match="damaged .a machine operation 'set_params'"):
+        gn.load(path)
+
+
 # ----------------------------------------------------------------- bad files and bad arguments
 
 
