@@ -57,6 +57,7 @@ __all__ = [
     "Executor", "SerialExecutor", "ThreadsExecutor", "StreamsExecutor", "DaskExecutor",
     "GpunetsError", "NotFittedError", "CycleError", "NetworkError", "DeviceUnavailableError", "FitError",
     "EvaluationError", "StreamOrderError",
+    "save", "load", "PersistenceError", "UntrustedTypesError",
 ]
 
 _LAZY = {
@@ -70,6 +71,10 @@ _LAZY = {
     "GridSearchCV": ("gpunets.tuning", "GridSearchCV"),
     "RandomizedSearchCV": ("gpunets.tuning", "RandomizedSearchCV"),
     "from_sklearn": ("gpunets.sklearn_import", "from_sklearn"),
+    "save": ("gpunets.persist", "save"),
+    "load": ("gpunets.persist", "load"),
+    "PersistenceError": ("gpunets.persist", "PersistenceError"),
+    "UntrustedTypesError": ("gpunets.persist", "UntrustedTypesError"),
 }
 _LAZY_MODULES = ("testing", "kernels", "data", "models", "plan", "scheduler", "graph")
 

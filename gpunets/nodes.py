@@ -35,6 +35,7 @@ from __future__ import annotations
 import itertools
 import random
 import operator
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from . import verbs
@@ -50,6 +51,19 @@ __all__ = ["AbstractNode", "Source", "Node", "source", "node", "is_node"]
 # Unique across processes (a random base), so that identities never collide.  A copy (``copy.deepcopy``,
 # ``pickle``) is a new node with a new identity: it must never be mistaken for its original in one graph.
 _uids = itertools.count(random.getrandbits(40) << 22)
+
+# Sources rebuilt by ``gn.load`` without their training data (never saved): errors say so, and how to rebind.
+_DATA_NOT_SAVED: "weakref.WeakSet[Source]" = weakref.WeakSet()
+
+
+def mark_data_not_saved(s: "Source") -> None:
+    """Record that ``s`` was loaded by :func:`gpunets.load`, which never restores training data."""
+    _DATA_NOT_SAVED.add(s)
+
+
+def data_not_saved(s: "Source") -> bool:
+    """Whether ``s`` came from :func:`gpunets.load` and has been given no data since."""
+    return s in _DATA_NOT_SAVED
 
 
 def _graph() -> Any:
@@ -250,6 +264,7 @@ class Source(AbstractNode):
     def data(self, value: Any) -> None:
         if value is not None:
             _check_data(value, what=f"source {self.label!r}")
+            _DATA_NOT_SAVED.discard(self)
         self._data = value
         self._version += 1
 

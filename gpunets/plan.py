@@ -41,7 +41,7 @@ from .fingerprint import scope
 from .graph import Upstream, machine_sources, op_nodes, upstream_machines
 from .machines import STATIC, FittedState, Machine, labels
 from .models import is_cuml_estimator, resolve_estimator
-from .nodes import AbstractNode, Node, Source, is_node
+from .nodes import AbstractNode, Node, Source, data_not_saved, is_node
 from .weights import check_weight_rows, check_weight_values, keywords_fallback
 
 __all__ = ["Task", "Plan", "compile_fit", "compile_call", "assign_lanes"]
@@ -415,6 +415,11 @@ class _Builder:
                 hint = (f"set it with {s.label}.data = ..." if self.mode == "fit"
                         else f"set it with {s.label}.data = ..., or pass data: node({s.label}=...)")
                 msg = f"Source {s.label!r} has no data, so the network cannot be {'trained' if self.mode == 'fit' else 'evaluated'}: {hint}."
+                if data_not_saved(s):   # a network from gn.load: say why the data are missing
+                    msg = (f"Source {s.label!r} has no data: the network was loaded with gn.load, and gn.save never "
+                           f"stores training data, so it cannot be {'trained' if self.mode == 'fit' else 'evaluated'} "
+                           f"on its own data. {hint[0].upper() + hint[1:]}"
+                           f"{' (and give every source its data) before fitting again' if self.mode == 'fit' else ''}.")
                 raise NetworkError(msg)
         if self.rows is None:
             return value
