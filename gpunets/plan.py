@@ -35,6 +35,7 @@ from .devices import CPU, Device, check_available, is_host_only, placement_overr
 from .estimators import apply_estimator, fit_estimator, fit_transform_estimator
 from .exceptions import NetworkError, NotFittedError
 from .fingerprint import scope
+from .fitted_machine import MACHINE_VALUE, FittedMachine, state_report, view_of_fit
 from .graph import Upstream, machine_sources, op_nodes, upstream_machines
 from .machines import Machine, labels
 from .models import is_cuml_estimator, resolve_estimator
@@ -140,6 +141,8 @@ class _Builder:
         self.dev: list[Any] = []                       # task key -> Device its value lives on
         self.mach_dev: dict[int, tuple[Any, str]] = {}  # machine uid -> (Device, path) of this plan's fit
         self.fit_args: dict[int, tuple[Any, int, Any]] = {}  # machine uid -> (estimator, n_args, resolved)
+        self.fit_action: dict[int, str] = {}         # machine uid -> "train" / "update" in this plan
+        self.views: set[int] = set()                 # keys of tasks whose value is a FittedMachine (never moved)
         self.moves: dict[tuple[int, Any, str], int] = {}
         self._placed: dict[Any, Any] = {}
         self._names: dict[Any, str] = {}             # Device -> its string, computed once
@@ -219,14 +222,17 @@ class _Builder:
                 frames = "array"
         else:
             dev = self._op_device(x)
+        if m is not None and x.operation == MACHINE_VALUE:
+            return self._machine_value(x, m, fk, st, dev)
         deps: list[int] = []
         spec: list[tuple[bool, Any]] = []
         plain = True                  # every argument a node, in order: call the operation as it is
-        memo, moved = self.memo, self.moved
+        memo, moved, views = self.memo, self.moved, self.views
         for a in x._args:
             if isinstance(a, AbstractNode):
                 spec.append((True, len(deps)))
-                deps.append(moved(memo[a._uid], dev, frames))
+                k = memo[a._uid]
+                deps.append(k if k in views else moved(k, dev, frames))
             else:
                 plain = False
                 spec.append((False, a))
@@ -241,6 +247,21 @@ class _Builder:
         else:
             fn = partial(_apply_state, x.operation, tuple(spec), st.estimator, st.path)
         return self.add(kind="eval", fn=fn, deps=tuple(deps), node=x, machine=m, cost=2.0, device=dev)
+
+    def _machine_value(self, x: Node, m: "Machine", fk: int | None, st: Any, dev: Any) -> int:
+        """The task giving ``gn.node(f, mach)`` its :class:`FittedMachine` (a snapshot, no data, no graph).
+
+        From the fit task when ``m`` trains in this plan, else from the state read now: on every
+        executor ``f`` receives the same kind of object, built where it runs.
+        """
+        if fk is not None:
+            fn: Callable[..., Any] = partial(view_of_fit, m.label, m.model, self.fit_action[m._uid])
+            key = self.add(kind="eval", fn=fn, deps=(fk,), node=x, machine=m, cost=0.0, device=dev)
+        else:
+            fn = partial(FittedMachine, m.label, m.model, st.estimator, state_report(st))
+            key = self.add(kind="eval", fn=fn, deps=(), node=x, machine=m, cost=0.0, device=dev)
+        self.views.add(key)
+        return key
 
     def _training_output(self, x: Node, m: "Machine", fk: int) -> bool:
         """Is ``x`` ``m.transform`` of ``m``'s own training input, in the plan that fits ``m``?
@@ -495,6 +516,7 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
         deps = [b.moved(k, dev, frames) for k in pending_deps]
         b.mach_dev[m._uid] = (dev, path)
         b.fit_args[m._uid] = (est, len(deps), resolved)
+        b.fit_action[m._uid] = actions[m]
         key = b.add(kind="fit", label=f"fit {m.label}", fn=partial(_fit_task, est, len(deps), resolved),
                     deps=tuple(deps), machine=m, cost=10.0, commit=partial(_commit_fit, m, pending), device=dev)
         b.fit_key[m._uid] = key
