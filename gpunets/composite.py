@@ -112,6 +112,17 @@ class NetworkState:
     fingerprints: dict[str, Any] = field(default_factory=dict)   # of ``data``, taken at the fit
     extras: dict[str, dict[str, Any]] = field(default_factory=dict)  # values of the report / fitted_params nodes
 
+    def __getstate__(self) -> dict[str, Any]:
+        """``names`` is keyed by ``id(machine)``, which a copy does not keep (pickle, a dask worker's result,
+        ``deepcopy``): it travels as a list in the machines' order and is keyed again by :meth:`__setstate__`."""
+        return {**self.__dict__, "names": [self.names.get(id(m)) for m in self.machines]}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        names = state["names"]
+        if isinstance(names, list):
+            state = {**state, "names": {id(m): n for m, n in zip(state["machines"], names) if n is not None}}
+        self.__dict__.update(state)
+
 
 def _is_estimator(v: Any) -> bool:
     return not isinstance(v, type) and callable(getattr(v, "fit", None))

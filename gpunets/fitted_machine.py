@@ -34,11 +34,18 @@ MACHINE_VALUE = "machine"
 
 
 def learned_attributes(est: Any) -> dict[str, Any]:
-    """The learned attributes of a fitted estimator (scikit-learn's trailing ``_``), by name."""
+    """The learned attributes of a fitted estimator (scikit-learn's trailing ``_``), by name.
+
+    A composite's ``fitted_params_`` (its components', and its fitted-params nodes' values) come
+    under ``"components"``, as :meth:`gpunets.Machine.report` has its ``report_``.
+    """
     out: dict[str, Any] = {}
     for k in sorted(vars(est)) if hasattr(est, "__dict__") else []:
         if k.endswith("_") and not k.startswith("_") and not k.endswith("__"):
             out[k] = getattr(est, k)
+    extra = getattr(est, "fitted_params_", None)   # a composite: its components' (as report() has them)
+    if isinstance(extra, dict):
+        out["components"] = extra
     return out
 
 

@@ -137,9 +137,9 @@ class _Replacements:
         if unknown:
             have = ([_describe(s) for s in sources.values()] + [_describe(m) for m in machines.values()]
                     + [f"model {type(v).__name__}" for v in models.values()])
-            msg = (f"gn.replace: {unknown} are not in the network upstream of the target, so they cannot be "
-                   f"replaced. What can be: {have}. Hint: pass the objects themselves (by identity), e.g. "
-                   "the model object given to gn.machine, not an equal one.")
+            msg = (f"gn.replace: not in the network upstream of the target, so they cannot be replaced: "
+                   f"{'; '.join(unknown)}. What can be: {'; '.join(have)}. Hint: pass the objects themselves "
+                   "(by identity), e.g. the model object given to gn.machine, not an equal one.")
             raise ValueError(msg)
 
     @staticmethod
@@ -194,7 +194,7 @@ def replace(target: Any, replacements: Any, *, copy_unchanged: bool = False) -> 
     >>> gn.replace(W, {StandardScaler(): StandardScaler()})
     Traceback (most recent call last):
     ...
-    ValueError: gn.replace: ['StandardScaler() of type StandardScaler'] are not in the network ...
+    ValueError: gn.replace: not in the network upstream of the target, so they cannot be replaced: StandardScaler() ...
     """
     if not isinstance(copy_unchanged, bool):
         msg = (f"gn.replace: copy_unchanged must be True (copy what no replacement reaches) or False (share it); "
