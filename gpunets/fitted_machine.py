@@ -106,6 +106,11 @@ def view_of_fit(label: str, model: Any, action: str, fitted: tuple[Any, ...]) ->
     return FittedMachine(label, model, est, _report_of(action, info))
 
 
+def view_of_estimator(label: str, model: Any, est: Any) -> FittedMachine:
+    """The snapshot of a machine a search trained (its fit's estimator only)."""
+    return FittedMachine(label, model, est, {"action": "train"})
+
+
 def state_report(st: Any) -> dict[str, Any]:
     """The report fields of a :class:`gpunets.machines.FittedState` (plain values: safe to send to a worker)."""
     return {"action": st.action, "seconds": st.seconds, "n_rows": st.n_rows, "device": st.device, "path": st.path}

@@ -179,6 +179,27 @@ def test_fitted_composite_copies_keep_their_reports(data):
         np.testing.assert_allclose(cp.predict(X[:4]), comp.predict(X[:4]))
 
 
+class ByHand(gn.CompositeRegressor):
+    """Predicts with the learned coefficients through a function node (the machine passed to it)."""
+
+    def __init__(self, model=None):
+        self.model = model
+
+    def network(self, X, y):
+        return gn.node(linear, gn.machine(self.model if self.model is not None else Ridge(), X, y), X)
+
+
+def test_search_over_a_composite_with_a_node_of_machine(executor, data):
+    from sklearn.model_selection import GridSearchCV
+
+    X, y = data
+    grid = {"model__alpha": [0.1, 10.0, 300.0]}
+    ours = gn.GridSearchCV(ByHand(Ridge()), grid, cv=3, executor=executor).fit(X, y)
+    theirs = GridSearchCV(Ridge(), {"alpha": grid["model__alpha"]}, cv=3).fit(X, y)
+    np.testing.assert_allclose(ours.cv_results_["mean_test_score"], theirs.cv_results_["mean_test_score"])
+    np.testing.assert_allclose(ours.predict(X[:5]), theirs.predict(X[:5]))
+
+
 class _Returning(gn.CompositeRegressor):
     def __init__(self, result=None):
         self.result = result
