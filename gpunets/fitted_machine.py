@@ -5,7 +5,10 @@ like any node (MLJ's ``node(f, mach)``): fitting the node trains the machine,
 and calling it applies ``f`` to a :class:`FittedMachine`, a snapshot of the
 machine's fitted state (the fitted estimator and what its fit reported).  The
 snapshot holds no training data and no graph, so it is what a dask worker
-receives too: the same object on every executor.
+receives too: the same object on every executor.  Like any node's input, it
+is moved to the device where ``f`` runs: its :meth:`FittedMachine.fitted_params`
+are then on that device (those a GPU array can hold), whatever device the
+estimator computed them on (a model that fell back to the CPU, say).
 
 In the graph, the machine stands behind a node with operation
 :data:`MACHINE_VALUE` and no arguments, whose value is that snapshot; its
@@ -26,6 +29,8 @@ machine's training edges make it depend on the machine.
 from __future__ import annotations
 
 from typing import Any
+
+from .data import to_device
 
 __all__ = ["MACHINE_VALUE", "FittedMachine", "learned_attributes"]
 
@@ -60,6 +65,8 @@ class FittedMachine:
         The machine's model (its hyperparameters), as it was when the node was evaluated.
     estimator_ : estimator
         The fitted estimator.
+    device : Device or None
+        Where :meth:`fitted_params` puts array attributes (None: where the estimator keeps them).
 
     Examples
     --------
@@ -70,18 +77,30 @@ class FittedMachine:
     (<FittedMachine Ridge (train)>, True, ['coef_', 'intercept_'], 'train')
     """
 
-    __slots__ = ("label", "model", "estimator_", "_report")
+    __slots__ = ("label", "model", "estimator_", "_report", "device")
     is_fitted = True
 
-    def __init__(self, label: str, model: Any, estimator: Any, report: dict[str, Any]) -> None:
+    def __init__(self, label: str, model: Any, estimator: Any, report: dict[str, Any], device: Any = None) -> None:
         self.label = label
         self.model = model
         self.estimator_ = estimator
         self._report = report
+        self.device = device
+
+    def on(self, device: Any) -> "FittedMachine":
+        """This snapshot, with :meth:`fitted_params` on ``device`` (what a move of the value does)."""
+        return FittedMachine(self.label, self.model, self.estimator_, self._report, device)
 
     def fitted_params(self) -> dict[str, Any]:
-        """The learned attributes of the fitted estimator (as :meth:`gpunets.Machine.fitted_params`)."""
-        return learned_attributes(self.estimator_)
+        """The learned attributes of the fitted estimator (as :meth:`gpunets.Machine.fitted_params`).
+
+        On :attr:`device` when set (the device where the node's function runs); an attribute no array
+        there can hold (strings, objects) stays as it is.
+        """
+        out = learned_attributes(self.estimator_)
+        if self.device is None:
+            return out
+        return {k: _on(v, self.device) for k, v in out.items()}
 
     def report(self) -> dict[str, Any]:
         """What the machine's fit did: ``label``, ``model``, ``action``, ``seconds``, ``n_rows``, ``device``, ``path``."""
@@ -93,6 +112,15 @@ class FittedMachine:
 
     def __repr__(self) -> str:
         return f"<FittedMachine {self.label} ({self._report.get('action', 'trained')})>"
+
+
+def _on(value: Any, device: Any) -> Any:
+    if not (hasattr(value, "shape") and hasattr(value, "dtype")):   # arrays only: not the estimators, dicts...
+        return value
+    try:
+        return to_device(value, device, frames="array")
+    except TypeError:   # a value no array on that device holds (strings, objects): where it is
+        return value
 
 
 def _report_of(action: str, info: dict[str, Any]) -> dict[str, Any]:

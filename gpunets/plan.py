@@ -142,7 +142,6 @@ class _Builder:
         self.mach_dev: dict[int, tuple[Any, str]] = {}  # machine uid -> (Device, path) of this plan's fit
         self.fit_args: dict[int, tuple[Any, int, Any]] = {}  # machine uid -> (estimator, n_args, resolved)
         self.fit_action: dict[int, str] = {}         # machine uid -> "train" / "update" in this plan
-        self.views: set[int] = set()                 # keys of tasks whose value is a FittedMachine (never moved)
         self.moves: dict[tuple[int, Any, str], int] = {}
         self._placed: dict[Any, Any] = {}
         self._names: dict[Any, str] = {}             # Device -> its string, computed once
@@ -227,12 +226,11 @@ class _Builder:
         deps: list[int] = []
         spec: list[tuple[bool, Any]] = []
         plain = True                  # every argument a node, in order: call the operation as it is
-        memo, moved, views = self.memo, self.moved, self.views
+        memo, moved = self.memo, self.moved
         for a in x._args:
             if isinstance(a, AbstractNode):
                 spec.append((True, len(deps)))
-                k = memo[a._uid]
-                deps.append(k if k in views else moved(k, dev, frames))
+                deps.append(moved(memo[a._uid], dev, frames))
             else:
                 plain = False
                 spec.append((False, a))
@@ -252,7 +250,8 @@ class _Builder:
         """The task giving ``gn.node(f, mach)`` its :class:`FittedMachine` (a snapshot, no data, no graph).
 
         From the fit task when ``m`` trains in this plan, else from the state read now: on every
-        executor ``f`` receives the same kind of object, built where it runs.
+        executor ``f`` receives the same kind of object, built where it runs, and moved like any value
+        to the device where ``f`` runs (:meth:`FittedMachine.on`).
         """
         if fk is not None:
             fn: Callable[..., Any] = partial(view_of_fit, m.label, m.model, self.fit_action[m._uid])
@@ -260,7 +259,6 @@ class _Builder:
         else:
             fn = partial(FittedMachine, m.label, m.model, st.estimator, state_report(st))
             key = self.add(kind="eval", fn=fn, deps=(), node=x, machine=m, cost=0.0, device=dev)
-        self.views.add(key)
         return key
 
     def _training_output(self, x: Node, m: "Machine", fk: int) -> bool:
@@ -372,6 +370,8 @@ def _apply_fitted(op: str, spec: tuple[tuple[bool, Any], ...], *values: Any) -> 
 
 
 def _move(dev: Any, frames: str, value: Any) -> Any:
+    if isinstance(value, FittedMachine):   # gn.node(f, mach): its fitted params follow f to ``dev``
+        return value.on(dev)
     return to_device(value, dev, frames=frames)
 
 

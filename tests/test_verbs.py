@@ -18,6 +18,7 @@ from sklearn.preprocessing import StandardScaler
 
 import gpunets as gn
 from gpunets.fitted_machine import FittedMachine
+from gpunets.testing import assert_allclose_any
 
 
 @pytest.fixture
@@ -46,11 +47,11 @@ def test_node_of_machine_trains_the_machine(executor, data):
     coef = gn.node(coef_of, mach, name="coef")
     assert coef.machines == (mach,)
     assert coef.fit().actions.by_label() == {"Ridge": "train"}
-    np.testing.assert_allclose(coef(), Ridge(alpha=1.0).fit(X, y).coef_)
+    assert_allclose_any(coef(), Ridge(alpha=1.0).fit(X, y).coef_)
     assert coef.fit().actions.by_label() == {"Ridge": "skip"}
     model.alpha = 30.0
     assert coef.fit().actions.by_label() == {"Ridge": "update"}
-    np.testing.assert_allclose(coef(), Ridge(alpha=30.0).fit(X, y).coef_)
+    assert_allclose_any(coef(), Ridge(alpha=30.0).fit(X, y).coef_)
 
 
 def test_node_of_machine_untrained_names_the_machine(data):
@@ -68,9 +69,9 @@ def test_node_of_machine_with_node_arguments(executor, data):
     by_hand = gn.node(linear, mach, Xs)
     assert [s.name for s in by_hand.origins] == ["X"]
     by_hand.fit()
-    np.testing.assert_allclose(by_hand(), mach.predict(Xs)())
+    assert_allclose_any(by_hand(), mach.predict(Xs)())
     Xnew = X[:5] + 1.0
-    np.testing.assert_allclose(by_hand(Xnew), LinearRegression().fit(X, y).predict(Xnew))
+    assert_allclose_any(by_hand(Xnew), LinearRegression().fit(X, y).predict(Xnew))
 
 
 def test_node_of_machine_feeds_a_machine_downstream(executor, data):
@@ -82,7 +83,7 @@ def test_node_of_machine_feeds_a_machine_downstream(executor, data):
     yhat = second.predict(score)
     assert yhat.fit().actions.by_label() == {"first": "train", "second": "train"}
     s = Ridge(alpha=1.0).fit(X, y).predict(X)[:, None]
-    np.testing.assert_allclose(yhat(), LinearRegression().fit(s, y).predict(s))
+    assert_allclose_any(yhat(), LinearRegression().fit(s, y).predict(s))
     first.model.alpha = 50.0     # the machine behind the function node changed: what it feeds retrains
     assert yhat.fit().actions.by_label() == {"first": "update", "second": "train"}
     assert yhat.fit().actions.by_label() == {"first": "skip", "second": "skip"}
@@ -97,13 +98,34 @@ def test_function_receives_a_snapshot_without_training_data(executor):
     fm = view()
     assert isinstance(fm, FittedMachine) and fm.is_fitted
     assert fm.label == "big" and fm.report()["action"] == "train" and fm.report()["n_rows"] == 20_000
-    np.testing.assert_allclose(fm.fitted_params()["coef_"], mach.fitted_params()["coef_"])
+    assert_allclose_any(fm.fitted_params()["coef_"], mach.fitted_params()["coef_"])
     assert len(pickle.dumps(fm)) < X.nbytes / 100    # no data travels with it (what a dask worker receives)
     # inside a fit (the machine trains in the same run), the function sees the fit's own result
     mach.model.alpha = 7.0
     both = gn.node(lambda m, Z: (m.report()["action"], float(m.model.alpha)), mach, gn.source(np.ones(1)))
     both.fit()
     assert both() == ("update", 7.0)
+
+
+def test_fitted_params_follow_the_function_to_its_device(executor, data):
+    """A machine trained on the CPU, a function placed on a (fake) GPU: the coefficients it reads are there."""
+    import os
+
+    from gpunets.data import device_of
+    from gpunets.testing import fake_gpu
+
+    if getattr(executor, "name", "") == "dask" and os.environ.get("GPUNETS_FAKE_GPU") is None:
+        pytest.skip("dask workers see the fake GPU only through the environment (the fake-GPU lane)")
+    X, y = data
+    with fake_gpu(1):
+        mach = gn.machine(LinearRegression(), X, y, device="cpu")
+        W = gn.node(lambda a: a, mach.args[0], device="cuda")
+        on_gpu = gn.node(linear, mach, W, device="cuda")
+        where = gn.node(lambda m: str(device_of(m.fitted_params()["coef_"])), mach, device="cuda")
+        gn.fit(on_gpu, where)
+        assert where() == "cuda:0" and str(device_of(on_gpu(output="device"))) == "cuda:0"
+        assert_allclose_any(on_gpu(), LinearRegression().fit(X, y).predict(X))
+        assert str(device_of(gn.node(coef_of, mach)())) == "cpu"     # on the machine's device: as it is
 
 
 def test_node_with_several_machines_and_constants(executor, data):
@@ -113,7 +135,7 @@ def test_node_with_several_machines_and_constants(executor, data):
     gap = gn.node(lambda ma, k, mb: k * (coef_of(ma) - coef_of(mb)), a, 2.0, b)
     assert gap.fit().actions.by_label() == {"a": "train", "b": "train"}
     expected = 2.0 * (Ridge(alpha=1.0).fit(X, y).coef_ - Ridge(alpha=100.0).fit(X, y).coef_)
-    np.testing.assert_allclose(gap(), expected)
+    assert_allclose_any(gap(), expected)
 
 
 # --- composites with report and fitted-params nodes ------------------------------------------------------
@@ -140,21 +162,21 @@ class Reporting(gn.CompositeRegressor):
 def test_composite_report_and_fitted_params_nodes(executor, data):
     X, y = data
     comp = Reporting(model=Ridge(alpha=2.0), executor=executor).fit(X, y)
-    np.testing.assert_allclose(comp.fitted_params_["coef"], Ridge(alpha=2.0).fit(X, y).coef_)
+    assert_allclose_any(comp.fitted_params_["coef"], Ridge(alpha=2.0).fit(X, y).coef_)
     assert set(comp.fitted_params_) == {"model", "coef"}
     assert set(comp.report_) == {"model", "n_train", "residual"}
     assert comp.report_["n_train"] == 60 and comp.report_["model"]["action"] == "train"
-    np.testing.assert_allclose(comp.report_["residual"], np.mean(y - comp.predict(X)))
+    assert_allclose_any(comp.report_["residual"], np.mean(y - comp.predict(X)))
     comp.set_params(model__alpha=20.0).fit(X, y)    # refit: the values follow the new fit
     assert comp.fit_report_.actions.by_label() == {"model": "update"}
-    np.testing.assert_allclose(comp.fitted_params_["coef"], Ridge(alpha=20.0).fit(X, y).coef_)
+    assert_allclose_any(comp.fitted_params_["coef"], Ridge(alpha=20.0).fit(X, y).coef_)
 
 
 def test_composite_report_node_trains_what_it_needs(executor, data):
     X, y = data
     comp = Reporting(model=Ridge(), probe=LinearRegression(), executor=executor).fit(X, y)
     assert comp.fit_report_.actions.by_label() == {"model": "train", "probe": "train"}
-    np.testing.assert_allclose(comp.report_["probe_coef"], LinearRegression().fit(X, y).coef_)
+    assert_allclose_any(comp.report_["probe_coef"], LinearRegression().fit(X, y).coef_)
     assert comp.report_["probe"]["action"] == "train"
 
 
@@ -165,9 +187,9 @@ def test_composite_extras_in_an_outer_network(executor, data):
     yhat.fit()
     components = gn.report(yhat)["outer"]["components"]
     assert components["n_train"] == 60
-    np.testing.assert_allclose(gn.fitted_params(yhat)["outer"]["components"]["coef"], Ridge(alpha=3.0).fit(X, y).coef_)
+    assert_allclose_any(gn.fitted_params(yhat)["outer"]["components"]["coef"], Ridge(alpha=3.0).fit(X, y).coef_)
     coef = gn.node(lambda m: m.fitted_params()["components"]["coef"], outer)
-    np.testing.assert_allclose(coef(), Ridge(alpha=3.0).fit(X, y).coef_)
+    assert_allclose_any(coef(), Ridge(alpha=3.0).fit(X, y).coef_)
 
 
 def test_fitted_composite_copies_keep_their_reports(data):
@@ -175,8 +197,8 @@ def test_fitted_composite_copies_keep_their_reports(data):
     comp = Reporting(model=Ridge(alpha=3.0)).fit(X, y)
     for cp in (pickle.loads(pickle.dumps(comp)), copy.deepcopy(comp)):   # what a dask worker sends back
         assert set(cp.report_) == set(comp.report_) and cp.report_["model"]["action"] == "train"
-        np.testing.assert_allclose(cp.fitted_params_["coef"], comp.fitted_params_["coef"])
-        np.testing.assert_allclose(cp.predict(X[:4]), comp.predict(X[:4]))
+        assert_allclose_any(cp.fitted_params_["coef"], comp.fitted_params_["coef"])
+        assert_allclose_any(cp.predict(X[:4]), comp.predict(X[:4]))
 
 
 class ByHand(gn.CompositeRegressor):
@@ -196,8 +218,8 @@ def test_search_over_a_composite_with_a_node_of_machine(executor, data):
     grid = {"model__alpha": [0.1, 10.0, 300.0]}
     ours = gn.GridSearchCV(ByHand(Ridge()), grid, cv=3, executor=executor).fit(X, y)
     theirs = GridSearchCV(Ridge(), {"alpha": grid["model__alpha"]}, cv=3).fit(X, y)
-    np.testing.assert_allclose(ours.cv_results_["mean_test_score"], theirs.cv_results_["mean_test_score"])
-    np.testing.assert_allclose(ours.predict(X[:5]), theirs.predict(X[:5]))
+    assert_allclose_any(ours.cv_results_["mean_test_score"], theirs.cv_results_["mean_test_score"])
+    assert_allclose_any(ours.predict(X[:5]), theirs.predict(X[:5]))
 
 
 class _Returning(gn.CompositeRegressor):
@@ -254,8 +276,8 @@ def test_replace_model_shares_the_rest(executor, data, network):
     assert scale2 is n["scale"] and reg2 is not n["reg"] and not reg2.is_fitted
     assert reg2.name == "reg" and reg2.args == n["reg"].args                # the unchanged nodes are shared
     assert yhat2.fit().actions.by_label() == {"scale": "skip", "reg": "train"}
-    np.testing.assert_allclose(yhat2(), expected(X, y, 25.0))
-    np.testing.assert_allclose(n["yhat"](), expected(X, y, 1.0))          # the original is untouched
+    assert_allclose_any(yhat2(), expected(X, y, 25.0))
+    assert_allclose_any(n["yhat"](), expected(X, y, 1.0))          # the original is untouched
     assert n["yhat"].fit().actions.by_label() == {"scale": "skip", "reg": "skip"}
     assert yhat2.origins == n["yhat"].origins                           # the sources are shared
 
@@ -270,14 +292,14 @@ def test_replace_source_with_data(executor, data, network):
     ys2 = [s for s in yhat2.sources if s.name == "y"][0]
     assert ys2 is not n["y"] and ys2.data is y_new
     assert yhat2.fit().actions.by_label() == {"scale": "skip", "reg": "train"}
-    np.testing.assert_allclose(yhat2(), expected(X, y_new, 1.0))
+    assert_allclose_any(yhat2(), expected(X, y_new, 1.0))
     # a new source for X: everything downstream of it is new and trains on the new data
     X_new = rng.normal(size=(40, 3))
     yhat3 = gn.replace(n["yhat"], {n["X"]: gn.source(X_new, name="X"), n["y"]: y_new[:40]})
     assert not set(yhat3.machines) & {n["scale"], n["reg"]}
     assert yhat3.fit().actions.by_label() == {"scale": "train", "reg": "train"}
-    np.testing.assert_allclose(yhat3(), expected(X_new, y_new[:40], 1.0))
-    np.testing.assert_allclose(yhat3(X[:3]), expected(X_new, y_new[:40], 1.0, X[:3]))
+    assert_allclose_any(yhat3(), expected(X_new, y_new[:40], 1.0))
+    assert_allclose_any(yhat3(X[:3]), expected(X_new, y_new[:40], 1.0, X[:3]))
 
 
 def test_replace_machine(executor, data, network):
@@ -288,7 +310,7 @@ def test_replace_machine(executor, data, network):
     yhat2 = gn.replace(n["yhat"], {n["reg"]: other})
     assert yhat2.machine is other
     assert yhat2.fit().actions.by_label() == {"scale": "train", "other": "train"}
-    np.testing.assert_allclose(yhat2(), expected(X, y, 9.0))
+    assert_allclose_any(yhat2(), expected(X, y, 9.0))
     assert not n["reg"].is_fitted
 
 
@@ -302,7 +324,7 @@ def test_replace_copy_unchanged_deeply(executor, data, network):
     assert not {s._uid for s in yhat2.sources} & {s._uid for s in n["yhat"].sources}
     assert scale2.is_fitted and not reg2.is_fitted
     assert yhat2.fit().actions.by_label() == {"scale": "skip", "reg": "train"}   # its copied state is valid
-    np.testing.assert_allclose(yhat2(), expected(X, y, 4.0))
+    assert_allclose_any(yhat2(), expected(X, y, 4.0))
     n["scaler"].with_mean = False             # the copy's model is its own
     assert yhat2.fit().actions.by_label() == {"scale": "skip", "reg": "skip"}
     assert n["yhat"].fit().actions.by_label() == {"scale": "update", "reg": "train"}
@@ -311,7 +333,7 @@ def test_replace_copy_unchanged_deeply(executor, data, network):
     n["yhat"].fit()
     yhat3 = gn.replace(n["yhat"], {}, copy_unchanged=True)
     assert yhat3.fit().actions.by_label() == {"scale": "skip", "reg": "skip"}
-    np.testing.assert_allclose(yhat3(), n["yhat"]())
+    assert_allclose_any(yhat3(), n["yhat"]())
     yhat3.machines[1].model.alpha = 50.0
     assert n["yhat"].fit().actions.by_label() == {"scale": "skip", "reg": "skip"}
 
@@ -325,7 +347,7 @@ def test_replace_with_node_of_machine_and_several_targets(executor, data, networ
     gn.fit(*outs.values())
     assert outs["coef"].args[0].machine is outs["predict"].machine      # one copy, shared by both outputs
     s = StandardScaler().fit(X)
-    np.testing.assert_allclose(outs["coef"](), Ridge(alpha=8.0).fit(s.transform(X), y).coef_)
+    assert_allclose_any(outs["coef"](), Ridge(alpha=8.0).fit(s.transform(X), y).coef_)
     a, b = gn.replace((n["yhat"], coef), {})
     assert a is n["yhat"] and b is coef              # nothing replaced and nothing copied: the same nodes
 
