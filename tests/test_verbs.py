@@ -222,6 +222,31 @@ def test_search_over_a_composite_with_a_node_of_machine(executor, data):
     assert_allclose_any(ours.predict(X[:5]), theirs.predict(X[:5]))
 
 
+def _fails_on_big_alpha(fm):
+    if fm.model.alpha > 100:
+        raise ValueError("alpha too big for this report")
+    return fm.model.alpha
+
+
+class Fragile(gn.CompositeRegressor):
+    def __init__(self, model=None):
+        self.model = model
+
+    def network(self, X, y):
+        m = gn.machine(self.model, X, y)
+        return {"predict": m.predict(X), "report": {"alpha": gn.node(_fails_on_big_alpha, m)}}
+
+
+def test_composite_report_node_failure_keeps_the_previous_fit(executor, data):
+    X, y = data
+    comp = Fragile(Ridge(alpha=1.0)).fit(X, y)
+    before = comp.predict(X[:3])
+    with pytest.raises(gn.EvaluationError, match="alpha too big"):
+        comp.set_params(model__alpha=500.0).fit(X, y)
+    assert comp.report_["alpha"] == 1.0                       # the fitted attributes of the last good fit
+    assert_allclose_any(comp.predict(X[:3]), before)
+
+
 class _Returning(gn.CompositeRegressor):
     def __init__(self, result=None):
         self.result = result
