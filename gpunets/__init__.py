@@ -35,6 +35,7 @@ from .machines import Machine, machine
 from .network import Evaluation, evaluate, fit, last_trace
 from .nodes import AbstractNode, Node, Source, node, source
 from .ops import hstack, max, mean, min, sum, var, vote, weighted_sum
+from .replace import replace
 from .report import FitReport, fitted_params, report
 from .trace import Trace
 
@@ -50,7 +51,7 @@ def _version() -> str:
 __version__ = _version()
 
 __all__ = [
-    "source", "node", "machine", "fit", "evaluate", "report", "fitted_params", "last_trace",
+    "source", "node", "machine", "fit", "evaluate", "report", "fitted_params", "last_trace", "replace",
     "mean", "weighted_sum", "vote", "hstack", "sum", "min", "max", "var",
     "config", "get_config", "set_config", "cache_info", "cache_clear", "CacheInfo", "device", "Device", "DeviceFallbackWarning",
     "AbstractNode", "Source", "Node", "Machine", "FitReport", "Trace", "Evaluation",

@@ -36,6 +36,12 @@ built on empty sources (only the graph, no data and no training) to find out;
 a subclass whose network needs data to be built can declare the class
 attribute ``operations = ("predict", ...)`` instead.
 
+Beside operations, the dict may hold ``"report"`` and ``"fitted_params"``,
+each ``{name: node}`` (MLJ's ``prefit`` returning ``report=`` /
+``fitted_params=``): fitting trains what they need, evaluates them on the
+training data, and their values join ``report_`` / ``fitted_params_``
+(:mod:`gpunets._composite_extras`).
+
 Examples
 --------
 >>> import numpy as np, gpunets as gn
@@ -72,6 +78,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from . import verbs
+from ._composite_extras import EXTRA_KEYS, Outputs, check_extra, check_extra_names, evaluate_extras, extra_nodes
 from ._composite_ops import adopt_states, carry_frozen, frozen_names, match_machines, same_value
 from ._warn import _OWNER
 from .config import config
@@ -105,6 +112,18 @@ class NetworkState:
     names: dict[int, str]                      # id(machine) -> component name or label
     plain_params: dict[str, Any] = field(default_factory=dict)
     fingerprints: dict[str, Any] = field(default_factory=dict)   # of ``data``, taken at the fit
+    extras: dict[str, dict[str, Any]] = field(default_factory=dict)  # values of the report / fitted_params nodes
+
+    def __getstate__(self) -> dict[str, Any]:
+        """``names`` is keyed by ``id(machine)``, which a copy does not keep (pickle, a dask worker's result,
+        ``deepcopy``): it travels as a list in the machines' order and is keyed again by :meth:`__setstate__`."""
+        return {**self.__dict__, "names": [self.names.get(id(m)) for m in self.machines]}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        names = state["names"]
+        if isinstance(names, list):
+            state = {**state, "names": {id(m): n for m, n in zip(state["machines"], names) if n is not None}}
+        self.__dict__.update(state)
 
 
 def _is_estimator(v: Any) -> bool:
@@ -162,9 +181,12 @@ class Composite(BaseEstimator):
     report_ : dict
         ``{component name: machine report}`` for every machine of the network;
         a machine whose model is a hyperparameter is keyed by that
-        hyperparameter's name, others by their gpunets label.
+        hyperparameter's name, others by their gpunets label.  With the
+        values of the network's report nodes (``network`` returning
+        ``{"report": {name: node}, ...}``, see :mod:`gpunets._composite_extras`).
     fitted_params_ : dict
-        ``{component name: learned attributes}``, keyed like ``report_``.
+        ``{component name: learned attributes}``, keyed like ``report_``, with
+        the values of the network's ``"fitted_params"`` nodes.
     n_features_in_, feature_names_in_ : as in scikit-learn.
 
     Examples
@@ -227,7 +249,11 @@ class Composite(BaseEstimator):
                    f"among {list(COMPOSITE_OPERATIONS)}.")
             raise ValueError(msg)
         out: dict[str, AbstractNode] = {}
+        extras: dict[str, dict[str, AbstractNode]] = {}
         for op, node in result.items():
+            if op in EXTRA_KEYS:   # named nodes for report_ / fitted_params_ (gpunets._composite_extras)
+                extras[op] = check_extra(name, op, node)
+                continue
             if op not in COMPOSITE_OPERATIONS:
                 msg = (f"{name}.network returned an unknown operation {op!r}. Valid operations are "
                        f"{list(COMPOSITE_OPERATIONS)}. Hint: key the dict by the method the model should "
@@ -240,7 +266,11 @@ class Composite(BaseEstimator):
                        f"expected a gpunets node.{hint}")
                 raise TypeError(msg)
             out[op] = node
-        return out
+        if not out:
+            msg = (f"{name}.network returned only {sorted(extras)}; it must expose at least one operation "
+                   f"among {list(COMPOSITE_OPERATIONS)} beside them. Hint: add {{'predict': mach.predict(X)}}.")
+            raise ValueError(msg)
+        return Outputs(out, extras) if extras else out
 
     def _gn_explain_missing(self, op: str) -> None:
         """Hook: raise the ``AttributeError`` of the component that lacks ``op`` (subclasses)."""
@@ -372,8 +402,10 @@ class Composite(BaseEstimator):
             sources = {k: Source(v, name=k) for k, v in data.items()}
         routed = routed_names(self, fit_params)   # metadata for the members, not for network()
         outputs = self._gn_build({k: v for k, v in sources.items() if k not in routed}, extra)
-        machines = upstream_machines(list(outputs.values()))
+        extras = getattr(outputs, "extras", {})
+        machines = upstream_machines([*outputs.values(), *extra_nodes(extras)])
         names = self._gn_names(machines)
+        check_extra_names(type(self).__name__, extras, set(names.values()))
         route_to_members(self, machines, names, {k: sources[k] for k in routed})   # before any training
         plain = self._gn_plain_params()
         if same:
@@ -385,14 +417,15 @@ class Composite(BaseEstimator):
         opts = self._gn_run_options()
         token = _OWNER.set(self)   # fallback warnings name this estimator, not its internal machines
         try:
-            report = gn_fit(*outputs.values(), **opts)
+            report = gn_fit(*outputs.values(), *extra_nodes(extras), **opts)
+            extra_values = evaluate_extras(extras, opts)
         finally:
             _OWNER.reset(token)
         _relabel(report, names)
         for m in to_freeze:   # components named in ``freeze`` that trained now: frozen from here on
             m.frozen = True
         self.__dict__.pop("_gn_frozen_carry", None)
-        self._gn_state = NetworkState(sources, data, outputs, machines, names, plain, fps)
+        self._gn_state = NetworkState(sources, data, outputs, machines, names, plain, fps, extra_values)
         self.fit_report_ = report
         self._gn_after_fit(self._gn_state)
 
@@ -495,17 +528,17 @@ class Composite(BaseEstimator):
     # --- reports -------------------------------------------------------------------------------------
     @property
     def report_(self) -> dict[str, dict[str, Any]]:
-        """``{component name: machine report}`` of the fitted network."""
+        """``{component name: machine report}`` of the fitted network, and the values of its report nodes."""
         check_is_fitted(self, "fit_report_")
         st = self._gn_state
-        return {st.names[id(m)]: m.report() for m in st.machines}
+        return {**{st.names[id(m)]: m.report() for m in st.machines}, **st.extras.get("report", {})}
 
     @property
     def fitted_params_(self) -> dict[str, dict[str, Any]]:
-        """``{component name: learned attributes}`` of the fitted network."""
+        """``{component name: learned attributes}`` of the fitted network, and the values of its fitted-params nodes."""
         check_is_fitted(self, "fit_report_")
         st = self._gn_state
-        return {st.names[id(m)]: m.fitted_params() for m in st.machines}
+        return {**{st.names[id(m)]: m.fitted_params() for m in st.machines}, **st.extras.get("fitted_params", {})}
 
     @property
     def machines_(self) -> dict[str, Machine]:

@@ -398,6 +398,9 @@ class Machine:
         for k in sorted(vars(est)) if hasattr(est, "__dict__") else []:
             if k.endswith("_") and not k.startswith("_") and not k.endswith("__"):
                 out[k] = getattr(est, k)
+        extra = getattr(est, "fitted_params_", None)   # a composite: its components' (as report() has them)
+        if isinstance(extra, dict):
+            out["components"] = extra
         return out
 
     def report(self) -> dict[str, Any]:

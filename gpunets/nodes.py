@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 from . import verbs
 from .data import check_placeable
 from .devices import Device, current_placement
+from .fitted_machine import MACHINE_VALUE
 
 if TYPE_CHECKING:  # pragma: no cover
     from .machines import Machine
@@ -374,7 +375,11 @@ def source(data: Any = None, name: str | None = None) -> Source:
 
 
 def node(fn: Callable[..., Any], *args: Any, name: str | None = None, device: Any = None) -> Node:
-    """A node that applies ``fn`` to the values of ``args`` (nodes or constants).
+    """A node that applies ``fn`` to the values of ``args`` (nodes, machines or constants).
+
+    A machine among ``args`` is a dependency (MLJ's ``node(f, mach)``): fitting the node trains
+    it, and ``fn`` receives a :class:`~gpunets.fitted_machine.FittedMachine`, a snapshot of its
+    fitted state (``.fitted_params()``, ``.report()``, ``.estimator_``), on every executor.
 
     Examples
     --------
@@ -386,6 +391,10 @@ def node(fn: Callable[..., Any], *args: Any, name: str | None = None, device: An
     >>> float(total())
     10.0
     """
+    from .machines import Machine  # lazy: machines.py builds on this module's classes (same layer)
+
+    args = tuple(Node(MACHINE_VALUE, (), machine=a, device=a.device) if isinstance(a, Machine) else a
+                 for a in args)
     return Node(fn, args, name=name, device=device)
 
 

@@ -38,6 +38,7 @@ from .estimators import (apply_estimator, fit_estimator, fit_transform_estimator
                          static_estimator)
 from .exceptions import NetworkError, NotFittedError
 from .fingerprint import scope
+from .fitted_machine import MACHINE_VALUE, FittedMachine, state_report, view_of_fit
 from .graph import Upstream, machine_sources, op_nodes, upstream_machines
 from .machines import STATIC, FittedState, Machine, labels
 from .models import is_cuml_estimator, resolve_estimator
@@ -144,6 +145,7 @@ class _Builder:
         self.dev: list[Any] = []                       # task key -> Device its value lives on
         self.mach_dev: dict[int, tuple[Any, str]] = {}  # machine uid -> (Device, path) of this plan's fit
         self.fit_args: dict[int, tuple[Any, int, Any]] = {}  # machine uid -> (estimator, n_args, resolved)
+        self.fit_action: dict[int, str] = {}         # machine uid -> "train" / "update" in this plan
         self.moves: dict[tuple[int, Any, str], int] = {}
         self._placed: dict[Any, Any] = {}
         self._names: dict[Any, str] = {}             # Device -> its string, computed once
@@ -236,6 +238,8 @@ class _Builder:
                 frames = "array"
         else:
             dev = self._op_device(x)
+        if m is not None and x.operation == MACHINE_VALUE:
+            return self._machine_value(x, m, fk, st, dev)
         deps: list[int] = []
         spec: list[tuple[bool, Any]] = []
         plain = True                  # every argument a node, in order: call the operation as it is
@@ -328,6 +332,21 @@ class _Builder:
                 kept.append(t)
         self.tasks = kept
         return remap
+
+    def _machine_value(self, x: Node, m: "Machine", fk: int | None, st: Any, dev: Any) -> int:
+        """The task giving ``gn.node(f, mach)`` its :class:`FittedMachine` (a snapshot, no data, no graph).
+
+        From the fit task when ``m`` trains in this plan, else from the state read now: on every
+        executor ``f`` receives the same kind of object, built where it runs, and moved like any value
+        to the device where ``f`` runs (:meth:`FittedMachine.on`).
+        """
+        if fk is not None:
+            fn: Callable[..., Any] = partial(view_of_fit, m.label, m.model, self.fit_action[m._uid])
+            key = self.add(kind="eval", fn=fn, deps=(fk,), node=x, machine=m, cost=0.0, device=dev)
+        else:
+            fn = partial(FittedMachine, m.label, m.model, st.estimator, state_report(st))
+            key = self.add(kind="eval", fn=fn, deps=(), node=x, machine=m, cost=0.0, device=dev)
+        return key
 
     def _training_output(self, x: Node, m: "Machine", fk: int) -> bool:
         """Is ``x`` ``m.transform`` of ``m``'s own training input, in the plan that fits ``m``?
@@ -485,6 +504,8 @@ def _apply_fitted(op: str, spec: tuple[tuple[bool, Any], ...], *values: Any) -> 
 
 
 def _move(dev: Any, frames: str, value: Any) -> Any:
+    if isinstance(value, FittedMachine):   # gn.node(f, mach): its fitted params follow f to ``dev``
+        return value.on(dev)
     return to_device(value, dev, frames=frames)
 
 
@@ -707,6 +728,7 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
         deps = [b.moved(k, dev, frames) for k in pending_deps]
         b.mach_dev[m._uid] = (dev, path)
         b.fit_args[m._uid] = (est, len(deps), resolved)
+        b.fit_action[m._uid] = actions[m]
         if actions[m] == STATIC:
             fn = partial(_static_task, est, resolved)
         elif pending.warm is not None and pending.warm[0] == "partial_fit":

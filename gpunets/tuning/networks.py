@@ -23,6 +23,7 @@ from sklearn.pipeline import Pipeline
 
 from .._composite_ops import same_value
 from ..composite import Composite
+from ..fitted_machine import MACHINE_VALUE, view_of_estimator
 from ..graph import op_nodes, upstream_machines
 from ..nodes import AbstractNode, Node, Source, node
 from . import tasks
@@ -214,7 +215,11 @@ class CompositeFold:
             assert isinstance(x, Node)
             keys: list[Any] = []
             args = [self._arg(a, env, keys) for a in x.args]
-            if x.machine is not None:
+            if x.machine is not None and x.operation == MACHINE_VALUE:   # gn.node(f, mach): f gets a snapshot
+                fit = self._machine(x.machine)
+                self.copies[k] = self._intern(("machine", fit._uid), tasks.call_fn,
+                                              partial(view_of_estimator, x.machine.label, x.machine.model), fit)
+            elif x.machine is not None:
                 fit = self._machine(x.machine)
                 self.copies[k] = self._intern(("op", x.operation, fit._uid, tuple(keys)),
                                               tasks.apply_op, x.operation, fit, *args)
