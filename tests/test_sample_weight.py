@@ -422,3 +422,15 @@ def test_classifier_and_transformer_composites_take_weights(data, executor):
     np.testing.assert_allclose(Scale().fit_transform(X, sample_weight=w), sc.transform(X), rtol=0, atol=1e-12)
     np.testing.assert_allclose(Scale().fit(X, sample_weight=w).transform(X[:5]), sc.transform(X[:5]),
                                rtol=0, atol=1e-12)
+
+
+def test_a_composite_inside_a_sklearn_router(data):
+    from sklearn.pipeline import make_pipeline
+
+    X, y, w = data
+    with sklearn.config_context(enable_metadata_routing=True):
+        pipe = make_pipeline(StandardScaler().set_fit_request(sample_weight=False),
+                             OneModel(Ridge().set_fit_request(sample_weight=True)))
+        pipe.fit(X, y, sample_weight=w)   # the pipeline asks the composite's router who wants the weights
+    Z = StandardScaler().fit(X).transform(X)
+    np.testing.assert_allclose(pipe.predict(X), Ridge().fit(Z, y, sample_weight=w).predict(Z), rtol=0, atol=1e-10)
