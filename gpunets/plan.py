@@ -593,13 +593,13 @@ def _fit_transform_task(est: Any, n_args: int, resolved: Any, *values: Any, keyw
     return fit_transform_estimator(est, tuple(values[:n_args]), resolved, keywords=keywords)
 
 
-def _fit_keywords(b: "_Builder", m: "Machine") -> dict[str, Any]:
+def _fit_keywords(m: "Machine") -> dict[str, Any]:
     """The keyword arguments of ``m``'s fit task: its keyword training arguments' names, and the check of
     its sample weights' rows where it could not be made now (:func:`gpunets.weights.check_weight_rows`)."""
     out: dict[str, Any] = {}
     if m.fit_keywords:
         out["keywords"] = m.fit_keywords
-    pending = check_weight_rows(m, lambda s: b.tasks[b.memo[s._uid]].value)
+    pending = check_weight_rows(m, lambda s: s.data)   # all rows: fit(rows=...) must not hide a mismatch
     if pending is not None:
         out["weights"] = (*pending, m.label)
     return out
@@ -732,9 +732,9 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
         if actions[m] == STATIC:
             fn = partial(_static_task, est, resolved)
         elif pending.warm is not None and pending.warm[0] == "partial_fit":
-            fn = partial(_partial_fit_task, est, len(deps), resolved, pending.warm[1], **_fit_keywords(b, m))
+            fn = partial(_partial_fit_task, est, len(deps), resolved, pending.warm[1], **_fit_keywords(m))
         else:
-            fn = partial(_fit_task, est, len(deps), resolved, **_fit_keywords(b, m))
+            fn = partial(_fit_task, est, len(deps), resolved, **_fit_keywords(m))
         key = b.add(kind="fit", label=f"fit {m.label}", fn=fn,
                     deps=tuple(deps), machine=m, cost=10.0, commit=partial(_commit_fit, m, pending), device=dev)
         b.fit_key[m._uid] = key

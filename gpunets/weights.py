@@ -168,7 +168,7 @@ def weight_rows_mismatch(label: str, weights: str, n_weights: int, data: str, n_
 def check_weight_rows(m: Any, value_of: Callable[[Source], Any]) -> tuple[int, str] | None:
     """Check machine ``m``'s sample weights against its training rows, where both are known now.
 
-    ``value_of`` gives a source's data as the fit will see them (rows selected).  Returns
+    ``value_of`` gives a source's data (all rows, so that ``fit(rows=...)`` cannot hide a mismatch).  Returns
     ``(position of the weights, their label)`` when the check has to wait for the values (the fit
     task makes it), None when there are no weights or the check is done.
 

@@ -101,6 +101,8 @@ def test_weights_of_the_wrong_length_fail_before_anything_trains(data):
     assert not scaler.is_fitted and not mach.is_fitted
     with pytest.raises(ValueError, match="'weights' have 50 values"):   # positional weights too
         gn.machine(Ridge(), Xs, ys, ws).fit()
+    with pytest.raises(ValueError, match="'weights' have 50 values, but its training data 'X' have 60 rows"):
+        mach.fit(rows=np.arange(40))   # a row subset does not hide it
 
 
 def test_weights_computed_by_a_node_are_checked_before_the_fit(data):
@@ -396,3 +398,39 @@ def test_a_gpu_twin_without_the_keyword_falls_back_to_the_cpu(data, monkeypatch,
     assert mach.report()["path"] == "cpu_fallback"
     assert "cuML's NoWeightsTwin.fit takes no sample_weight" in caplog.text
     np.testing.assert_allclose(mach.estimator_.coef_, Ridge().fit(X, y, sample_weight=w).coef_, rtol=0, atol=1e-12)
+
+
+class Logit(gn.CompositeClassifier):
+    def network(self, X, y):
+        Z = gn.machine(StandardScaler(), X).transform(X)
+        m = gn.machine(LogisticRegression(), Z, y)
+        return {"predict": m.predict(Z), "predict_proba": m.predict_proba(Z)}
+
+
+class Scale(gn.CompositeTransformer):
+    def network(self, X, y):
+        return gn.machine(StandardScaler(), X).transform(X)
+
+
+def test_classifier_and_transformer_composites_take_weights(data, executor):
+    X, _, w = data
+    y = np.where(X[:, 0] - X[:, 2] > 0, "up", "down")
+    clf = Logit().fit(X, y, sample_weight=w)
+    sc = StandardScaler().fit(X, sample_weight=w)
+    ref = LogisticRegression().fit(sc.transform(X), y, sample_weight=w)
+    np.testing.assert_allclose(clf.predict_proba(X), ref.predict_proba(sc.transform(X)), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(Scale().fit_transform(X, sample_weight=w), sc.transform(X), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(Scale().fit(X, sample_weight=w).transform(X[:5]), sc.transform(X[:5]),
+                               rtol=0, atol=1e-12)
+
+
+def test_a_composite_inside_a_sklearn_router(data):
+    from sklearn.pipeline import make_pipeline
+
+    X, y, w = data
+    with sklearn.config_context(enable_metadata_routing=True):
+        pipe = make_pipeline(StandardScaler().set_fit_request(sample_weight=False),
+                             OneModel(Ridge().set_fit_request(sample_weight=True)))
+        pipe.fit(X, y, sample_weight=w)   # the pipeline asks the composite's router who wants the weights
+    Z = StandardScaler().fit(X).transform(X)
+    np.testing.assert_allclose(pipe.predict(X), Ridge().fit(Z, y, sample_weight=w).predict(Z), rtol=0, atol=1e-10)
