@@ -468,6 +468,8 @@ def machine(model: Any, *args: Any, device: Any = None, name: str | None = None,
     warm : {"auto", False, "partial_fit"}, default "auto"
         How an update that only grows iteration-like hyperparameters runs (see :class:`Machine`).
 
+    Notes
+    -----
     With no training arguments the machine is *static* (MLJ's ``Static``): the model must be
     stateless (``FunctionTransformer``, ``Normalizer``: scikit-learn's ``requires_fit`` tag is
     False), it is never fitted, and its operations need their data, e.g. ``mach.transform(X)``.
