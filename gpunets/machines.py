@@ -498,6 +498,8 @@ def machine(model: Any, *args: Any, device: Any = None, name: str | None = None,
         Training arguments passed to ``fit`` by name, e.g. ``sample_weight=w``
         (see :mod:`gpunets.weights`); ``model.fit`` must take them.
 
+    Notes
+    -----
     With no training arguments the machine is *static* (MLJ's ``Static``): the model must be
     stateless (``FunctionTransformer``, ``Normalizer``: scikit-learn's ``requires_fit`` tag is
     False), it is never fitted, and its operations need their data, e.g. ``mach.transform(X)``.
