@@ -588,8 +588,10 @@ def feature_names_of(node: AbstractNode, names: np.ndarray, owner: str) -> list[
     ``gn.hstack(a, b, ...)`` the concatenation of its branches' names.  Anything else raises
     an ``AttributeError`` naming the node (scikit-learn's type when names cannot be given).
     """
-    hint = (f"Hint: define get_feature_names_out(self, input_features=None) in {owner}, or end its 'transform' "
-            "branch with machine transforms (of estimators that have get_feature_names_out) and gn.hstack.")
+    # "does not provide get_feature_names_out": scikit-learn's set_output then falls back to unnamed columns
+    hint = (f"So {owner} does not provide get_feature_names_out for this network. Hint: define "
+            f"get_feature_names_out(self, input_features=None) in {owner}, or end its 'transform' branch with machine "
+            "transforms (of estimators that have get_feature_names_out) and gn.hstack.")
     if isinstance(node, Source):
         if node.name == "X":
             return [str(n) for n in names]
