@@ -13,6 +13,13 @@ same predictions as :class:`sklearn.ensemble.StackingRegressor` /
     full[e]    = machine(e, X, y)                      full-data refit, concurrent with the folds
     final      = machine(final_estimator, hstack(oof[...], [X]), y)
     predict    = final.predict(hstack(full[e].method(X) ..., [X]))
+    report     = machine(MemberSummary(), summarize(oof[...], y))   named "[cv report]": cv_scores_, widths
+    transform  = report.transform(hstack(full[e].method(X) ..., [X]))  (the identity; fitting it fits the report)
+
+With ``cv_ensemble=True`` there is no ``full[e]``: ``full[e].method(X)`` is
+the average of ``fold[e, k].method(X)`` over the folds (MLJ's cv-ensemble).
+With ``cv="prefit"`` there are no folds: the given fitted members are called
+as they are and the final estimator trains on their outputs on all rows.
 
 Every fit task is independent of the others except the final estimator's,
 which waits only on the out-of-fold predictions, so an executor keeps all
@@ -28,6 +35,7 @@ from numbers import Integral
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from scipy import stats
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, TransformerMixin, is_classifier, is_regressor
 from sklearn.exceptions import NotFittedError
 from sklearn.metrics import accuracy_score, r2_score
@@ -146,8 +154,6 @@ def average_folds(vote: bool, *preds: Any) -> Any:
         return [average_folds(vote, *[p[j] for p in preds]) for j in range(len(preds[0]))]
     stacked = np.stack([np.asarray(p) for p in preds])
     if vote:
-        from scipy import stats
-
         return stats.mode(stacked, axis=0, keepdims=False).mode   # ties: the smallest label
     return stacked.mean(axis=0)
 
@@ -588,10 +594,16 @@ class StackingRegressor(RegressorMixin, _BaseStacking):
         Base regressors; an estimator may be ``"drop"``.
     final_estimator : estimator, default=None
         Fitted on the out-of-fold predictions; default :class:`~sklearn.linear_model.RidgeCV`.
-    cv : int, splitter or iterable, default=None
-        Folds for the out-of-fold predictions (None: 5-fold ``KFold``).
+    cv : int, splitter, iterable or "prefit", default=None
+        Folds for the out-of-fold predictions (None: 5-fold ``KFold``);
+        ``"prefit"``: the estimators are already fitted and used as they are,
+        the final estimator trains on their predictions of all rows.
     passthrough : bool, default=False
         Also give ``X`` to the final estimator.
+    cv_ensemble : bool, default=False
+        Predict with the average of each member's fold models instead of
+        refitting it on all rows (MLJ's cv-ensemble: K fits per member instead
+        of K + 1).  ``estimators_`` then holds, per member, its K fold models.
     executor, device, workers
         Where the network runs (see :class:`gpunets.Composite`); ``device`` may
         also be a dict ``{estimator name or "final_estimator": device}``
@@ -600,6 +612,11 @@ class StackingRegressor(RegressorMixin, _BaseStacking):
     Attributes
     ----------
     estimators_, named_estimators_, final_estimator_, stack_method_, n_features_in_, fit_report_
+    cv_scores_ : dict
+        ``{member name: array of its score on each cv fold}`` (R² for
+        regressors, accuracy for classifiers), from the out-of-fold
+        predictions the final estimator trains on: no extra fit.  Absent with
+        ``cv="prefit"``.
 
     Examples
     --------
@@ -641,13 +658,21 @@ class StackingClassifier(ClassifierMixin, _BaseStacking):
         contribute ``predict`` on the encoded labels); an estimator may be ``"drop"``.
     final_estimator : estimator, default=None
         Default :class:`~sklearn.linear_model.LogisticRegression`.
-    cv : int, splitter or iterable, default=None
-        None or an int: ``StratifiedKFold`` (unshuffled).
+    cv : int, splitter, iterable or "prefit", default=None
+        None or an int: ``StratifiedKFold`` (unshuffled); ``"prefit"`` as in
+        :class:`StackingRegressor`.
     stack_method : {"auto", "predict_proba", "decision_function", "predict"}
         What each base model contributes; ``"auto"`` takes the first it has.
     passthrough : bool, default=False
+    cv_ensemble : bool, default=False
+        As in :class:`StackingRegressor`: fold models' probabilities and
+        decision values are averaged, their class predictions (``"predict"``)
+        take the majority (ties: the smallest label).
     executor, device, workers
         As in :class:`StackingRegressor`.
+
+    ``y`` may be 1-D class labels or a multilabel-indicator matrix (2-D, 0/1),
+    as in scikit-learn; ``classes_`` is then a list (one array per label).
 
     Examples
     --------
