@@ -699,8 +699,10 @@ class StackingClassifier(ClassifierMixin, _BaseStacking):
         return LogisticRegression()
 
     def _gn_validate_fit(self, X: Any, y: Any) -> tuple[Any, Any]:
-        if y is not None and np.ndim(y) == 2 and not hasattr(y, "format"):
-            return self._gn_validate_multilabel(X, y)
+        if y is not None and not hasattr(y, "format"):
+            shape = np.shape(np.asarray(y))
+            if len(shape) == 2 and shape[1] > 1:   # a column vector is raveled with scikit-learn's warning
+                return self._gn_validate_multilabel(X, y)
         Xo, yo = Composite._gn_validate_fit(self, X, y)
         yv = np.asarray(yo)
         try:
