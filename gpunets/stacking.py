@@ -48,6 +48,7 @@ from sklearn.utils.validation import _check_feature_names_in, check_is_fitted, v
 from .composite import Composite, NetworkState, _has_operation, _is_pandas
 from .data import take_rows as _take
 from .devices import host_only
+from .fingerprint import fingerprint
 from .machines import machine
 from .nodes import Source, node
 
@@ -141,8 +142,12 @@ def multilabel_proba(proba: Any) -> Any:
 
 
 @host_only  # the prefit member is called as is (scikit-learn's cv="prefit"), on the host
-def prefit_output(estimator: Any, method: str, X: Any) -> Any:
-    """``estimator.method(X)`` of a member fitted before the stack (``cv="prefit"``)."""
+def prefit_output(estimator: Any, method: str, X: Any, state: Any = None) -> Any:
+    """``estimator.method(X)`` of a member fitted before the stack (``cv="prefit"``).
+
+    ``state`` (unused here) is the member's fingerprint at the stack's fit: a member refitted in place
+    changes it, so the final estimator retrains (the network compares node constants by value).
+    """
     return getattr(estimator, method)(X)
 
 
@@ -395,7 +400,7 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
         kinds = tuple("classifier" if is_classifier(e) else "regressor" for e in ests)
         extra = [X] if self.passthrough else []
         if isinstance(self.cv, str) and self.cv == "prefit":   # members as they are; final on their outputs
-            preds = [node(prefit_output, est, meth, X, name=f"{name}(prefit)")
+            preds = [node(prefit_output, est, meth, X, fingerprint(est), name=f"{name}(prefit)")
                      for name, est, meth in zip(names, ests, methods)]
             meta = node(concat_predictions, tuple(methods), n_classes, bool(self.passthrough), *preds, *extra,
                         name="X_meta")

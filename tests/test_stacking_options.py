@@ -80,6 +80,29 @@ def test_prefit_regressor_equals_sklearn_and_does_not_refit_members(reg_data, ex
     assert set(ours.fit_report_.actions.by_label()) == {"final_estimator", "[cv report]"}
 
 
+def test_prefit_member_refitted_in_place_retrains_the_final(reg_data):
+    X, y = reg_data
+    member = Ridge().fit(X[:40], y[:40])
+    stack = gn.StackingRegressor([("r", member)], final_estimator=LinearRegression(), cv="prefit",
+                                 executor="serial").fit(X, y)
+    assert stack.fit(X, y).fit_report_.actions["final_estimator"] == "skip"   # nothing changed
+    member.fit(X[40:], 5 * y[40:])                       # same object, new state
+    assert stack.fit(X, y).fit_report_.actions["final_estimator"] == "train"
+    ref = ske.StackingRegressor([("r", member)], final_estimator=LinearRegression(), cv="prefit").fit(X, y)
+    np.testing.assert_allclose(stack.predict(X), ref.predict(X), atol=1e-10)
+
+
+def test_switching_options_reuses_what_it_can(reg_data):
+    X, y = reg_data
+    stack = gn.StackingRegressor(_regs(), cv=3, executor="serial").fit(X, y)
+    acts = stack.set_params(cv_ensemble=True).fit(X, y).fit_report_.actions.by_label()
+    assert "ridge" not in acts and acts["ridge[fold 0]"] == "skip" and acts["final_estimator"] == "skip"
+    acts = stack.set_params(cv_ensemble=False).fit(X, y).fit_report_.actions.by_label()
+    assert acts["ridge"] == "train" and acts["tree[fold 2]"] == "skip"
+    ref = ske.StackingRegressor(_regs(), cv=3).fit(X, y)
+    np.testing.assert_allclose(stack.predict(X), ref.predict(X), atol=1e-10)
+
+
 def test_prefit_classifier_equals_sklearn(clf_data, executor):
     X, y = clf_data
     members = [(n, e.fit(X[:60], y[:60])) for n, e in _clfs()]
