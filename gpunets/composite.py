@@ -69,13 +69,15 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Mapping
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, TransformerMixin, clone, is_regressor
+from sklearn.utils._set_output import _wrap_data_with_container
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import check_array, check_is_fitted, validate_data
+from sklearn.utils.validation import _check_feature_names_in, check_array, check_is_fitted, validate_data
 
 from . import verbs
 from ._composite_extras import EXTRA_KEYS, Outputs, check_extra, check_extra_names, evaluate_extras, extra_nodes
@@ -90,7 +92,8 @@ from .graph import upstream_machines
 from .machines import Machine, labels
 from .network import evaluate
 from .network import fit as gn_fit
-from .nodes import AbstractNode, Source, is_node
+from .nodes import AbstractNode, Node, Source, is_node
+from .ops import combine
 from .report import ActionMap
 from .routing import check_fit_metadata, composite_members, members_router, route_to_members, routed_names
 
@@ -671,8 +674,52 @@ class CompositeClassifier(ClassifierMixin, Composite):
         return Xo, yo
 
 
-class CompositeTransformer(TransformerMixin, Composite):
+def _is_hstack(node: Node) -> bool:
+    op = node.operation
+    return isinstance(op, partial) and op.func is combine and op.args == ("hstack",)
+
+
+def feature_names_of(node: AbstractNode, names: np.ndarray, owner: str) -> list[str]:
+    """Output feature names of ``node`` in a fitted network, given the names of source ``X``.
+
+    The rule (:meth:`CompositeTransformer.get_feature_names_out`): source ``X`` gives ``names``;
+    ``mach.transform(a)`` gives the fitted estimator's ``get_feature_names_out(names of a)``;
+    ``gn.hstack(a, b, ...)`` the concatenation of its branches' names.  Anything else raises
+    an ``AttributeError`` naming the node (scikit-learn's type when names cannot be given).
+    """
+    # "does not provide get_feature_names_out": scikit-learn's set_output then falls back to unnamed columns
+    hint = (f"So {owner} does not provide get_feature_names_out for this network. Hint: define "
+            f"get_feature_names_out(self, input_features=None) in {owner}, or end its 'transform' branch with machine "
+            "transforms (of estimators that have get_feature_names_out) and gn.hstack.")
+    if isinstance(node, Source):
+        if node.name == "X":
+            return [str(n) for n in names]
+        msg = (f"{owner}.get_feature_names_out: the 'transform' output depends on source {node.label!r}, whose "
+               f"columns have no names; only source 'X' has (its input features). {hint}")
+        raise AttributeError(msg)
+    if isinstance(node, Node) and node.machine is not None and node.operation == "transform" and node.args:
+        inner = feature_names_of(node.args[0], names, owner)
+        est = node.machine.estimator_
+        if not callable(getattr(est, "get_feature_names_out", None)):
+            msg = (f"{owner}.get_feature_names_out: machine {node.machine.label!r} ({type(est).__name__}) has no "
+                   f"get_feature_names_out, so the names of its transform's columns are unknown. {hint}")
+            raise AttributeError(msg)
+        return [str(n) for n in est.get_feature_names_out(np.asarray(inner, dtype=object))]
+    if isinstance(node, Node) and _is_hstack(node):
+        return [n for a in node.args for n in feature_names_of(a, names, owner)]
+    what = f"{node.op_name} of machine {node.machine.label!r}" if isinstance(node, Node) and node.machine else (
+        node.op_name if isinstance(node, Node) else type(node).__name__)
+    msg = (f"{owner}.get_feature_names_out: cannot derive names through node {node!r} ({what}); names are "
+           f"derived through source 'X', machine transforms and gn.hstack only. {hint}")
+    raise AttributeError(msg)
+
+
+class CompositeTransformer(TransformerMixin, Composite, auto_wrap_output_keys=None):
     """A composite whose network transforms ``X`` (``y`` is optional); a single node is its ``transform``.
+
+    Output feature names (:meth:`get_feature_names_out`) are derived from the
+    network and ``set_output(transform="pandas")`` (or ``"polars"``) works as
+    on scikit-learn's transformers.
 
     >>> import numpy as np, gpunets as gn
     >>> from sklearn.preprocessing import StandardScaler
@@ -683,6 +730,42 @@ class CompositeTransformer(TransformerMixin, Composite):
     ...         return gn.machine(self.scaler or StandardScaler(), X).transform(X)
     >>> Scale().fit_transform(np.array([[0.0], [2.0]])).ravel().tolist()
     [-1.0, 1.0]
+    >>> Scale().fit(np.array([[0.0], [2.0]])).get_feature_names_out().tolist()
+    ['x0']
     """
 
     _default_operation = "transform"
+
+    @available_if(_has_operation("transform"))
+    def transform(self, X: Any) -> Any:
+        """The network's ``transform`` node evaluated on ``X`` (in the container chosen by ``set_output``)."""
+        return _wrap_data_with_container("transform", self._gn_call("transform", X), X, self)
+
+    def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
+        """Names of the columns of ``transform``'s output, derived from the fitted network.
+
+        The rule: source ``X`` has the input features (``input_features``,
+        else ``feature_names_in_``, else ``x0, x1, ...``, as scikit-learn's
+        ``_check_feature_names_in``); ``mach.transform(a)`` has its fitted
+        estimator's ``get_feature_names_out(names of a)``; ``gn.hstack(a, b,
+        ...)`` has the names of ``a``, then ``b``, ...  A subclass whose
+        ``transform`` ends otherwise (a ``gn.node`` function, a ``predict``)
+        defines its own ``get_feature_names_out``.
+
+        Raises
+        ------
+        AttributeError
+            Naming the node through which the names cannot be derived.
+        """
+        check_is_fitted(self, "fit_report_")
+        names = _check_feature_names_in(self, input_features)
+        st: NetworkState = self._gn_state
+        owner = type(self).__name__
+        if "transform" not in st.outputs:
+            msg = (f"{owner}.get_feature_names_out: the network has no 'transform' output (it exposes "
+                   f"{list(st.outputs)}), so there are no output features to name.")
+            raise AttributeError(msg)
+        return np.asarray(feature_names_of(st.outputs["transform"], names, owner), dtype=object)
+
+
+CompositeTransformer._sklearn_auto_wrap_output_keys = {"transform"}   # transform wraps itself (keeps available_if)

@@ -13,6 +13,13 @@ same predictions as :class:`sklearn.ensemble.StackingRegressor` /
     full[e]    = machine(e, X, y)                      full-data refit, concurrent with the folds
     final      = machine(final_estimator, hstack(oof[...], [X]), y)
     predict    = final.predict(hstack(full[e].method(X) ..., [X]))
+    report     = machine(MemberSummary(), summarize(oof[...], y))   named "[cv report]": cv_scores_, widths
+    transform  = report.transform(hstack(full[e].method(X) ..., [X]))  (the identity; fitting it fits the report)
+
+With ``cv_ensemble=True`` there is no ``full[e]``: ``full[e].method(X)`` is
+the average of ``fold[e, k].method(X)`` over the folds (MLJ's cv-ensemble).
+With ``cv="prefit"`` there are no folds: the given fitted members are called
+as they are and the final estimator trains on their outputs on all rows.
 
 Every fit task is independent of the others except the final estimator's,
 which waits only on the out-of-fold predictions, so an executor keeps all
@@ -23,20 +30,26 @@ machines (its folds and full refit) and the final estimator retrain.
 
 from __future__ import annotations
 
+import inspect
 from numbers import Integral
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from sklearn.base import ClassifierMixin, RegressorMixin, TransformerMixin, is_classifier, is_regressor
+from scipy import stats
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, TransformerMixin, is_classifier, is_regressor
+from sklearn.exceptions import NotFittedError
+from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import check_cv
 from sklearn.preprocessing import LabelEncoder
 from sklearn.utils.metadata_routing import MethodMapping, process_routing
-from sklearn.utils.metaestimators import _BaseComposition
+from sklearn.utils.metaestimators import _BaseComposition, available_if
 from sklearn.utils.multiclass import check_classification_targets, type_of_target
+from sklearn.utils.validation import _check_feature_names_in, check_is_fitted, validate_data
 
-from .composite import Composite, NetworkState
+from .composite import Composite, NetworkState, _has_operation, _is_pandas
 from .data import take_rows as _take
 from .devices import host_only
+from .fingerprint import fingerprint
 from .machines import machine
 from .nodes import Source, node
 from .routing import members_router, routing_enabled, takes_sample_weight, weights_refused
@@ -72,9 +85,15 @@ def assemble_folds(test_indices: tuple[np.ndarray, ...], n_rows: int, *preds: An
 
 @host_only  # NumPy inside: runs on the CPU, its GPU inputs moved to the host by the plan
 def enforce_order(classes: np.ndarray, n_classes: int, method: str, predictions: Any) -> Any:
-    """Columns for classes absent from a fold's training rows (``cross_val_predict``'s rule)."""
+    """Columns for classes absent from a fold's training rows (``cross_val_predict``'s rule).
+
+    Multilabel predictions (a list, one array per label) take a list of classes and of counts.
+    """
     from sklearn.model_selection._validation import _enforce_prediction_order
 
+    if isinstance(predictions, list):
+        return [_enforce_prediction_order(c, np.asarray(p), n, method)
+                for c, n, p in zip(classes, n_classes, predictions)]
     return _enforce_prediction_order(classes, np.asarray(predictions), n_classes, method)
 
 
@@ -109,6 +128,94 @@ def decode_labels(classes: np.ndarray, y: Any) -> Any:
     return classes[np.asarray(y).astype(np.intp)]
 
 
+@host_only  # NumPy inside: runs on the CPU, its GPU inputs moved to the host by the plan
+def decode_multilabel(classes: tuple[np.ndarray, ...], y: Any) -> Any:
+    """Encoded multilabel predictions back to each label's values (one ``LabelEncoder`` per column)."""
+    y = np.asarray(_to_numpy(y)).astype(np.intp)
+    return np.array([c[y[:, j]] for j, c in enumerate(classes)]).T
+
+
+@host_only  # NumPy inside: runs on the CPU, its GPU inputs moved to the host by the plan
+def multilabel_proba(proba: Any) -> Any:
+    """scikit-learn's multilabel ``predict_proba`` of a stack: column 0 of each label's probabilities."""
+    if isinstance(proba, list):
+        return np.array([p[:, 0] for p in proba]).T
+    return proba
+
+
+@host_only  # the prefit member is called as is (scikit-learn's cv="prefit"), on the host
+def prefit_output(estimator: Any, method: str, X: Any, state: Any = None) -> Any:
+    """``estimator.method(X)`` of a member fitted before the stack (``cv="prefit"``).
+
+    ``state`` (unused here) is the member's fingerprint at the stack's fit: a member refitted in place
+    changes it, so the final estimator retrains (the network compares node constants by value).
+    """
+    return getattr(estimator, method)(X)
+
+
+@host_only  # NumPy inside: runs on the CPU, its GPU inputs moved to the host by the plan
+def average_folds(vote: bool, *preds: Any) -> Any:
+    """The cv-ensemble's output: fold models' outputs averaged (majority label for class ``predict``)."""
+    preds = tuple(_to_numpy(p) for p in preds)
+    if isinstance(preds[0], list):
+        return [average_folds(vote, *[p[j] for p in preds]) for j in range(len(preds[0]))]
+    stacked = np.stack([np.asarray(p) for p in preds])
+    if vote:
+        return stats.mode(stacked, axis=0, keepdims=False).mode   # ties: the smallest label
+    return stacked.mean(axis=0)
+
+
+def _decided(p: Any, method: str, multilabel: bool) -> Any:
+    """Class labels (encoded) from a classifier member's stacked output, for its default score (accuracy)."""
+    if isinstance(p, list):
+        return np.column_stack([np.asarray(q).argmax(axis=1) for q in p])
+    p = np.asarray(p)
+    if method == "predict":
+        return p
+    if p.ndim == 1 or multilabel:
+        return (p > (0.5 if method == "predict_proba" else 0.0)).astype(np.intp)
+    return p.argmax(axis=1)
+
+
+@host_only  # NumPy inside: runs on the CPU, its GPU inputs moved to the host by the plan
+def summarize_members(tests: tuple[np.ndarray, ...], kinds: tuple[str, ...], methods: tuple[str, ...],
+                      n_classes: int, y: Any, *preds: Any) -> np.ndarray:
+    """Per member: its number of stacked columns, then its score on each cv fold (``cv_scores_``).
+
+    The scores come from the out-of-fold predictions the final estimator trains on (no extra fit):
+    R² for regressors, accuracy for classifiers (the class with the largest probability or decision).
+    """
+    y = np.asarray(_to_numpy(y))
+    rows = []
+    for kind, meth, p in zip(kinds, methods, preds):
+        p = [_to_numpy(q) for q in p] if isinstance(p, list) else _to_numpy(p)
+        width = concat_predictions((meth,), n_classes, False, p).shape[1]
+        scores = []
+        for te in tests:
+            pk = [np.asarray(q)[te] for q in p] if isinstance(p, list) else np.asarray(p)[te]
+            if kind == "classifier":
+                scores.append(accuracy_score(y[te], _decided(pk, meth, y.ndim == 2)))
+            else:
+                scores.append(r2_score(y[te], pk))
+        rows.append([width, *scores])
+    return np.asarray(rows, dtype=float)
+
+
+class MemberSummary(BaseEstimator):
+    """Keeps :func:`summarize_members`' result in the fitted stack (its ``transform`` is the identity)."""
+
+    def fit(self, S: Any, y: Any = None) -> "MemberSummary":
+        self.summary_ = np.asarray(S, dtype=float)
+        return self
+
+    def transform(self, X: Any) -> Any:
+        return X
+
+
+#: the name of the machine holding the members' widths and cv scores in a stack's network
+SUMMARY = "[cv report]"
+
+
 # --- the estimators ------------------------------------------------------------------------------------------
 
 class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
@@ -117,13 +224,14 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
     _required_parameters = ["estimators"]
 
     def __init__(self, estimators: Sequence[tuple[str, Any]], final_estimator: Any = None, *, cv: Any = None,
-                 stack_method: str = "auto", passthrough: bool = False, executor: Any = "auto",
-                 device: Any = "auto", workers: int | None = None) -> None:
+                 stack_method: str = "auto", passthrough: bool = False, cv_ensemble: bool = False,
+                 executor: Any = "auto", device: Any = "auto", workers: int | None = None) -> None:
         self.estimators = estimators
         self.final_estimator = final_estimator
         self.cv = cv
         self.stack_method = stack_method
         self.passthrough = passthrough
+        self.cv_ensemble = cv_ensemble
         self.executor = executor
         self.device = device
         self.workers = workers
@@ -213,9 +321,31 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
     def _validate_cv(self) -> None:
         cv, cls = self.cv, type(self).__name__
         hint = "Hint: cv=5, or a splitter such as KFold(n_splits=5)."
+        ens = self.cv_ensemble
+        if not isinstance(ens, (bool, np.bool_)):
+            msg = (f"{cls}: cv_ensemble={ens!r} of type {type(ens).__name__}; expected True or False. Hint: "
+                   "cv_ensemble=True predicts with the average of the fold models instead of refitting each "
+                   "member on all rows.")
+            raise ValueError(msg)
+        if isinstance(cv, str) and cv == "prefit":
+            if ens:
+                msg = (f"{cls}: cv='prefit' and cv_ensemble=True contradict each other: prefit members are used "
+                       "as they are, so there are no fold models to average. Hint: cv_ensemble=False with "
+                       "cv='prefit', or cv=5 with cv_ensemble=True.")
+                raise ValueError(msg)
+            for name, est in self.estimators:
+                if isinstance(est, str) and est == "drop":
+                    continue
+                try:
+                    check_is_fitted(est)
+                except NotFittedError:
+                    msg = (f"{cls}: cv='prefit' but the estimator {name!r} ({type(est).__name__}) is not fitted. "
+                           f"Hint: fit it before fitting the stack, or use cv=5 to have the stack fit it.")
+                    raise NotFittedError(msg) from None
+            return
         if isinstance(cv, str):
-            msg = (f"{cls}: cv={cv!r} is not supported (gpunets stacks always cross-validate); "
-                   f"expected None, an integer >= 2, a splitter or an iterable of (train, test) splits. {hint}")
+            msg = (f"{cls}: cv={cv!r} is not supported; expected None, an integer >= 2, a splitter, an iterable "
+                   f"of (train, test) splits or 'prefit'. {hint}")
             raise ValueError(msg)
         if isinstance(cv, Integral) and not isinstance(cv, bool) and cv < 2:
             msg = f"{cls}: cv={cv!r} gives fewer than 2 folds; stacking needs at least 2. {hint}"
@@ -272,6 +402,20 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
         dev = self._devices()
         y_data = np.asarray(y.data)
         n = len(y_data)
+        self._gn_full_names = list(names)
+        n_classes = len(self.classes_) if is_classifier(self) else 0
+        kinds = tuple("classifier" if is_classifier(e) else "regressor" for e in ests)
+        extra = [X] if self.passthrough else []
+        if isinstance(self.cv, str) and self.cv == "prefit":   # members as they are; final on their outputs
+            preds = [node(prefit_output, est, meth, X, fingerprint(est), name=f"{name}(prefit)")
+                     for name, est, meth in zip(names, ests, methods)]
+            meta = node(concat_predictions, tuple(methods), n_classes, bool(self.passthrough), *preds, *extra,
+                        name="X_meta")
+            summary = machine(MemberSummary(), node(summarize_members, (), kinds, tuple(methods), n_classes, y,
+                                                    *preds, name="widths"), name=SUMMARY)
+            final = machine(final_est, meta, y, name="final_estimator", device=dev.get("final_estimator"),
+                            **({"sample_weight": sample_weight} if final_weighted else {}))
+            return self._outputs(final, meta, summary.transform(meta))
         cv = check_cv(self.cv, y_data, classifier=is_classifier(self))
         if hasattr(cv, "random_state") and cv.random_state is None:
             cv.random_state = np.random.RandomState()
@@ -284,7 +428,7 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
             msg = (f"{type(self).__name__}: the cv splits' test sets must partition the rows (each row in "
                    "exactly one test fold), as cross_val_predict requires; got overlapping or missing rows.")
             raise ValueError(msg)
-        n_classes = len(self.classes_) if is_classifier(self) else 0
+        multilabel = y_data.ndim == 2 and n_classes > 0
         folds = [(node(take_rows, X, tr, name=f"X[train {k}]"), node(take_rows, y, tr, name=f"y[train {k}]"),
                   node(take_rows, X, te, name=f"X[test {k}]")) for k, (tr, te) in enumerate(splits)]
         fold_w = [{"sample_weight": node(take_rows, sample_weight, tr, name=f"w[train {k}]")}
@@ -292,32 +436,39 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
         full_w = {"sample_weight": sample_weight} if weighted else {}
         tests = tuple(te for _, te in splits)
         oof, full_preds = [], []
-        self._gn_full_names = list(names)
+        self._gn_n_folds = len(splits)
         for name, est, meth in zip(names, ests, methods):
             d = dev.get(name)
-            preds = []
+            preds, averaged = [], []
             for k, (Xtr, ytr, Xte) in enumerate(folds):
                 m = machine(est, Xtr, ytr, name=f"{name}[fold {k}]", device=d,
                             **(fold_w[k] if name in weighted else {}))
                 p = getattr(m, meth)(Xte)
-                if n_classes and meth != "predict":
-                    present = np.unique(y_data[splits[k][0]])
-                    if len(present) != n_classes:
-                        p = node(enforce_order_partial(present, n_classes, meth), p)
+                q = getattr(m, meth)(X) if self.cv_ensemble else None
+                order = _fold_order(y_data[splits[k][0]], self.classes_ if n_classes else None, meth, multilabel)
+                if order is not None:
+                    p = node(order, p)
+                    q = node(order, q) if q is not None else None
                 preds.append(p)
+                averaged.append(q)
             oof.append(node(assemble_folds, tests, n, *preds, name=f"oof[{name}]"))
-            full = machine(est, X, y, name=name, device=d, **(full_w if name in weighted else {}))
-            full_preds.append(getattr(full, meth)(X))
-        extra = [X] if self.passthrough else []
+            if self.cv_ensemble:   # MLJ's cv-ensemble: no refit on all rows, the fold models averaged
+                vote = kinds[len(full_preds)] == "classifier" and meth == "predict"
+                full_preds.append(node(average_folds, vote, *averaged, name=f"{name}[fold average]"))
+            else:
+                full = machine(est, X, y, name=name, device=d, **(full_w if name in weighted else {}))
+                full_preds.append(getattr(full, meth)(X))
+        summary = machine(MemberSummary(), node(summarize_members, tests, kinds, tuple(methods), n_classes, y, *oof,
+                                                name="cv scores"), name=SUMMARY)
         meta_train = node(concat_predictions, tuple(methods), n_classes, bool(self.passthrough), *oof, *extra,
                           name="X_meta[train]")
         final = machine(final_est, meta_train, y, name="final_estimator", device=dev.get("final_estimator"),
                         **({"sample_weight": sample_weight} if final_weighted else {}))
         meta = node(concat_predictions, tuple(methods), n_classes, bool(self.passthrough), *full_preds, *extra,
                     name="X_meta")
-        return self._outputs(final, meta)
+        return self._outputs(final, meta, summary.transform(meta))
 
-    def _outputs(self, final: Any, meta: Any) -> dict[str, Any]:  # pragma: no cover - overridden
+    def _outputs(self, final: Any, meta: Any, transform: Any) -> dict[str, Any]:  # pragma: no cover - overridden
         raise NotImplementedError
 
     # --- sample weights and metadata routing (scikit-learn's rules) ------------------------------------------
@@ -375,15 +526,82 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
     def _gn_after_fit(self, state: NetworkState) -> None:
         by_name = {m.name: m for m in state.machines}
         names = self._gn_full_names
-        self.estimators_ = [by_name[n].estimator_ for n in names]
+        prefit = isinstance(self.cv, str) and self.cv == "prefit"
+        if prefit:        # scikit-learn's: the given (already fitted) objects
+            fitted = {n: dict(self.estimators)[n] for n in names}
+        elif self.cv_ensemble:   # no full refit: each member's fold models
+            fitted = {n: [by_name[f"{n}[fold {k}]"].estimator_ for k in range(self._gn_n_folds)] for n in names}
+        else:
+            fitted = {n: by_name[n].estimator_ for n in names}
+        self.estimators_ = [fitted[n] for n in names]
         from sklearn.utils import Bunch
 
         named = Bunch()
         for n, _e in self.estimators:
-            named[n] = by_name[n].estimator_ if n in by_name else "drop"
+            named[n] = fitted.get(n, "drop")
         self.named_estimators_ = named
         self.final_estimator_ = by_name["final_estimator"].estimator_
         self.stack_method_ = self._methods(names, [dict(self.estimators)[n] for n in names])
+        summary = by_name[SUMMARY].estimator_.summary_
+        self._n_feature_outs = [int(w) for w in summary[:, 0]]
+        self.__dict__.pop("cv_scores_", None)
+        if not prefit:
+            self.cv_scores_ = {n: summary[i, 1:] for i, n in enumerate(names)}
+
+    # --- scikit-learn's feature names, set_output and predict_params ------------------------------------
+    def transform(self, X: Any) -> Any:
+        """The members' stacked outputs for ``X`` (and ``X`` with ``passthrough``), as scikit-learn's.
+
+        In the container chosen by ``set_output(transform=...)``.
+        """
+        return self._gn_call("transform", X)
+
+    def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
+        """scikit-learn's names of ``transform``'s columns.
+
+        ``stackingregressor_<name>`` (``stackingclassifier_<name><i>`` for a
+        member with several columns, such as class probabilities), then the
+        input features with ``passthrough=True``.
+        """
+        check_is_fitted(self, "fit_report_")
+        input_features = _check_feature_names_in(self, input_features, generate_names=bool(self.passthrough))
+        class_name = type(self).__name__.lower()
+        meta_names: list[str] = []
+        for est, width in zip(self._gn_full_names, self._n_feature_outs):
+            if width == 1:
+                meta_names.append(f"{class_name}_{est}")
+            else:
+                meta_names.extend(f"{class_name}_{est}{i}" for i in range(width))
+        if self.passthrough:
+            return np.concatenate((meta_names, input_features))
+        return np.asarray(meta_names, dtype=object)
+
+    @available_if(_has_operation("predict"))
+    def predict(self, X: Any, **predict_params: Any) -> Any:
+        """Predict with the network; ``predict_params`` go to the final estimator's ``predict``.
+
+        As scikit-learn's: ``stack.predict(X, return_std=True)`` with a
+        ``BayesianRidge`` final estimator returns ``(mean, std)`` (the
+        uncertainty of the final estimator only).
+        """
+        if not predict_params:
+            return self._gn_call("predict", X)
+        check_is_fitted(self, "fit_report_")
+        final = self.final_estimator_
+        sig = inspect.signature(final.predict)
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
+            unknown = sorted(k for k in predict_params if k not in sig.parameters)
+            if unknown:
+                msg = (f"{type(self).__name__}.predict: {unknown} are not parameters of the final estimator's "
+                       f"predict ({type(final).__name__}.predict{sig}); predict_params are forwarded to it. "
+                       "Hint: pass only what the final estimator's predict takes, e.g. return_std=True for "
+                       "BayesianRidge or GaussianProcessRegressor.")
+                raise TypeError(msg)
+        y_pred = final.predict(self._gn_call("transform", X), **predict_params)
+        return self._decode(y_pred)
+
+    def _decode(self, y_pred: Any) -> Any:
+        return y_pred
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -403,12 +621,26 @@ def _is_model(est: Any) -> bool:
     return is_classifier(est) or is_regressor(est)
 
 
-def enforce_order_partial(present: np.ndarray, n_classes: int, method: str) -> Any:
+def enforce_order_partial(present: Any, n_classes: Any, method: str) -> Any:
     from functools import partial
 
     fn = partial(enforce_order, present, n_classes, method)
     fn.__name__ = "enforce_order"  # type: ignore[attr-defined]
     return host_only(fn)
+
+
+def _fold_order(y_train: np.ndarray, classes: Any, method: str, multilabel: bool) -> Any:
+    """The node function padding a fold model's output for classes its rows lack, or None when complete."""
+    if classes is None or method == "predict":
+        return None
+    if multilabel:
+        present = [np.unique(y_train[:, j]) for j in range(y_train.shape[1])]
+        counts = [len(c) for c in classes]
+        if all(len(p) == c for p, c in zip(present, counts)):
+            return None
+        return enforce_order_partial(present, counts, method)
+    present1 = np.unique(y_train)
+    return None if len(present1) == len(classes) else enforce_order_partial(present1, len(classes), method)
 
 
 class StackingRegressor(RegressorMixin, _BaseStacking):
@@ -420,10 +652,16 @@ class StackingRegressor(RegressorMixin, _BaseStacking):
         Base regressors; an estimator may be ``"drop"``.
     final_estimator : estimator, default=None
         Fitted on the out-of-fold predictions; default :class:`~sklearn.linear_model.RidgeCV`.
-    cv : int, splitter or iterable, default=None
-        Folds for the out-of-fold predictions (None: 5-fold ``KFold``).
+    cv : int, splitter, iterable or "prefit", default=None
+        Folds for the out-of-fold predictions (None: 5-fold ``KFold``);
+        ``"prefit"``: the estimators are already fitted and used as they are,
+        the final estimator trains on their predictions of all rows.
     passthrough : bool, default=False
         Also give ``X`` to the final estimator.
+    cv_ensemble : bool, default=False
+        Predict with the average of each member's fold models instead of
+        refitting it on all rows (MLJ's cv-ensemble: K fits per member instead
+        of K + 1).  ``estimators_`` then holds, per member, its K fold models.
     executor, device, workers
         Where the network runs (see :class:`gpunets.Composite`); ``device`` may
         also be a dict ``{estimator name or "final_estimator": device}``
@@ -432,6 +670,11 @@ class StackingRegressor(RegressorMixin, _BaseStacking):
     Attributes
     ----------
     estimators_, named_estimators_, final_estimator_, stack_method_, n_features_in_, fit_report_
+    cv_scores_ : dict
+        ``{member name: array of its score on each cv fold}`` (R² for
+        regressors, accuracy for classifiers), from the out-of-fold
+        predictions the final estimator trains on: no extra fit.  Absent with
+        ``cv="prefit"``.
 
     Examples
     --------
@@ -443,24 +686,24 @@ class StackingRegressor(RegressorMixin, _BaseStacking):
     >>> stack = gn.StackingRegressor([("ridge", Ridge()), ("tree", DecisionTreeRegressor(random_state=0))],
     ...                              final_estimator=LinearRegression(), cv=3, executor="serial").fit(X, y)
     >>> stack.predict(X[:2]).shape, len(stack.fit_report_.actions)
-    ((2,), 9)
+    ((2,), 10)
     >>> stack.set_params(ridge__alpha=3.0).fit(X, y).fit_report_.actions["tree"]
     'skip'
     """
 
     def __init__(self, estimators: Sequence[tuple[str, Any]], final_estimator: Any = None, *, cv: Any = None,
-                 passthrough: bool = False, executor: Any = "auto", device: Any = "auto",
+                 passthrough: bool = False, cv_ensemble: bool = False, executor: Any = "auto", device: Any = "auto",
                  workers: int | None = None) -> None:
         super().__init__(estimators, final_estimator, cv=cv, stack_method="predict", passthrough=passthrough,
-                         executor=executor, device=device, workers=workers)
+                         cv_ensemble=cv_ensemble, executor=executor, device=device, workers=workers)
 
     def _default_final(self) -> Any:
         from sklearn.linear_model import RidgeCV
 
         return RidgeCV()
 
-    def _outputs(self, final: Any, meta: Any) -> dict[str, Any]:
-        return {"predict": final.predict(meta), "transform": meta}
+    def _outputs(self, final: Any, meta: Any, transform: Any) -> dict[str, Any]:
+        return {"predict": final.predict(meta), "transform": transform}
 
 
 class StackingClassifier(ClassifierMixin, _BaseStacking):
@@ -473,13 +716,21 @@ class StackingClassifier(ClassifierMixin, _BaseStacking):
         contribute ``predict`` on the encoded labels); an estimator may be ``"drop"``.
     final_estimator : estimator, default=None
         Default :class:`~sklearn.linear_model.LogisticRegression`.
-    cv : int, splitter or iterable, default=None
-        None or an int: ``StratifiedKFold`` (unshuffled).
+    cv : int, splitter, iterable or "prefit", default=None
+        None or an int: ``StratifiedKFold`` (unshuffled); ``"prefit"`` as in
+        :class:`StackingRegressor`.
     stack_method : {"auto", "predict_proba", "decision_function", "predict"}
         What each base model contributes; ``"auto"`` takes the first it has.
     passthrough : bool, default=False
+    cv_ensemble : bool, default=False
+        As in :class:`StackingRegressor`: fold models' probabilities and
+        decision values are averaged, their class predictions (``"predict"``)
+        take the majority (ties: the smallest label).
     executor, device, workers
         As in :class:`StackingRegressor`.
+
+    ``y`` may be 1-D class labels or a multilabel-indicator matrix (2-D, 0/1),
+    as in scikit-learn; ``classes_`` is then a list (one array per label).
 
     Examples
     --------
@@ -495,10 +746,10 @@ class StackingClassifier(ClassifierMixin, _BaseStacking):
     """
 
     def __init__(self, estimators: Sequence[tuple[str, Any]], final_estimator: Any = None, *, cv: Any = None,
-                 stack_method: str = "auto", passthrough: bool = False, executor: Any = "auto",
-                 device: Any = "auto", workers: int | None = None) -> None:
+                 stack_method: str = "auto", passthrough: bool = False, cv_ensemble: bool = False,
+                 executor: Any = "auto", device: Any = "auto", workers: int | None = None) -> None:
         super().__init__(estimators, final_estimator, cv=cv, stack_method=stack_method, passthrough=passthrough,
-                         executor=executor, device=device, workers=workers)
+                         cv_ensemble=cv_ensemble, executor=executor, device=device, workers=workers)
 
     def _default_final(self) -> Any:
         from sklearn.linear_model import LogisticRegression
@@ -506,6 +757,10 @@ class StackingClassifier(ClassifierMixin, _BaseStacking):
         return LogisticRegression()
 
     def _gn_validate_fit(self, X: Any, y: Any) -> tuple[Any, Any]:
+        if y is not None and not hasattr(y, "format"):
+            shape = np.shape(np.asarray(y))
+            if len(shape) == 2 and shape[1] > 1:   # a column vector is raveled with scikit-learn's warning
+                return self._gn_validate_multilabel(X, y)
         Xo, yo = Composite._gn_validate_fit(self, X, y)
         yv = np.asarray(yo)
         try:
@@ -514,13 +769,34 @@ class StackingClassifier(ClassifierMixin, _BaseStacking):
             msg = (f"{e} {type(self).__name__} is a classifier: y must hold class labels, not continuous "
                    "values. Hint: use gn.StackingRegressor for regression targets.")
             raise ValueError(msg) from None
-        if type_of_target(yv) == "multilabel-indicator":
-            msg = f"{type(self).__name__} does not support multilabel targets yet; y must be 1-D class labels."
-            raise ValueError(msg)
         le = LabelEncoder().fit(yv)
         self._label_encoder = le
         self.classes_ = le.classes_
         return Xo, le.transform(yv)
+
+    def _gn_validate_multilabel(self, X: Any, y: Any) -> tuple[Any, Any]:
+        """A 2-D ``y``: multilabel-indicator targets, one label encoder per column (as scikit-learn's)."""
+        cls = type(self).__name__
+        kind = type_of_target(y)
+        if kind != "multilabel-indicator":
+            msg = (f"{cls}: y is 2-D of type {kind!r}; a stack classifies 1-D class labels or multilabel-indicator "
+                   "targets (a 2-D array of 0/1), as scikit-learn's. Hint: for several multiclass outputs, wrap "
+                   "it: sklearn.multioutput.MultiOutputClassifier(gn.StackingClassifier(...)).")
+            raise ValueError(msg)
+        tags = self.__sklearn_tags__()
+        Xv, yv = validate_data(self, X, y, reset=True, multi_output=True, dtype="numeric",
+                               accept_sparse=["csr", "csc"] if tags.input_tags.sparse else False,
+                               ensure_all_finite="allow-nan" if tags.input_tags.allow_nan else True)
+        encoders = [LabelEncoder().fit(col) for col in np.asarray(yv).T]
+        self._label_encoder = encoders
+        self.classes_ = [le.classes_ for le in encoders]
+        y_enc = np.array([le.transform(col) for le, col in zip(encoders, np.asarray(yv).T)]).T
+        return (X if _is_pandas(X) and getattr(X, "ndim", 2) == 2 else Xv), y_enc
+
+    def _decode(self, y_pred: Any) -> Any:
+        if isinstance(self.classes_, list):
+            return decode_multilabel(tuple(self.classes_), y_pred)
+        return decode_labels(self.classes_, y_pred)
 
     def _methods(self, names: list[str], ests: list[Any]) -> list[str]:
         from sklearn.utils._response import _check_response_method
@@ -541,10 +817,14 @@ class StackingClassifier(ClassifierMixin, _BaseStacking):
         names, ests = self._validate_estimators()
         self._methods(names, ests)
 
-    def _outputs(self, final: Any, meta: Any) -> dict[str, Any]:
-        out = {"predict": node(decode_labels, self.classes_, final.predict(meta), name="predict"),
-               "transform": meta}
+    def _outputs(self, final: Any, meta: Any, transform: Any) -> dict[str, Any]:
+        multilabel = isinstance(self.classes_, list)
+        decode = (node(decode_multilabel, tuple(self.classes_), final.predict(meta), name="predict") if multilabel
+                  else node(decode_labels, self.classes_, final.predict(meta), name="predict"))
+        out = {"predict": decode, "transform": transform}
         for op in ("predict_proba", "decision_function"):
             if hasattr(final.model, op):
                 out[op] = getattr(final, op)(meta)
+        if multilabel and "predict_proba" in out:
+            out["predict_proba"] = node(multilabel_proba, out["predict_proba"], name="predict_proba")
         return out

@@ -351,7 +351,7 @@ def test_composite_fits_are_on_the_outer_trace():
     stack = gn.StackingRegressor([("r", Ridge()), ("l", LinearRegression())], cv=3, executor="serial")
     rep = gn.machine(stack, X, y, name="stack").predict(X).fit(executor="serial")
     inner = [r for r in rep.trace.nested if r.kind == "fit"]
-    assert len(inner) == 2 * (3 + 1) + 1 and {r.parent for r in inner} == {"stack"}
+    assert len(inner) == 2 * (3 + 1) + 2 and {r.parent for r in inner} == {"stack"}   # + final, "[cv report]"
     outer = next(r for r in rep.trace.records if r.label == "fit stack")
     assert all(outer.start - 1e-3 <= r.start <= r.end <= outer.end + 1e-3 for r in inner)
     assert "stack: fit r[fold 0]" in {r.label for r in inner}

@@ -149,7 +149,7 @@ def test_network_structure(reg_data):
     X, y = reg_data
     s = gn.StackingRegressor(_reg_estimators(), cv=5, executor="serial").fit(X, y)
     ms = s.machines_
-    assert len(ms) == 3 * (5 + 1) + 1
+    assert len(ms) == 3 * (5 + 1) + 2           # + final_estimator and the "[cv report]" (cv_scores_)
     final_parents = {m.name for m in machine_parents(ms["final_estimator"])}
     assert final_parents == {f"{e}[fold {k}]" for e in ("ridge", "tree", "knn") for k in range(5)}
     for e in ("ridge", "tree", "knn"):
@@ -224,7 +224,8 @@ def test_stack_inside_composite_inside_network(reg_data):
     (dict(estimators=[]), r"non-empty list of \(name, estimator\)"),
     (dict(estimators=[("a", CountingRegressor())], cv=1), r"cv=1.*at least 2.*Hint"),
     (dict(estimators=[("a", CountingRegressor())], cv=[(np.arange(10), np.arange(10, 150))]), r"at least 2"),
-    (dict(estimators=[("a", CountingRegressor())], cv="prefit"), r"not supported"),
+    (dict(estimators=[("a", CountingRegressor())], cv="prefit"), r"cv='prefit'.*'a'.*not fitted.*Hint"),
+    (dict(estimators=[("a", CountingRegressor())], cv="kfold"), r"not supported.*'prefit'"),
     (dict(estimators=[("a", CountingClassifier())]), r"'a'.*should be a regressor"),
     (dict(estimators=[("a", CountingRegressor())], final_estimator=LogisticRegression()), r"final_estimator"),
     (dict(estimators=[("a", "drop")]), r"all estimators are dropped"),
