@@ -181,6 +181,64 @@ def test_global_transform_output_is_followed():
     pd.testing.assert_frame_equal(out, ref)
 
 
+w = rng.uniform(0.1, 3.0, 80)
+FIT_PARAM_CASES = [
+    ("pipeline", lambda: make_pipeline(StandardScaler(), Ridge()), {"ridge__sample_weight": w}, y),
+    ("nested-voting", lambda: make_pipeline(StandardScaler(), VotingRegressor(
+        [("r", Ridge()), ("f", RandomForestRegressor(8, random_state=0))])), {"votingregressor__sample_weight": w}, y),
+    ("voting", lambda: VotingRegressor([("r", Ridge()), ("f", RandomForestRegressor(8, random_state=0))]),
+     {"sample_weight": w}, y),
+    ("stack", lambda: StackingRegressor([("r", Ridge()), ("f", RandomForestRegressor(8, random_state=0))],
+                                        final_estimator=Ridge()), {"sample_weight": w}, y),
+    ("ttr", lambda: TransformedTargetRegressor(make_pipeline(StandardScaler(), Ridge()), func=np.log1p,
+                                               inverse_func=np.expm1), {"ridge__sample_weight": w}, np.abs(y)),
+    ("voting-classifier", lambda: VotingClassifier([("l", LogisticRegression()), ("g", GaussianNB())], voting="soft"),
+     {"sample_weight": w}, yc),
+    ("union", lambda: make_pipeline(make_union(StandardScaler(), MinMaxScaler()), Ridge()),
+     {"ridge__sample_weight": w}, y),
+]
+
+
+@pytest.mark.parametrize("case", FIT_PARAM_CASES, ids=[c[0] for c in FIT_PARAM_CASES])
+def test_fit_params_are_routed_as_sklearn_does(case, executor):
+    _name, make, params, target = case
+    op = "predict_proba" if _name.endswith("classifier") else "predict"
+    ref = make().fit(X, target, **params)
+    model = gn.from_sklearn(make()).fit(X, target, **params)
+    np.testing.assert_allclose(getattr(model, op)(X), getattr(ref, op)(X), rtol=0, atol=1e-12)
+    unweighted = getattr(make().fit(X, target), op)(X)
+    assert not np.allclose(unweighted, getattr(ref, op)(X))   # the weights matter in every case
+
+
+def test_new_weights_retrain_what_takes_them():
+    model = gn.from_sklearn(make_pipeline(StandardScaler(), Ridge()), executor="serial")
+    model.fit(X, y, ridge__sample_weight=w)
+    model.fit(X, y, ridge__sample_weight=w[::-1].copy())
+    assert model.fit_report_.actions.by_label() == {"standardscaler": "skip", "ridge": "update"}
+
+
+@pytest.mark.parametrize("params, error, match", [
+    ({"sample_weight": w}, ValueError, "stepname__parameter"),
+    ({"nostep__sample_weight": w}, ValueError, "no step named 'nostep'"),
+    ({"ridge__foo": 1}, TypeError, r"Ridge.fit \(at 'ridge'\) does not take \['foo'\]"),
+])
+def test_bad_fit_params_raise_before_training(params, error, match):
+    model = gn.from_sklearn(make_pipeline(StandardScaler(), Ridge()), executor="serial")
+    with pytest.raises(error, match=match):
+        model.fit(X, y, **params)
+    assert not hasattr(model, "fit_report_")
+
+
+def test_weights_for_a_member_that_cannot_take_them_name_it():
+    from sklearn.neighbors import KNeighborsRegressor
+
+    vote = VotingRegressor([("r", Ridge()), ("knn", KNeighborsRegressor())])
+    with pytest.raises(TypeError, match=r"KNeighborsRegressor.fit \(at 'knn'\) does not take"):
+        gn.from_sklearn(vote, executor="serial").fit(X, y, sample_weight=w)
+    with pytest.raises(TypeError, match="only sample_weight"):
+        gn.from_sklearn(VotingRegressor([("r", Ridge())]), executor="serial").fit(X, y, r__sample_weight=w)
+
+
 def test_pandas_selected_by_name_at_predict(executor):
     ct = make_pipeline(ColumnTransformer([("num", StandardScaler(), ["a", "b"]), ("cat", OneHotEncoder(), ["cat"])]),
                        Ridge())

@@ -31,6 +31,7 @@ class Context:
     root_X: Any = None                                        # the source holding it
     cache: dict = field(default_factory=dict)                 # kept by the composite across fits
     forest_chunks: int = 1                                    # chunks of trees per forest (forests.py)
+    fit_params: dict = field(default_factory=dict)            # path -> fit parameters it takes (fit_params.py)
 
     def note(self, path: str, kind: str, est: Any, note: str = "") -> None:
         entry = self.parts.setdefault(path or "(root)", {"kind": kind, "estimator": type(est).__name__,
@@ -60,7 +61,7 @@ def root_name(est: Any) -> str:
 def leaf(est: Any, X: Any, y: Any, path: str, ctx: Context, kind: str = "leaf", note: str = "") -> dict[str, Any]:
     """One machine for ``est`` trained on ``(X, y)``; a node per operation it has."""
     name = path or root_name(est)
-    m = machine(est, *((X,) if y is None else (X, y)), name=name)
+    m = machine(est, *((X,) if y is None else (X, y)), name=name, **ctx.fit_params.get(path, {}))
     ctx.leaves[name] = est
     ctx.note(name, kind, est, note)
     return {op: getattr(m, op)(X) for op in OPS if hasattr(est, op)}

@@ -18,7 +18,9 @@ from sklearn.utils.validation import check_is_fitted
 
 from ..composite import COMPOSITE_OPERATIONS, Composite
 from ..graph import upstream_machines
+from ..routing import routing_enabled
 from ._base import Context, build, first_part, operations
+from .fit_params import route_fit_params
 from .names import feature_names_out
 from .reuse import adopt
 from .forests import n_chunks
@@ -74,10 +76,15 @@ class _FromSklearn(Composite):
             return tuple(st.outputs)
         return operations(self.sklearn_estimator)
 
-    def network(self, X: Any, y: Any) -> dict[str, Any]:
-        """The original composition as a network, recursively (see :mod:`gpunets.sklearn_import`)."""
+    def network(self, X: Any, y: Any, **fit_params: Any) -> dict[str, Any]:
+        """The original composition as a network, recursively (see :mod:`gpunets.sklearn_import`).
+
+        ``fit_params`` (sources for arrays) reach the parts that take them by scikit-learn's rules
+        (:mod:`gpunets.sklearn_import.fit_params`).
+        """
         chunks = 1 if self.reuse_fitted else n_chunks(self.executor, self.workers, self.split_forests)
-        ctx = Context(data=X.data, root_X=X, cache=self.__dict__.setdefault("_gn_cache", {}), forest_chunks=chunks)
+        ctx = Context(data=X.data, root_X=X, cache=self.__dict__.setdefault("_gn_cache", {}), forest_chunks=chunks,
+                      fit_params=route_fit_params(self.sklearn_estimator, fit_params))
         outs = build(self.sklearn_estimator, X, None if y.data is None else y, "", ctx)
         self._gn_ctx = ctx
         original = self.__dict__.pop("_gn_adopt_from", None)
@@ -125,10 +132,13 @@ class _FromSklearn(Composite):
         return X
 
     def _gn_fit_network(self, X: Any, y: Any, fit_params: dict[str, Any]) -> None:
-        if fit_params:
-            msg = (f"from_sklearn composites take no fit parameters yet; got {sorted(fit_params)}. Hint: set "
-                   "them as estimator parameters, or fit the original scikit-learn object.")
+        if fit_params and routing_enabled():
+            msg = (f"from_sklearn composites route fit parameters by scikit-learn's rules without metadata "
+                   f"routing; with sklearn's enable_metadata_routing=True they do not yet (got {sorted(fit_params)}). "
+                   "Hint: turn metadata routing off for this fit (sklearn.config_context("
+                   "enable_metadata_routing=False)), or fit the original scikit-learn object.")
             raise TypeError(msg)
+        route_fit_params(self.sklearn_estimator, fit_params)   # every routing error before anything trains
         original = self.__dict__.get("_gn_fitted_original")
         if self.reuse_fitted and original is not None and "_gn_state" not in self.__dict__:
             self._gn_adopt_from = original  # read (once) by network(), which installs the fitted states

@@ -139,7 +139,7 @@ def build_stacking(est: Any, X: Any, y: Any, path: str, ctx: Context) -> dict[st
         y_in = y
     gs._gn_check_params(None, None)
     before = {m._uid for m in upstream_machines([X])}
-    outs = gs.network(X, y_in)
+    outs = gs.network(X, y_in, sample_weight=ctx.fit_params.get(path, {}).get("sample_weight"))
     for m in upstream_machines(list(outs.values())):
         if m._uid in before:
             continue

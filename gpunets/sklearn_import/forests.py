@@ -194,7 +194,7 @@ def build_forest(est: Any, X: Any, y: Any, path: str, ctx: Context) -> dict[str,
     parts = []
     for i, (a, b) in enumerate(bounds):
         chunk_name = f"{name}[chunk {i + 1}/{len(bounds)}]"
-        m = machine(ForestChunk(est, a, b), X, y, name=chunk_name)
+        m = machine(ForestChunk(est, a, b), X, y, name=chunk_name, **ctx.fit_params.get(path, {}))
         ctx.note(chunk_name, "forest chunk", est, f"trees {a}..{b - 1} of {est.n_estimators}")
         parts.append(m.transform(X))
     join = machine(ForestJoin(est), *parts, name=name)
