@@ -304,7 +304,8 @@ def test_lambdas_cannot_be_saved_and_no_file_is_written(fmt, tmp_path):
 
 def test_a_tampered_skops_file_builds_only_what_gn_save_writes(tmp_path):
     sio = pytest.importorskip("skops.io")
-    from gpunets.persist import TRUSTED_TYPES, _Archive, _Record
+    from gpunets._persist_codec import Archive as _Archive, Record as _Record
+    from gpunets.persist import TRUSTED_TYPES
 
     X = gn.source(np.ones(3), name="X")
     path = gn.save(X * 2, tmp_path / "x.skops", format="skops")
