@@ -304,7 +304,8 @@ def test_lambdas_cannot_be_saved_and_no_file_is_written(fmt, tmp_path):
 
 def test_a_tampered_skops_file_builds_only_what_gn_save_writes(tmp_path):
     sio = pytest.importorskip("skops.io")
-    from gpunets.persist import TRUSTED_TYPES, _Archive, _Record
+    from gpunets._persist_codec import Archive as _Archive, Record as _Record
+    from gpunets.persist import TRUSTED_TYPES
 
     X = gn.source(np.ones(3), name="X")
     path = gn.save(X * 2, tmp_path / "x.skops", format="skops")
@@ -562,3 +563,11 @@ def test_real_gpu_states_come_back_on_the_gpu_and_on_the_cpu_elsewhere(fmt, tmp_
     devices, _, values = out.stdout.strip().partition("] ")
     assert devices == "['cpu'"
     np.testing.assert_allclose(json.loads(values), expected, rtol=1e-6, atol=1e-9)
+
+
+def test_the_skops_format_without_skops_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "skops", None)       # as if it were not installed
+    monkeypatch.setitem(sys.modules, "skops.io", None)
+    with pytest.raises(ImportError, match=r'format="skops" needs the skops package: pip install "gpunets\[persist\]"'):
+        gn.save(gn.source(np.ones(2), name="X") * 2, tmp_path / "x.skops", format="skops")
+    assert not (tmp_path / "x.skops").exists()
