@@ -332,7 +332,8 @@ class Machine:
         mode applies: ``"auto"`` needs ``warm_start=True``, ``"partial_fit"`` a ``partial_fit``
         method.  Routes where another class was fitted (a cuML twin) and composites refit instead.
         """
-        if self.warm is False or st.path == "cuml" or getattr(st.estimator, "_gn_incremental", False):
+        if (self.warm is False or st.path == "cuml" or type(st.estimator) is not type(self.model)
+                or getattr(st.estimator, "_gn_incremental", False)):
             return None
         iteration = get_config()["warm_params"]
         changed = [k for k in set(st.params) | set(params)

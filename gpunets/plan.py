@@ -527,7 +527,8 @@ def _resolve_fit(b: "_Builder", m: "Machine", pending: Any, deps: Sequence[int] 
     if r.path in ("cpu_fallback", "array_api") and (getattr(pending.estimator, "_gn_incremental", False)
                                                     or pending.warm is not None):
         # the model's own class runs: keep the pending estimator, which for an update is the fitted
-        # composite's incremental copy (resolving clones it, and a clone would retrain from scratch)
+        # composite's incremental copy, or a warm update's copy of the fitted state (resolving clones
+        # it, and a clone would retrain from scratch)
         import dataclasses
 
         r = dataclasses.replace(r, estimator=pending.estimator)
