@@ -437,7 +437,7 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
         tests = tuple(te for _, te in splits)
         oof, full_preds = [], []
         self._gn_n_folds = len(splits)
-        for name, est, meth in zip(names, ests, methods):
+        for name, est, meth, kind in zip(names, ests, methods, kinds):
             d = dev.get(name)
             preds, averaged = [], []
             for k, (Xtr, ytr, Xte) in enumerate(folds):
@@ -453,7 +453,7 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
                 averaged.append(q)
             oof.append(node(assemble_folds, tests, n, *preds, name=f"oof[{name}]"))
             if self.cv_ensemble:   # MLJ's cv-ensemble: no refit on all rows, the fold models averaged
-                vote = kinds[len(full_preds)] == "classifier" and meth == "predict"
+                vote = kind == "classifier" and meth == "predict"
                 full_preds.append(node(average_folds, vote, *averaged, name=f"{name}[fold average]"))
             else:
                 full = machine(est, X, y, name=name, device=d, **(full_w if name in weighted else {}))
