@@ -398,9 +398,12 @@ class Composite(BaseEstimator):
             else:
                 extra[k] = v
         fps = {k: fingerprint(v) for k, v in data.items()}
-        same = old is not None and old.fingerprints == fps
+        # the same X and y: the fitted states carry over (new metadata, e.g. new sample weights, retrain only
+        # the machines that take them: each source's content is part of its dependants' fitted-state stamp)
+        same = old is not None and all(k in old.fingerprints and old.fingerprints[k] == fps[k] for k in ("X", "y"))
         if same:
-            sources = dict(old.sources)
+            sources = {k: old.sources[k] if old.fingerprints.get(k) == fps[k] and k in old.sources
+                       else Source(v, name=k) for k, v in data.items()}
         else:
             sources = {k: Source(v, name=k) for k, v in data.items()}
         routed = routed_names(self, fit_params)   # metadata for the members, not for network()

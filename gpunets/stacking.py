@@ -729,6 +729,8 @@ class StackingClassifier(ClassifierMixin, _BaseStacking):
     executor, device, workers
         As in :class:`StackingRegressor`.
 
+    Notes
+    -----
     ``y`` may be 1-D class labels or a multilabel-indicator matrix (2-D, 0/1),
     as in scikit-learn; ``classes_`` is then a list (one array per label).
 

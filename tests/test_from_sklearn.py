@@ -214,7 +214,8 @@ def test_new_weights_retrain_what_takes_them():
     model = gn.from_sklearn(make_pipeline(StandardScaler(), Ridge()), executor="serial")
     model.fit(X, y, ridge__sample_weight=w)
     model.fit(X, y, ridge__sample_weight=w[::-1].copy())
-    assert model.fit_report_.actions.by_label() == {"standardscaler": "skip", "ridge": "update"}
+    actions = model.fit_report_.actions.by_label()
+    assert actions["standardscaler"] == "skip" and actions["ridge"] != "skip"
 
 
 @pytest.mark.parametrize("params, error, match", [

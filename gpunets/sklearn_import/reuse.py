@@ -19,7 +19,7 @@ from typing import Any
 
 from ..graph import machine_parents
 from ..machines import FittedState, _equal, snapshot_params
-from ._base import root_name
+from ._base import is_drop, root_name
 from .columns import ColumnStack
 from .target import TargetTransformer
 
@@ -76,13 +76,20 @@ def counterpart(original: Any, name: str) -> tuple[Any, str]:
                 est = est.named_steps[seg]
             elif isinstance(est, ColumnTransformer):
                 if seg == "<stack>":
-                    cs = ColumnStack(est.sparse_threshold)
+                    from sklearn.compose._column_transformer import _is_empty_column_selection
+
+                    names = tuple(n for n, t, cols in est.transformers_
+                                  if not is_drop(t) and not _is_empty_column_selection(cols))
+                    cs = ColumnStack(est.sparse_threshold, names, est.verbose_feature_names_out,
+                                     getattr(est, "_sklearn_output_config", {}).get("transform"))
                     cs.sparse_output_ = est.sparse_output_
                     return cs, ""
                 est = est.named_transformers_[seg]
             elif isinstance(est, FeatureUnion):
                 if seg == "<stack>":
-                    cs = ColumnStack(None)
+                    names = tuple(n for n, t in est.transformer_list if not is_drop(t))
+                    cs = ColumnStack(None, names, getattr(est, "verbose_feature_names_out", True),
+                                     getattr(est, "_sklearn_output_config", {}).get("transform"))
                     cs.sparse_output_ = False
                     return cs, ""
                 est = dict(est.transformer_list)[seg]
