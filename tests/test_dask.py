@@ -244,7 +244,8 @@ def test_second_fit_skips_and_touches_nothing(client, monkeypatch):
     report = yhat.fit(executor=ex)
     assert report.actions["Ridge"] == "update" and report.actions["LinearRegression"] == "skip"
     (graph_args, _), = spy.calls["get"]
-    assert len(graph_args[1]) == 1   # one future wanted: Ridge's fitted state
+    # two futures: Ridge's fit summary (gathered) and its fitted state's key (kept on the workers)
+    assert sorted(k.split("-")[1] for k in graph_args[1]) == ["state", "summary"]
 
 
 def test_sources_scattered_once_and_intermediates_stay(client, monkeypatch):
@@ -256,9 +257,9 @@ def test_sources_scattered_once_and_intermediates_stay(client, monkeypatch):
     assert len(scatter_args[0]) == 2                         # X and y, once each
     (get_args, _), = spy.calls["get"]
     graph, wanted = get_args[0], get_args[1]
-    assert len(graph) == 4                                   # 3 fits + 1 transform
+    assert len(graph) == 4 + 2 * 3                           # 3 fits + 1 transform; a state and a summary per fit
     assert not any(isinstance(v, np.ndarray) for v in _walk(list(graph.values())))
-    assert len(wanted) == 3                                  # only the fitted states come back
+    assert sorted(k.split("-")[1] for k in wanted) == ["state"] * 3 + ["summary"] * 3
     # an evaluation brings back only its output
     spy2 = Spy(client, monkeypatch)
     yhat(np.ones((3, 4)), executor=DaskExecutor(client))

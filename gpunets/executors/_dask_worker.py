@@ -51,6 +51,18 @@ def _run_remote(run_id: str, key: int, payload: Any, *args: Any) -> Any:
             recs.append((key, start, end, threading.current_thread().name, failed))
 
 
+def _state_of(fitted: tuple[Any, ...]) -> tuple[Any, dict[str, Any]]:
+    """A fit task's value reduced to what evaluations need: ``(estimator, {"path": ...})`` (kept on the worker)."""
+    est, info = fitted[0], fitted[1]
+    return est, {"path": info.get("path", "sklearn")}
+
+
+def _summary_of(fitted: tuple[Any, ...], names: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the client gets back from a fit that stays on the worker: its info and a few small attributes."""
+    est, info = fitted[0], fitted[1]
+    return info, {n: getattr(est, n) for n in names if hasattr(est, n)}
+
+
 def _run_on_gpu(local_index: int, run_id: str, key: int, payload: Any, *args: Any) -> Any:
     """Run a task with GPU ``local_index`` (this process's ordinal) current, when CuPy is present."""
     try:

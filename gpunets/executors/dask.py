@@ -45,15 +45,19 @@ import threading
 import time
 import uuid
 import weakref
+from functools import partial
 from typing import Any, Callable
 
-from ..exceptions import EvaluationError, FitError, wrap_exception
+from ..exceptions import EvaluationError, FitError, NotFittedError, wrap_exception
+from ..plan import _apply_fitted, _apply_state, _training_output
 from ..scheduler import Run
 from ..trace import TraceRecord
 from ._args import check_flag, check_mapping, check_seconds
 from ._dask_cluster import (INSTALL_HINT, _address_of, _check_client, _close, _default_client, _worker_client,
                             require_distributed)
-from ._dask_worker import _pop_timings, _run_on_gpu, _run_remote, _visible_devices, gpu_owners
+from ._dask_state import SUMMARY_ATTRIBUTES, DaskState
+from ._dask_worker import (_pop_timings, _run_on_gpu, _run_remote, _state_of, _summary_of, _visible_devices,
+                           gpu_owners)
 from .base import Executor
 
 __all__ = ["DaskExecutor", "gpu_owners", "require_distributed", "INSTALL_HINT"]
@@ -161,6 +165,8 @@ class DaskExecutor(Executor):
         self.cluster_kwargs = cluster_kwargs
         self._own: tuple[Any, Any] | None = None     # (client, cluster) started here and kept
         self._own_lock = threading.Lock()
+        self._states: "weakref.WeakSet[DaskState]" = weakref.WeakSet()   # fitted states kept on the workers
+        self._sent: dict[int, tuple[Any, Any]] = {}   # id(local fitted state) -> (client, its scattered future)
         self.last_cluster: Any = None                # the cluster of the last run started here (tests)
 
     # --- the cluster ----------------------------------------------------------------------
@@ -175,33 +181,35 @@ class DaskExecutor(Executor):
         self.last_cluster = cluster
         return client, cluster
 
-    def _acquire(self) -> tuple[Any, Callable[[], None] | None]:
-        """The client for a run and, for a cluster started just for it, how to close it."""
+    def _acquire(self) -> tuple[Any, Callable[[], None] | None, bool]:
+        """The client for a run; for a cluster started just for it, how to close it; whether the
+        cluster outlives the run (then fitted states stay on the workers)."""
         if self.client is not None and not isinstance(self.client, str):
-            return self.client, None
+            return self.client, None, True
         with self._own_lock:
             if self._own is not None:
-                return self._own[0], None
+                return self._own[0], None, True
         nested = _worker_client()
         if isinstance(self.client, str) and nested is None:
-            return self._connect(self.client), None
+            return self._connect(self.client), None, True
         if nested is not None:
             # a run inside a task on a Dask worker (a composite or stacking model fitted with
             # executor="dask" by an outer Dask run): use the worker's client and secede from its
             # thread pool while waiting, so the inner tasks can run even with one thread per worker
-            # (never start a cluster from a worker: its daemon processes cannot have children)
+            # (never start a cluster from a worker: its daemon processes cannot have children).
+            # Its fitted states come back with the outer task's value: they are not kept here.
             client = nested.__enter__()
-            return client, lambda: nested.__exit__(None, None, None)
+            return client, lambda: nested.__exit__(None, None, None), False
         current = _default_client()
         if current is not None:
-            return current, None
+            return current, None, True
         client, cluster = self._start_cluster()
         if self.keep_cluster:
             with self._own_lock:
                 self._own = (client, cluster)
             _register_atexit(self)
-            return client, None
-        return client, lambda: _close(client, cluster)
+            return client, None, True
+        return client, lambda: _close(client, cluster), False
 
     def _connect(self, address: str) -> Any:
         """A client of the scheduler at ``address``: the default client if it is one, else a new one kept."""
@@ -231,9 +239,18 @@ class DaskExecutor(Executor):
         return ("client",)   # a copy uses the same cluster
 
     def close(self) -> None:
-        """Close the ``LocalCluster`` this executor started and kept (never a client it was given)."""
+        """Release what this executor keeps on the cluster, and close the ``LocalCluster`` it started and kept.
+
+        Fitted states kept on the workers are fetched to their machines first, so they stay usable.
+        A client it was given is never closed.
+        """
         with self._own_lock:
             own, self._own = self._own, None
+            states, self._states = list(self._states), weakref.WeakSet()
+            sent, self._sent = list(self._sent.values()), {}
+        for st in states:
+            st.fetch_and_release()
+        _release(f for _, f in sent)
         if own is not None:
             _close(*own)
 
@@ -256,24 +273,30 @@ class DaskExecutor(Executor):
         tasks = [t for t in plan.tasks if t.kind != "source"]
         if not tasks:
             return run   # nothing to do: the cluster is not touched
-        payloads = self._pickle_tasks(run, tasks)
+        states = {t.key: t.fn.args[2] for t in tasks if _applies_state(t.fn)}
+        payloads = self._pickle_tasks(run, tasks, states)
         if payloads is None:
             return run   # a task cannot be pickled: nothing was sent
-        client, closer = self._acquire()
+        client, closer, persistent = self._acquire()
         try:
-            self._drive(client, run, tasks, payloads)
+            self._drive(client, run, tasks, payloads, states, persistent)
         finally:
             if closer is not None:
                 closer()
         return run
 
-    def _pickle_tasks(self, run: Run, tasks: list[Any]) -> dict[int, bytes] | None:
+    def _pickle_tasks(self, run: Run, tasks: list[Any], states: dict[int, Any]) -> dict[int, bytes] | None:
+        """Each task's function, pickled; one that applies a fitted state gets the state as its last input
+        (a key on the cluster, see :meth:`_state_refs`), so the estimator never travels in the graph."""
         import cloudpickle
 
         payloads: dict[int, bytes] = {}
         for t in tasks:
+            fn = t.fn
+            if t.key in states:
+                fn = partial(_apply_fitted, fn.args[0], fn.args[1])
             try:
-                payloads[t.key] = cloudpickle.dumps(t.fn)
+                payloads[t.key] = cloudpickle.dumps(fn)
             except Exception as e:  # noqa: BLE001 - any pickling failure, reported naming the task
                 what = _describe(t)
                 model = ""
@@ -287,7 +310,54 @@ class DaskExecutor(Executor):
                 return None
         return payloads
 
-    def _drive(self, client: Any, run: Run, tasks: list[Any], payloads: dict[int, bytes]) -> None:
+    def _state_refs(self, client: Any, run: Run, states: dict[int, Any]) -> dict[int, Any] | None:
+        """For each task applying a fitted state, the future of that state on ``client``'s cluster.
+
+        A state fitted on this cluster is its key there; any other (fitted locally, or on another
+        client) is scattered once and the future kept until the state is dropped or the executor
+        closes.  None (the run failed, naming the task) if a kept state was lost and no copy is left.
+        """
+        refs: dict[int, Any] = {}
+        for k, st in states.items():
+            fut = st.stored.future_on(client) if st.is_remote else None
+            if fut is None:
+                try:
+                    fut = self._send_state(client, st)
+                except NotFittedError as e:
+                    _set_error(run, k, f"{_describe(run.plan.tasks[k])} cannot be evaluated: {e}", e)
+                    return None
+            refs[k] = fut
+        return refs
+
+    def _send_state(self, client: Any, st: Any) -> Any:
+        """Scatter fitted state ``st`` to ``client``'s cluster once (the future is kept)."""
+        with self._own_lock:
+            got = self._sent.get(id(st))
+        if got is not None and got[0] is client and got[1].status not in ("error", "cancelled", "lost"):
+            return got[1]
+        value = (st.estimator, {"path": st.path})   # a lost remote state with no copy raises NotFittedError
+        fut = client.scatter([value], hash=False)[0]
+        with self._own_lock:
+            old = self._sent.get(id(st))
+            self._sent[id(st)] = (client, fut)
+        if old is not None:
+            _release([old[1]])
+        else:
+            weakref.finalize(st, self._forget_sent, weakref.ref(self), id(st))
+        return fut
+
+    @staticmethod
+    def _forget_sent(ref: Any, ident: int) -> None:
+        ex = ref()
+        if ex is None:
+            return
+        with ex._own_lock:
+            got = ex._sent.pop(ident, None)
+        if got is not None:
+            _release([got[1]])
+
+    def _drive(self, client: Any, run: Run, tasks: list[Any], payloads: dict[int, bytes],
+               states: dict[int, Any], persistent: bool) -> None:
         _, distributed = require_distributed()
         plan = run.plan
         run_id = uuid.uuid4().hex[:12]
@@ -295,6 +365,10 @@ class DaskExecutor(Executor):
         wanted = [k for k in dict.fromkeys([t.key for t in tasks if t.kind == "fit"] + list(plan.outputs))
                   if plan.tasks[k].kind != "source"]
         restrict = self._placement(client, tasks)
+        state_refs = self._state_refs(client, run, states)
+        if state_refs is None:
+            return
+        ctx = _RunContext(state_refs, persistent)
         finished: set[int] = set()       # wanted keys whose values are on the client
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         resumes = max(1, self.retries)
@@ -302,7 +376,7 @@ class DaskExecutor(Executor):
         try:
             while True:
                 lost = self._submit_and_collect(client, distributed, run, f"{run_id}{attempt or ''}", wanted,
-                                                finished, restrict, payloads, deadline)
+                                                finished, restrict, payloads, deadline, ctx)
                 if not lost or run.error is not None:
                     break
                 attempt += 1
@@ -324,12 +398,19 @@ class DaskExecutor(Executor):
 
     def _submit_and_collect(self, client: Any, distributed: Any, run: Run, run_id: str, wanted: list[int],
                             finished: set[int], restrict: dict[int, tuple[list[str], int]],
-                            payloads: dict[int, bytes], deadline: float | None) -> bool:
+                            payloads: dict[int, bytes], deadline: float | None, ctx: "_RunContext") -> bool:
         """Submit what is still needed; collect it.  True if the cluster lost data (resubmit)."""
         plan = run.plan
         tasks = plan.tasks
         # what to compute: the unfinished wanted keys and their dependencies, down to known values
-        known = {t.key for t in tasks if t.kind == "source"} | finished
+        # (a fit already committed in a kept state is known by its state's key, unless a task
+        # still to run takes its training output, which only the fit itself gives)
+        kept_fits = {k: fut for k in finished if (h := ctx.handles.get(k)) is not None
+                     and (fut := h.future_on(client)) is not None}
+        takes_output = {d for t in tasks if t.fn is _training_output for d in t.deps}
+        kept_fits = {k: f for k, f in kept_fits.items() if k not in takes_output}
+        have = ({k for k in finished if tasks[k].kind != "fit"} | set(kept_fits)) if ctx.persistent else finished
+        known = {t.key for t in tasks if t.kind == "source"} | have
         todo: set[int] = set()
         stack = [k for k in wanted if k not in finished]
         while stack:
@@ -343,8 +424,8 @@ class DaskExecutor(Executor):
 
         # 1. the values the workers need from the client (the sources; after a loss, finished fits),
         #    scattered in one call
-        needed = sorted({d for t in order for d in t.deps if d in known})
-        refs: dict[int, Any] = {}
+        needed = sorted({d for t in order for d in t.deps if d in known and d not in kept_fits})
+        refs: dict[int, Any] = {d: kept_fits[d] for t in order for d in t.deps if d in kept_fits}
         if needed:
             try:
                 futs = client.scatter([run.values[k] for k in needed], hash=False)
@@ -362,12 +443,27 @@ class DaskExecutor(Executor):
         for t in order:
             gpu = restrict.get(t.key)
             head: tuple[Any, ...] = (_run_remote,) if gpu is None else (_run_on_gpu, gpu[1])
+            state = (ctx.state_refs[t.key],) if t.key in ctx.state_refs else ()
             layers.setdefault(None if gpu is None else tuple(gpu[0]), {})[keys[t.key]] = (
-                head + (run_id, t.key, payloads[t.key]) + tuple(refs[d] for d in t.deps))
+                head + (run_id, t.key, payloads[t.key]) + tuple(refs[d] for d in t.deps) + state)
         want = [k for k in wanted if k in keys]
-        futures = client.get(_graph(layers), [keys[k] for k in want], sync=False,
+        # a fit on a cluster that outlives the run: its state stays there under its own key (held),
+        # and only its info and a few small attributes come back
+        keep = [k for k in want if ctx.persistent and tasks[k].kind == "fit"]
+        skeys: dict[int, str] = {}
+        for k in keep:
+            m = tasks[k].machine
+            mark = _KEY_RE.sub("_", m.label).strip("_")[:40] or "machine"
+            skeys[k] = f"gpunets-state-{mark}-v{m._version + 1}-{run_id}-{k}"
+            layers.setdefault(None, {})[skeys[k]] = (_state_of, keys[k])
+            layers[None][f"gpunets-summary-{run_id}-{k}"] = (_summary_of, keys[k], SUMMARY_ATTRIBUTES)
+        asked = [f"gpunets-summary-{run_id}-{k}" if k in skeys else keys[k] for k in want]
+        futures = client.get(_graph(layers), asked + [skeys[k] for k in keep], sync=False,
                              retries=self.retries or None)
+        state_futs = dict(zip(keep, futures[len(asked):]))
+        futures = futures[:len(asked)]
         by_key = {f.key: k for f, k in zip(futures, want)}
+        inputs_of = _source_inputs(tasks, keep, refs, needed) if keep else {}
 
         # 3. what comes back: fits (committed on arrival) and outputs
         lost = False
@@ -386,6 +482,15 @@ class DaskExecutor(Executor):
                         run.fail(failed, exc)
                     break
                 value = fut.result()
+                if k in state_futs:   # (info, small attributes): the state stays on the workers
+                    info, attrs = value
+                    handle = DaskState(_describe(tasks[k]).removeprefix("Machine "), client, state_futs.pop(k),
+                                       attrs, [distributed.Future(f.key, client) for f in inputs_of[k]],
+                                       timeout=self.timeout)
+                    ctx.handles[k] = handle
+                    with self._own_lock:
+                        self._states.add(handle)
+                    value = (handle, info)
                 finished.add(k)
                 if run.claim(k):
                     run.complete(k, value)
@@ -408,6 +513,7 @@ class DaskExecutor(Executor):
             # future the user holds on it).  A key no client wants any more is forgotten by the
             # scheduler, and a task still running for it is stopped on its worker.
             _release(futures)
+            _release(state_futs.values())   # fits that did not finish: their states are not kept
             _release(refs[k] for k in needed)
         return lost
 
@@ -449,6 +555,42 @@ class DaskExecutor(Executor):
 # --------------------------------------------------------------------------------------------
 class _TimeoutSignal(Exception):
     pass
+
+
+class _RunContext:
+    """What one run keeps across its attempts: the states it applies and the states its fits keep."""
+
+    def __init__(self, state_refs: dict[int, Any], persistent: bool) -> None:
+        self.state_refs = state_refs          # task key -> future of the fitted state it applies
+        self.persistent = persistent          # the cluster outlives the run: fitted states stay there
+        self.handles: dict[int, DaskState] = {}   # fit task key -> its kept state
+
+
+def _applies_state(fn: Any) -> bool:
+    """Does task function ``fn`` apply a machine's fitted state (:func:`gpunets.plan._apply_state`)?"""
+    return isinstance(fn, partial) and fn.func is _apply_state
+
+
+def _source_inputs(tasks: list[Any], fits: list[int], refs: dict[int, Any], needed: list[int]) -> dict[int, list[Any]]:
+    """For each fit, the scattered values among its ancestors (held with its state, so Dask can
+    recompute the state from them if the worker holding it dies)."""
+    scattered = set(needed)
+    out: dict[int, list[Any]] = {}
+    for k in fits:
+        seen: set[int] = set()
+        stack = list(tasks[k].deps)
+        found = []
+        while stack:
+            d = stack.pop()
+            if d in seen:
+                continue
+            seen.add(d)
+            if d in scattered:
+                found.append(refs[d])
+            else:
+                stack.extend(tasks[d].deps)
+        out[k] = found
+    return out
 
 
 def _completed(distributed: Any, client: Any, futures: list[Any], deadline: float | None) -> Any:
