@@ -26,6 +26,7 @@ from sklearn.linear_model import LinearRegression, Ridge  # noqa: E402
 from sklearn.preprocessing import StandardScaler  # noqa: E402
 
 import gpunets as gn  # noqa: E402
+from gpunets.executors import _dask_state  # noqa: E402
 from gpunets.executors import dask as gdask  # noqa: E402
 from gpunets.executors.dask import DaskExecutor  # noqa: E402
 
@@ -269,6 +270,114 @@ def test_sources_scattered_once_and_intermediates_stay(client, monkeypatch):
     assert len(scatter_args[0]) == 1                         # the new X only
 
 
+# ------------------------------------------------------------------------------------------
+# fitted states stay on the workers
+# ------------------------------------------------------------------------------------------
+def _state_keys(client):
+    return client.run_on_scheduler(
+        lambda dask_scheduler: sorted(str(k) for k, ts in dask_scheduler.tasks.items()
+                                      if str(k).startswith("gpunets-state") and ts.state == "memory"))
+
+
+def _wait_for(pred, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while not pred() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pred()
+
+
+def test_fitted_states_stay_on_the_workers_and_evaluations_send_no_model(client, monkeypatch):
+    from sklearn.base import BaseEstimator as Est
+
+    yhat, ms = network(n=4000)
+    ex = DaskExecutor(client)
+    yhat.fit(executor=ex)
+    for m in ms.values():   # nothing fetched: each state is a key on the cluster, one per machine
+        assert m._state.is_remote and not m._state.stored.fetched
+    assert len(_state_keys(client)) == 3
+    keys = {name: m._state.stored.key for name, m in ms.items()}
+    spy = Spy(client, monkeypatch)
+    Xnew = np.random.default_rng(3).normal(size=(50, 4))
+    out = yhat(Xnew, executor=ex)
+    (get_args, _), = spy.calls["get"]
+    graph = get_args[0]
+    import pickle
+
+    assert not any(isinstance(v, Est) for v in _walk(list(graph.values())))
+    assert len(pickle.dumps(graph)) < 20_000         # task descriptions only (the data went by scatter)
+    (scatter_args, _), = spy.calls["scatter"]
+    assert [np.shape(v) for v in scatter_args[0]] == [(50, 4)]   # only the new data
+    assert not any(m._state.stored.fetched for m in ms.values())
+    # the client gets a state when asked for it, once; results agree with a local evaluation
+    assert set(ms["ridge"].fitted_params()) >= {"coef_", "intercept_"}
+    assert ms["ridge"]._state.stored.fetched
+    np.testing.assert_allclose(out, yhat(Xnew, executor="serial"))
+    # a refit of one machine changes only its key; the old one is released
+    ms["ridge"].model.alpha = 3.0
+    yhat.fit(executor=ex)
+    assert ms["ridge"]._state.stored.key != keys["ridge"]
+    assert ms["scale"]._state.stored.key == keys["scale"] and ms["ols"]._state.stored.key == keys["ols"]
+    assert _wait_for(lambda: keys["ridge"] not in _state_keys(client))
+    # pickling (gn.save) takes the estimators from the workers
+    import pickle as pk
+
+    copy = pk.loads(pk.dumps(yhat))
+    np.testing.assert_allclose(copy(Xnew, executor="serial"), yhat(Xnew, executor="serial"))
+    # closing the executor fetches the states and releases every key; the network stays usable
+    ex.close()
+    assert all(m._state.stored.fetched for m in ms.values())
+    assert _wait_for(lambda: _state_keys(client) == [])
+    np.testing.assert_allclose(yhat(Xnew, executor=DaskExecutor(client)), yhat(Xnew, executor="serial"))
+
+
+def test_a_collected_machine_releases_its_state_key(client):
+    import gc
+
+    X, y = _xy()
+    m = gn.machine(Ridge(), X, y)
+    m.fit(executor=DaskExecutor(client))
+    key = m._state.stored.key
+    assert key in _state_keys(client)
+    del m
+    gc.collect()
+    assert _wait_for(lambda: key not in _state_keys(client))
+
+
+def _die():
+    os._exit(1)
+
+
+def test_state_lost_with_its_worker_is_rebuilt(client):
+    yhat, ms = network()
+    ex = DaskExecutor(client, timeout=60)
+    yhat.fit(executor=ex)
+    versions = {n: m._version for n, m in ms.items()}
+    ref = yhat(executor="serial")   # fetches every state: the client copies are dropped below
+    for m in ms.values():
+        m._state.stored._local = _dask_state._MISSING
+    where = client.who_has()[ms["scale"]._state.stored.key]
+    client.run(_die, workers=list(where), on_error="ignore")
+    assert _wait_for(lambda: not client.who_has().get(ms["scale"]._state.stored.key), 30)
+    np.testing.assert_allclose(yhat(executor=ex), ref)      # rebuilt on the workers, no refit on the client
+    assert {n: m._version for n, m in ms.items()} == versions
+    assert not any(m._state.stored.lost for m in ms.values())
+    report = yhat.fit(executor=ex)
+    assert set(report.actions.by_label().values()) == {"skip"}
+
+
+def test_state_lost_with_its_client_says_fit_again_and_retrains(client):
+    X, y = _xy()
+    m = gn.machine(Ridge(), X, y, name="lonely")
+    with distributed.Client(client.scheduler.address, set_as_default=False) as other:
+        m.fit(executor=DaskExecutor(other))
+    with pytest.raises(gn.NotFittedError, match=r"lonely.*no longer available.*Fit the network again"):
+        m.estimator_
+    with pytest.raises(gn.EvaluationError, match=r"lonely"):
+        m.predict(X)(executor=DaskExecutor(client))
+    assert m.fit(executor=DaskExecutor(client)).actions["lonely"] == "train"
+    assert m.predict(X)(executor="serial").shape == (40,)
+
+
 def test_a_plan_of_sources_only_needs_no_cluster(monkeypatch):
     monkeypatch.setattr(gdask, "_default_client", lambda: pytest.fail("the cluster was looked up"))
     X = gn.source(np.arange(3.0), name="X")
@@ -348,17 +457,25 @@ def test_exceptions_are_retried_per_retries(client, tmp_path):
     assert not m2.is_fitted
 
 
+def _orphans(dask_scheduler):
+    # a run's key is an orphan unless it is a kept fitted state, or the released lineage of one
+    # (tasks the scheduler remembers, holding no data, so that it can recompute a lost state)
+    return sorted(str(k) for k, ts in dask_scheduler.tasks.items()
+                  if "gpunets" in str(k) and not str(k).startswith("gpunets-state")
+                  and (ts.state != "released" or not ts.dependents))
+
+
 def _run_keys(client):
-    """The keys of gpunets runs the scheduler still knows."""
-    return client.run_on_scheduler(
-        lambda dask_scheduler: sorted(str(k) for k in dask_scheduler.tasks if "gpunets" in str(k)))
+    """The keys of gpunets runs the scheduler still knows (fitted states and their lineage excepted)."""
+    return client.run_on_scheduler(_orphans)
 
 
 def _no_run_keys_left(client, seconds=10.0):
     deadline = time.monotonic() + seconds
     while _run_keys(client) and time.monotonic() < deadline:   # releases reach the scheduler asynchronously
         time.sleep(0.05)
-    return _run_keys(client) == [] and not any("gpunets" in str(k) for k in client.who_has())
+    return _run_keys(client) == [] and not any("gpunets" in str(k) and not str(k).startswith("gpunets-state")
+                                               for k, w in client.who_has().items() if w)
 
 
 def test_failed_fit_leaves_the_users_other_futures_and_no_keys(client, caplog):

@@ -10,8 +10,10 @@ travel.  The client fetches the estimator only when asked (``mach.estimator_``, 
 The key is released when the machine retrains (:meth:`release`), when the state is garbage collected
 (a ``weakref.finalize``) or when the executor that made it closes (it fetches the estimator first, so the
 machine stays usable).  A worker that dies with the key: Dask recomputes it from the fit's inputs, which
-the state keeps on the cluster; if those died too, the client's copy is sent again when there is one,
-else the state is *lost* (the machine retrains on its next fit, and an evaluation says so).
+the state keeps on the cluster; if those died too, the state is rebuilt from its *recipe* (the fit's part
+of the graph, with the client's copies of its source data, sent again) under a new key, or, if the client
+has fetched the estimator, that copy is sent again.  Only when neither is possible (the client closed) is
+the state *lost*: an evaluation says so and the machine retrains on its next fit.
 
 No dask import here: the futures are used through their methods.
 """
@@ -25,7 +27,7 @@ from typing import Any
 from ..exceptions import NotFittedError
 from ..machines import RemoteEstimator
 
-__all__ = ["DaskState", "SUMMARY_ATTRIBUTES"]
+__all__ = ["DaskState", "SUMMARY_ATTRIBUTES", "Recipe", "GraphKey", "ClientValue", "StateInput"]
 
 #: The attributes of a fitted estimator that come back with every fit (small, needed by reports and refits).
 SUMMARY_ATTRIBUTES = ("report_", "fit_report_", "_gn_incremental")
@@ -39,6 +41,45 @@ def _release_all(futures: list[Any]) -> None:
             f.release()
         except Exception:  # noqa: BLE001, S110 - its client already closed: nothing is held any more
             pass
+
+
+class GraphKey:
+    """In a recipe: another task of the recipe."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class ClientValue:
+    """In a recipe: a value the client holds (source data), scattered again on a rebuild."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class StateInput:
+    """In a recipe: the fitted state of an upstream machine (a ``FittedState``), or a kept fit's ``DaskState``."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+
+class Recipe:
+    """How a kept state was computed: ``{key: task tuple}`` (inputs as the markers above) and its root key."""
+
+    __slots__ = ("tasks", "root")
+
+    def __init__(self, tasks: dict[str, tuple[Any, ...]], root: str) -> None:
+        self.tasks, self.root = tasks, root
+
+
+_BAD = ("error", "cancelled", "lost")
 
 
 class DaskState(RemoteEstimator):
@@ -58,22 +99,26 @@ class DaskState(RemoteEstimator):
         The fit's scattered inputs, held so that Dask can recompute the key if its worker dies.
     timeout : float, optional
         Seconds a fetch may take.
+    recipe : Recipe, optional
+        How to compute the state again if the cluster loses it and its inputs.
     """
 
     def __init__(self, label: str, client: Any, future: Any, attrs: dict[str, Any], inputs: list[Any],
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, recipe: Recipe | None = None) -> None:
         self.label = label
         self.client = client
         self.key = future.key
         self.attrs = attrs
         self.timeout = timeout
-        self._lock = threading.Lock()
+        self.recipe = recipe
+        self.rebuilds = 0
+        self._lock = threading.RLock()
         self._future: Any = future
         self._local: Any = _MISSING
         self._released = False
         self.lost = False
-        held = [future, *inputs]
-        self._finalizer = weakref.finalize(self, _release_all, held)
+        self._held = [future, *inputs]
+        self._finalizer = weakref.finalize(self, _release_all, self._held)
 
     # --- the client's view --------------------------------------------------------------
     def gather(self) -> Any:
@@ -81,8 +126,8 @@ class DaskState(RemoteEstimator):
         with self._lock:
             if self._local is not _MISSING:
                 return self._local
-            fut = self._future
-            if fut is None or self.lost:
+            fut = self._usable_future()
+            if fut is None:
                 raise NotFittedError(self._lost_message())
             try:
                 est = fut.result(timeout=self.timeout)[0]
@@ -109,11 +154,61 @@ class DaskState(RemoteEstimator):
 
     # --- the executor's view --------------------------------------------------------------
     def future_on(self, client: Any) -> Any:
-        """The key's future if it is usable on ``client`` (same client, still held, not lost), else None."""
-        fut = self._future
-        if fut is None or self.lost or client is not self.client or fut.status in ("error", "cancelled", "lost"):
+        """The key's future if it is usable on ``client`` (same client, still held), rebuilt if the
+        cluster lost it; None if it cannot be had there (another client, released, lost)."""
+        if client is not self.client:
             return None
-        return fut
+        with self._lock:
+            return self._usable_future()
+
+    def _usable_future(self) -> Any:
+        """The future, rebuilt or sent again from the client's copy if the cluster lost it (lock held)."""
+        fut = self._future
+        if fut is None or self.lost:
+            return None
+        if fut.status not in _BAD:
+            return fut
+        try:
+            if self._local is not _MISSING:   # the client has it: send it again
+                new = self.client.scatter([(self._local, {"path": self.attrs.get("_path", "sklearn")})],
+                                          hash=False)[0]
+                inputs: list[Any] = []
+            elif self.recipe is not None:
+                new, inputs = self._rebuild()
+            else:
+                self.lost = True
+                return None
+        except Exception:  # noqa: BLE001 - the client closed, the inputs are gone too: lost
+            self.lost = True
+            return None
+        self.rebuilds += 1
+        self.key = new.key
+        self._future = new
+        _release_all(self._held)
+        self._held[:] = [new, *inputs]
+        return new
+
+    def _rebuild(self) -> tuple[Any, list[Any]]:
+        """Compute the state again from its recipe under new keys; (its future, the inputs sent again)."""
+        recipe = self.recipe
+        assert recipe is not None
+        sfx = f"-r{self.rebuilds + 1}"
+        sent: list[Any] = []
+
+        def arg(x: Any) -> Any:
+            if isinstance(x, GraphKey):
+                return x.name + sfx
+            if isinstance(x, ClientValue):
+                f = self.client.scatter([x.value], hash=False)[0]
+                sent.append(f)
+                return f
+            if isinstance(x, StateInput):
+                return _state_future(self.client, x.state, sent)
+            return x
+
+        dsk = {k + sfx: tuple(arg(e) for e in t) for k, t in recipe.tasks.items()}
+        fut = self.client.get(dsk, recipe.root + sfx, sync=False)
+        return fut, sent
 
     def release(self) -> None:
         """Drop the workers' copy (and the fit's inputs); a fetched copy stays usable, else the state is lost."""
@@ -143,3 +238,17 @@ class DaskState(RemoteEstimator):
     def __repr__(self) -> str:
         where = "fetched" if self.fetched else ("lost" if self.lost else "on the workers")
         return f"<DaskState {self.label} {self.key} {where}>"
+
+
+def _state_future(client: Any, st: Any, sent: list[Any]) -> Any:
+    """A future of an upstream state for a rebuild: its kept key (rebuilt if need be), else its estimator sent."""
+    handle = st if isinstance(st, DaskState) else (st.stored if isinstance(st.stored, DaskState) else None)
+    if handle is not None:
+        fut = handle.future_on(client)
+        if fut is not None:
+            return fut
+    if handle is not None and not hasattr(st, "path"):
+        raise NotFittedError(handle._lost_message())
+    f = client.scatter([(st.estimator, {"path": st.path})], hash=False)[0]
+    sent.append(f)
+    return f

@@ -17,8 +17,8 @@ How a run goes (:meth:`DaskExecutor.run`):
 5. Only what the client needs comes back: each fit's ``(fitted estimator,
    info)`` (committed on the client as soon as it arrives, so machines that
    finished keep their state if a later task fails) and the requested outputs.
-6. Each task times itself on its worker; the timings are collected with one
-   ``client.run`` at the end and become the run's trace (one lane per worker).
+6. The run's trace comes from Dask's own diagnostics: the scheduler's task
+   stream (``client.get_task_stream``), one record per task, one lane per worker.
 
 Faults: a task that raises is retried ``retries`` times by Dask; a worker that
 dies while running a task makes the scheduler run it on another worker, up to
@@ -55,9 +55,8 @@ from ..trace import TraceRecord
 from ._args import check_flag, check_mapping, check_seconds
 from ._dask_cluster import (INSTALL_HINT, _address_of, _check_client, _close, _default_client, _worker_client,
                             require_distributed)
-from ._dask_state import SUMMARY_ATTRIBUTES, DaskState
-from ._dask_worker import (_pop_timings, _run_on_gpu, _run_remote, _state_of, _summary_of, _visible_devices,
-                           gpu_owners)
+from ._dask_state import SUMMARY_ATTRIBUTES, ClientValue, DaskState, GraphKey, Recipe, StateInput
+from ._dask_worker import _run_on_gpu, _run_remote, _state_of, _summary_of, _visible_devices, gpu_owners
 from .base import Executor
 
 __all__ = ["DaskExecutor", "gpu_owners", "require_distributed", "INSTALL_HINT"]
@@ -317,25 +316,50 @@ class DaskExecutor(Executor):
         client) is scattered once and the future kept until the state is dropped or the executor
         closes.  None (the run failed, naming the task) if a kept state was lost and no copy is left.
         """
+        import cloudpickle
+
         refs: dict[int, Any] = {}
+        send: dict[int, Any] = {}
         for k, st in states.items():
             fut = st.stored.future_on(client) if st.is_remote else None
             if fut is None:
-                try:
-                    fut = self._send_state(client, st)
-                except NotFittedError as e:
-                    _set_error(run, k, f"{_describe(run.plan.tasks[k])} cannot be evaluated: {e}", e)
-                    return None
-            refs[k] = fut
+                fut = self._sent_before(client, st)
+            if fut is None:
+                send[k] = st
+            else:
+                refs[k] = fut
+        for k, st in send.items():   # every state to send is checked before the first one is sent
+            task = run.plan.tasks[k]
+            try:
+                cloudpickle.dumps(st.estimator)
+            except NotFittedError as e:
+                _set_error(run, k, f"{_describe(task)} cannot be evaluated: {e}", e)
+                return None
+            except Exception as e:  # noqa: BLE001 - any pickling failure, reported naming the task
+                msg = (f"{_describe(task)} cannot be sent to the Dask workers: its fitted estimator "
+                       f"{type(st.estimator).__name__} cannot be pickled ({type(e).__name__}: {e}). Nothing was "
+                       "sent to the cluster. Make it picklable (no locks, open files or connections in its "
+                       "attributes) or use a local executor such as executor=\"threads\".")
+                _set_error(run, k, msg, e)
+                return None
+        for k, st in send.items():
+            refs[k] = self._send_state(client, st)
         return refs
 
-    def _send_state(self, client: Any, st: Any) -> Any:
-        """Scatter fitted state ``st`` to ``client``'s cluster once (the future is kept)."""
+    def _sent_before(self, client: Any, st: Any) -> Any:
+        """The future of local state ``st`` scattered to ``client``'s cluster before, if still there."""
         with self._own_lock:
             got = self._sent.get(id(st))
         if got is not None and got[0] is client and got[1].status not in ("error", "cancelled", "lost"):
             return got[1]
-        value = (st.estimator, {"path": st.path})   # a lost remote state with no copy raises NotFittedError
+        return None
+
+    def _send_state(self, client: Any, st: Any) -> Any:
+        """Scatter fitted state ``st`` to ``client``'s cluster once (the future is kept)."""
+        got = self._sent_before(client, st)
+        if got is not None:
+            return got
+        value = (st.estimator, {"path": st.path})
         fut = client.scatter([value], hash=False)[0]
         with self._own_lock:
             old = self._sent.get(id(st))
@@ -365,16 +389,21 @@ class DaskExecutor(Executor):
         wanted = [k for k in dict.fromkeys([t.key for t in tasks if t.kind == "fit"] + list(plan.outputs))
                   if plan.tasks[k].kind != "source"]
         restrict = self._placement(client, tasks)
-        state_refs = self._state_refs(client, run, states)
-        if state_refs is None:
-            return
-        ctx = _RunContext(state_refs, persistent)
+        ctx = _RunContext(states, persistent)
         finished: set[int] = set()       # wanted keys whose values are on the client
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         resumes = max(1, self.retries)
         attempt = 0
+        submitted = False
         try:
             while True:
+                refs = self._state_refs(client, run, states)   # each attempt: a lost state is rebuilt first
+                if refs is None:
+                    break
+                ctx.state_refs = refs
+                if self.trace and not submitted:
+                    _record_task_stream(client)
+                submitted = True
                 lost = self._submit_and_collect(client, distributed, run, f"{run_id}{attempt or ''}", wanted,
                                                 finished, restrict, payloads, deadline, ctx)
                 if not lost or run.error is not None:
@@ -388,9 +417,8 @@ class DaskExecutor(Executor):
                     _set_error(run, k, msg, RuntimeError(msg))
                     break
         finally:
-            if self.trace:
-                for i in range(attempt + 1):
-                    self._collect_trace(client, run, f"{run_id}{i or ''}", t0_wall)
+            if self.trace and submitted:
+                self._collect_trace(client, run, run_id, t0_wall)
         if run.error is None:
             for t in tasks:   # intermediates: done, their values stayed on the workers
                 if t.key not in finished and run.claim(t.key):
@@ -455,8 +483,9 @@ class DaskExecutor(Executor):
             m = tasks[k].machine
             mark = _KEY_RE.sub("_", m.label).strip("_")[:40] or "machine"
             skeys[k] = f"gpunets-state-{mark}-v{m._version + 1}-{run_id}-{k}"
-            layers.setdefault(None, {})[skeys[k]] = (_state_of, keys[k])
-            layers[None][f"gpunets-summary-{run_id}-{k}"] = (_summary_of, keys[k], SUMMARY_ATTRIBUTES)
+            # first in line on their worker: the fit is committed as soon as it is done
+            layers.setdefault(_KEPT_LAYER, {})[skeys[k]] = (_state_of, keys[k])
+            layers[_KEPT_LAYER][f"gpunets-summary-{run_id}-{k}"] = (_summary_of, keys[k], SUMMARY_ATTRIBUTES)
         asked = [f"gpunets-summary-{run_id}-{k}" if k in skeys else keys[k] for k in want]
         futures = client.get(_graph(layers), asked + [skeys[k] for k in keep], sync=False,
                              retries=self.retries or None)
@@ -464,6 +493,11 @@ class DaskExecutor(Executor):
         futures = futures[:len(asked)]
         by_key = {f.key: k for f, k in zip(futures, want)}
         inputs_of = _source_inputs(tasks, keep, refs, needed) if keep else {}
+        markers: dict[Any, Any] = {}
+        if keep:
+            markers.update({refs[d].key: ClientValue(run.values[d]) for d in needed})
+            markers.update({f.key: StateInput(ctx.handles[d]) for d, f in kept_fits.items()})
+            markers.update({f.key: StateInput(ctx.states[t]) for t, f in ctx.state_refs.items()})
 
         # 3. what comes back: fits (committed on arrival) and outputs
         lost = False
@@ -484,9 +518,10 @@ class DaskExecutor(Executor):
                 value = fut.result()
                 if k in state_futs:   # (info, small attributes): the state stays on the workers
                     info, attrs = value
+                    attrs["_path"] = info.get("path", "sklearn")
                     handle = DaskState(_describe(tasks[k]).removeprefix("Machine "), client, state_futs.pop(k),
                                        attrs, [distributed.Future(f.key, client) for f in inputs_of[k]],
-                                       timeout=self.timeout)
+                                       timeout=self.timeout, recipe=_recipe(layers, skeys[k], markers))
                     ctx.handles[k] = handle
                     with self._own_lock:
                         self._states.add(handle)
@@ -535,19 +570,30 @@ class DaskExecutor(Executor):
         return out
 
     def _collect_trace(self, client: Any, run: Run, run_id: str, t0_wall: float) -> None:
+        """The run's trace from Dask's own task stream (the scheduler's ``TaskStreamPlugin``): one
+        record per task of this run that finished or failed, on its worker's lane."""
         try:
-            got = client.run(_pop_timings, run_id, on_error="ignore")
+            got = client.get_task_stream(start=t0_wall - 1.0)
         except Exception:  # noqa: BLE001 - a trace is not worth failing a run for
             return
         tasks = run.plan.tasks
-        for addr, recs in got.items():
-            if not isinstance(recs, list):
+        for rec in got:
+            key = str(rec.get("key", ""))
+            if not key.startswith("gpunets_"):
                 continue
-            for key, start, end, thread, failed in recs:
-                t = tasks[key]
-                run.trace.records.append(TraceRecord(
-                    key=key, kind=t.kind, label=t.label, lane=addr, device=str(t.device),
-                    start=start - t0_wall, end=end - t0_wall, thread=thread, failed=failed))
+            head, rid, k = key.rsplit("-", 2)
+            if not rid.startswith(run_id) or not k.isdigit() or int(k) >= len(tasks):
+                continue
+            compute = [ss for ss in rec.get("startstops", ()) if ss.get("action") == "compute"]
+            if not compute:
+                continue
+            t = tasks[int(k)]
+            start, end = compute[0]["start"], compute[-1]["stop"]
+            run.trace.records.append(TraceRecord(
+                key=t.key, kind=t.kind, label=t.label, lane=str(rec.get("worker")), device=str(t.device),
+                start=start - t0_wall, end=end - t0_wall, thread=str(rec.get("thread", "")),
+                failed=rec.get("status") == "error"))
+        run.trace.records.sort(key=lambda r: r.start)
 
 
 # --------------------------------------------------------------------------------------------
@@ -560,10 +606,48 @@ class _TimeoutSignal(Exception):
 class _RunContext:
     """What one run keeps across its attempts: the states it applies and the states its fits keep."""
 
-    def __init__(self, state_refs: dict[int, Any], persistent: bool) -> None:
-        self.state_refs = state_refs          # task key -> future of the fitted state it applies
+    def __init__(self, states: dict[int, Any], persistent: bool) -> None:
+        self.states = states                  # task key -> the fitted state it applies
+        self.state_refs: dict[int, Any] = {}  # task key -> that state's future on the cluster
         self.persistent = persistent          # the cluster outlives the run: fitted states stay there
         self.handles: dict[int, DaskState] = {}   # fit task key -> its kept state
+
+
+def _recipe(layers: dict[Any, dict[str, tuple[Any, ...]]], root: str, markers: dict[Any, Any]) -> Recipe:
+    """The part of a run's graph that computes ``root``, with its inputs as markers (see :class:`Recipe`)."""
+    graph = {k: v for dsk in layers.values() for k, v in dsk.items()}
+    out: dict[str, tuple[Any, ...]] = {}
+    stack = [root]
+    while stack:
+        key = stack.pop()
+        if key in out:
+            continue
+        task = []
+        for e in graph[key]:
+            if isinstance(e, str) and e in graph:
+                task.append(GraphKey(e))
+                stack.append(e)
+            elif getattr(e, "key", None) in markers:
+                task.append(markers[e.key])
+            else:
+                task.append(e)
+        out[key] = tuple(task)
+    return Recipe(out, root)
+
+
+_STREAMED: "weakref.WeakSet[Any]" = weakref.WeakSet()   # clients whose scheduler records the task stream
+
+
+def _record_task_stream(client: Any) -> None:
+    """Make the scheduler record its task stream (once per client: the first ``get_task_stream``
+    installs the ``TaskStreamPlugin``, which then records every task that finishes or fails)."""
+    if client in _STREAMED:
+        return
+    try:
+        client.get_task_stream(count=0)
+    except Exception:  # noqa: BLE001, S110 - no trace then, the run goes on
+        return
+    _STREAMED.add(client)
 
 
 def _applies_state(fn: Any) -> bool:
@@ -625,6 +709,9 @@ def _cancelled_errors(distributed: Any) -> tuple[type[BaseException], ...]:
                                                                     asyncio.CancelledError))
 
 
+_KEPT_LAYER = "kept"   # the layer of the fits' kept states and summaries (run first)
+
+
 def _graph(layers: dict[Any, dict[str, tuple[Any, ...]]]) -> Any:
     """A plain dict graph, or a HighLevelGraph with one annotated layer per worker restriction."""
     if list(layers) == [None]:
@@ -633,7 +720,8 @@ def _graph(layers: dict[Any, dict[str, tuple[Any, ...]]]) -> Any:
 
     hl: dict[str, Any] = {}
     for i, (restriction, dsk) in enumerate(layers.items()):
-        ann = None if restriction is None else {"workers": list(restriction), "allow_other_workers": False}
+        ann = (None if restriction is None else {"priority": 100} if restriction == _KEPT_LAYER
+               else {"workers": list(restriction), "allow_other_workers": False})
         hl[f"gpunets-layer-{i}"] = MaterializedLayer(dsk, annotations=ann)
     return HighLevelGraph(hl, {name: set() for name in hl})
 
