@@ -38,6 +38,12 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 HAS_KERNELS = importlib.util.find_spec("gpunets.kernels") is not None
 
 
+def gn_fake_gpus():
+    from gpunets import _gpulibs
+
+    return _gpulibs.fake_gpu_count()
+
+
 # ------------------------------------------------------------------------------------------
 # fixtures and models
 # ------------------------------------------------------------------------------------------
@@ -46,7 +52,7 @@ def cluster_client():
     # one retry on a worker death, so the "always dies" test is quick
     with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
         cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                           dashboard_address=":0")
+                                           host="127.0.0.1", dashboard_address="127.0.0.1:0")
         client = distributed.Client(cluster)
     yield client
     client.close()
@@ -624,6 +630,11 @@ def test_repr_and_validation():
     ({"keep_cluster": "no"}, r"keep_cluster='no'.*True or False", TypeError),
     ({"trace": 1}, r"trace=1.*True or False", TypeError),
     ({"cluster_kwargs": [("n_workers", 2)]}, r"cluster_kwargs=.*dict", TypeError),
+    ({"security": "tls"}, r"security=.*a str.*distributed.Security.*Security.temporary\(\)", TypeError),
+    ({"security": True}, r"security=.*a bool.*distributed.Security", TypeError),
+    ({"cluster": "gpu"}, r"cluster='gpu'.*'local', 'cuda'", ValueError),
+    ({"cluster": 2}, r"cluster=.*a int.*cluster object", TypeError),
+    ({"rmm_pool_size": "1GB"}, r"rmm_pool_size='1GB'.*cluster='cuda' only", ValueError),
 ])
 def test_bad_arguments_fail_at_construction(kwargs, match, exc):
     with pytest.raises(exc, match=match):
@@ -664,6 +675,118 @@ def test_a_copy_uses_the_cluster_an_executor_keeps(client):
 # real GPUs (dask-cuda): runs unchanged on a multi-GPU box
 # ------------------------------------------------------------------------------------------
 @pytest.mark.gpu
+def test_evaluation_failure_leaves_the_users_futures_and_no_keys(client, caplog):
+    import logging
+
+    X, y = _xy()
+    good = gn.machine(Ridge(), X, y, name="good")
+    good.fit(executor=DaskExecutor(client))
+    state_key = good._state.stored.key
+    held = client.submit(lambda: 41, pure=False)
+    assert held.result(timeout=30) == 41
+    pending = client.submit(time.sleep, 1.0, pure=False)
+    out = gn.node(_explode, good.predict(X), name="explode")
+    with caplog.at_level(logging.ERROR):
+        with pytest.raises(gn.EvaluationError, match="explode.*planted evaluation failure"):
+            out(executor=DaskExecutor(client, retries=0))
+        assert held.result(timeout=30) == 41 and pending.result(timeout=30) is None
+        assert client.status == "running"
+        assert _no_run_keys_left(client)
+    assert state_key in _state_keys(client)          # the machine's kept state is untouched
+    crashes = [r for r in caplog.records if r.exc_info and r.name.startswith(("distributed.scheduler",
+                                                                               "distributed.core", "asyncio"))]
+    assert not crashes, [r.getMessage() for r in crashes]
+    np.testing.assert_allclose(good.predict(X)(executor=DaskExecutor(client)), good.predict(X)(executor="serial"))
+
+
+def _explode(a):
+    raise ValueError("planted evaluation failure")
+
+
+def _listening_hosts(dask_scheduler):
+    hosts = {dask_scheduler.listener.contact_address.split("://")[1].rsplit(":", 1)[0]}
+    http = getattr(dask_scheduler, "http_server", None)
+    for sock in (getattr(http, "_sockets", {}) or {}).values():
+        hosts.add(sock.getsockname()[0])
+    return sorted(hosts)
+
+
+def test_a_cluster_it_starts_listens_on_loopback_only_and_takes_tls():
+    X = gn.source(np.ones((4, 2)), name="X")
+    with DaskExecutor(workers=1) as ex:
+        assert (X + 1)(executor=ex).sum() == 16
+        client = ex._own[0]
+        assert _listening_hosts_of(client) == ["127.0.0.1"]
+        assert all(a.startswith("tcp://127.0.0.1:") for a in client.scheduler_info()["workers"])
+    pytest.importorskip("cryptography")
+    with DaskExecutor(workers=1, security=distributed.Security.temporary()) as ex:
+        assert (X + 1)(executor=ex).sum() == 16
+        client = ex._own[0]
+        assert client.scheduler.address.startswith("tls://127.0.0.1:")
+        assert all(a.startswith("tls://127.0.0.1:") for a in client.scheduler_info()["workers"])
+        assert _listening_hosts_of(client) == ["127.0.0.1"]
+
+
+def _listening_hosts_of(client):
+    return client.run_on_scheduler(_listening_hosts)
+
+
+def test_closed_or_unreachable_client_is_a_clear_error():
+    X = gn.source(np.ones(3), name="X")
+    t = time.perf_counter()
+    with pytest.raises(ConnectionError, match=r"tcp://127\.0\.0\.1:9 within 1"):
+        (X + 1)(executor=DaskExecutor("tcp://127.0.0.1:9", timeout=1))
+    assert time.perf_counter() - t < 10
+    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                       dashboard_address="127.0.0.1:0")
+    closed = distributed.Client(cluster, set_as_default=False)
+    address = cluster.scheduler_address
+    ex = DaskExecutor(closed)
+    closed.close()
+    cluster.close()
+    with pytest.raises(ConnectionError, match=f"scheduler at {address} is closed"):
+        (X + 1)(executor=ex)
+
+
+def test_cuda_cluster_without_dask_cuda_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "dask_cuda", None)
+    ex = DaskExecutor(cluster="cuda", rmm_pool_size="1GB")
+    with pytest.raises(ImportError, match="pip install dask-cuda"):
+        (gn.source(np.ones(2), name="X") + 1)(executor=ex)
+
+
+@pytest.mark.skipif(gn_fake_gpus() < 2, reason="the fake-GPU lane with two devices (GPUNETS_FAKE_GPU=2)")
+def test_two_fake_gpus_map_placements_to_their_workers():
+    # one worker per GPU, as dask-cuda starts them: each lists its own GPU first in CUDA_VISIBLE_DEVICES
+    workers = {f"gpu{i}": {"cls": distributed.Nanny, "options": {
+        "nthreads": 1, "env": {"CUDA_VISIBLE_DEVICES": f"{i},{1 - i}", "GPUNETS_FAKE_GPU": "2"}}} for i in (0, 1)}
+    scheduler = {"cls": distributed.Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": None}}
+    with distributed.SpecCluster(workers=workers, scheduler=scheduler) as cluster:
+        ex = DaskExecutor(cluster=cluster)
+        try:
+            X = gn.source(np.ones(3), name="X")
+            for g in (0, 1, 1, 0):
+                assert gn.node(_first_visible, X, device=f"cuda:{g}", name=f"on{g}")(executor=ex) == str(g)
+            client = ex._own[0]
+            owners = gdask.gpu_owners(client)
+            assert sorted(owners) == [0, 1]
+            Xd, yd = np.random.default_rng(0).normal(size=(64, 3)), np.random.default_rng(1).normal(size=64)
+            Xs, ys = gn.source(Xd, name="X"), gn.source(yd, name="y")
+            ms = [gn.machine(Ridge(), Xs, ys, device=f"cuda:{g}", name=f"ridge{g}") for g in (0, 1)]
+            preds = [m.predict(Xs) for m in ms]
+            gn.fit(*preds, executor=ex)
+            lanes = {r.label: r.lane for r in gn.last_trace().records if r.kind == "fit"}
+            assert lanes["fit ridge0"] in owners[0] and lanes["fit ridge1"] in owners[1]
+            assert client.who_has()[ms[1]._state.stored.key][0] in owners[1]   # the state stays with its GPU
+            # no worker owns GPU 1 any more: an error before any task is sent
+            client.run(_set_visible, "0", workers=owners[1])
+            ex._gpu_map = None
+            with pytest.raises(gn.EvaluationError, match=r"cuda:1.*no worker of the Dask cluster owns GPU 1"):
+                gn.node(_first_visible, X, device="cuda:1", name="on1")(executor=ex)
+        finally:
+            ex.close()
+
+
 def test_gpu_placement_with_local_cuda_cluster():
     cupy = pytest.importorskip("cupy")
     dask_cuda = pytest.importorskip("dask_cuda")

@@ -85,7 +85,11 @@ def gpu_owners(client: Any) -> dict[int, list[str]]:
     dict
         Physical GPU index to the addresses of the workers that own it.
     """
-    seen = client.run(_visible_devices, on_error="ignore")
+    return _owners(client.run(_visible_devices, on_error="ignore"))
+
+
+def _owners(seen: dict[str, Any]) -> dict[int, list[str]]:
+    """``{GPU: [workers]}`` from each worker's ``CUDA_VISIBLE_DEVICES`` (its first GPU is the one it owns)."""
     owners: dict[int, list[str]] = {}
     for addr, cvd in sorted(seen.items()):
         if not cvd:

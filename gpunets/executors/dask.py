@@ -53,10 +53,10 @@ from ..plan import _apply_fitted, _apply_state, _training_output
 from ..scheduler import Run
 from ..trace import TraceRecord
 from ._args import check_flag, check_mapping, check_seconds
-from ._dask_cluster import (INSTALL_HINT, _address_of, _check_client, _close, _default_client, _worker_client,
-                            require_distributed)
+from ._dask_cluster import (INSTALL_HINT, _address_of, _address_or_none, _check_client, _check_cluster, _check_open, _check_security,
+                            _close, _default_client, _import_dask_cuda, _worker_client, require_distributed)
 from ._dask_state import SUMMARY_ATTRIBUTES, ClientValue, DaskState, GraphKey, Recipe, StateInput
-from ._dask_worker import _run_on_gpu, _run_remote, _state_of, _summary_of, _visible_devices, gpu_owners
+from ._dask_worker import _owners, _run_on_gpu, _run_remote, _state_of, _summary_of, _visible_devices, gpu_owners
 from .base import Executor
 
 __all__ = ["DaskExecutor", "gpu_owners", "require_distributed", "INSTALL_HINT"]
@@ -122,14 +122,35 @@ class DaskExecutor(Executor):
         the end of a ``with`` block, or interpreter exit) instead of closing it
         at the end of each run.  Entering ``with DaskExecutor() as ex:`` keeps it.
     trace : bool
-        Collect per-task timings from the workers (one ``client.run`` per run).
+        Record the run's trace from Dask's task stream (the scheduler's
+        ``TaskStreamPlugin``, read once per run).
     cluster_kwargs : dict, optional
-        Extra keyword arguments for the ``LocalCluster`` it starts.
+        Extra keyword arguments for the cluster it starts.
+    security : distributed.Security, optional
+        TLS settings: for a cluster this executor starts (which then speaks
+        ``tls://``; ``distributed.Security.temporary()`` makes a self-signed
+        one in memory, needs ``cryptography``) and for connecting to a
+        scheduler address.  A cluster it starts listens on 127.0.0.1 only,
+        dashboard included, with or without it.
+    cluster : {"local", "cuda"} or distributed cluster, optional
+        What to start when there is no client: ``"local"`` (default) a
+        ``distributed.LocalCluster`` of ``workers`` processes; ``"cuda"`` a
+        ``dask_cuda.LocalCUDACluster``, one worker per GPU (``pip install
+        dask-cuda``).  A cluster object (e.g. a ``LocalCUDACluster`` you
+        started) is used through a client this executor makes and never closed.
+        A task placed on ``cuda:N`` runs on the worker that owns GPU ``N``.
+    rmm_pool_size : int or str, optional
+        With ``cluster="cuda"``: each worker's RMM pool (``"8GB"``), passed to
+        ``LocalCUDACluster``.
 
     Raises
     ------
     ImportError
-        If dask or distributed is not installed (``pip install "gpunets[dask]"``).
+        If dask or distributed is not installed (``pip install "gpunets[dask]"``),
+        or ``cluster="cuda"`` without dask-cuda (at the first run).
+    TypeError
+        If ``security`` is not a ``distributed.Security``, or ``cluster`` is
+        neither a name nor a cluster.
 
     Examples
     --------
@@ -143,10 +164,13 @@ class DaskExecutor(Executor):
 
     def __init__(self, client: Any = None, *, workers: int | None = None, retries: int = 1,
                  timeout: float | None = None, keep_cluster: bool = False, trace: bool = True,
-                 cluster_kwargs: dict[str, Any] | None = None) -> None:
+                 cluster_kwargs: dict[str, Any] | None = None, security: Any = None, cluster: Any = "local",
+                 rmm_pool_size: Any = None) -> None:
         _, distributed = require_distributed()
         owner = "DaskExecutor"
         _check_client(client, distributed)
+        _check_security(security, distributed)
+        _check_cluster(cluster, rmm_pool_size, distributed)
         super().__init__(workers)
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
             msg = f"retries={retries!r} must be an integer >= 0."
@@ -162,6 +186,12 @@ class DaskExecutor(Executor):
         self.keep_cluster = keep_cluster
         self.trace = trace
         self.cluster_kwargs = cluster_kwargs
+        self.security = security
+        self._address = (_address_or_none(client) if client is not None and not isinstance(client, str)
+                         else None)
+        self.cluster = cluster
+        self.rmm_pool_size = rmm_pool_size
+        self._gpu_map: tuple[Any, frozenset[str], dict[int, tuple[list[str], int]]] | None = None
         self._own: tuple[Any, Any] | None = None     # (client, cluster) started here and kept
         self._own_lock = threading.Lock()
         self._states: "weakref.WeakSet[DaskState]" = weakref.WeakSet()   # fitted states kept on the workers
@@ -170,13 +200,31 @@ class DaskExecutor(Executor):
 
     # --- the cluster ----------------------------------------------------------------------
     def _start_cluster(self) -> tuple[Any, Any]:
+        """A client of a new cluster (``cluster=``), listening on the loopback interface only.
+
+        Returns ``(client, cluster)``; the cluster is None for a cluster object given to the
+        executor (it is not this executor's to close).
+        """
         dask, distributed = require_distributed()
-        kw: dict[str, Any] = {"n_workers": self.workers, "threads_per_worker": 1, "processes": True,
-                              "dashboard_address": ":0"}
-        kw.update(self.cluster_kwargs)
+        if not isinstance(self.cluster, str):
+            return distributed.Client(self.cluster, set_as_default=False), None
+        # loopback only: the scheduler, the workers and the dashboard (":0" alone binds every interface)
+        kw: dict[str, Any] = {"threads_per_worker": 1, "host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}
+        if self.security is not None:
+            kw["security"] = self.security        # LocalCluster then speaks tls://
+        if self.cluster == "cuda":
+            cuda_cluster = _import_dask_cuda()
+            if self.rmm_pool_size is not None:
+                kw["rmm_pool_size"] = self.rmm_pool_size
+            kw.update(self.cluster_kwargs)
+            factory = cuda_cluster
+        else:
+            kw.update({"n_workers": self.workers, "processes": True})
+            kw.update(self.cluster_kwargs)
+            factory = distributed.LocalCluster
         with dask.config.set({"distributed.scheduler.allowed-failures": self.retries}):
-            cluster = distributed.LocalCluster(**kw)
-            client = distributed.Client(cluster, set_as_default=False)
+            cluster = factory(**kw)
+            client = distributed.Client(cluster, set_as_default=False, security=self.security)
         self.last_cluster = cluster
         return client, cluster
 
@@ -184,6 +232,7 @@ class DaskExecutor(Executor):
         """The client for a run; for a cluster started just for it, how to close it; whether the
         cluster outlives the run (then fitted states stay on the workers)."""
         if self.client is not None and not isinstance(self.client, str):
+            _check_open(self.client, self._address)
             return self.client, None, True
         with self._own_lock:
             if self._own is not None:
@@ -199,11 +248,11 @@ class DaskExecutor(Executor):
             # Its fitted states come back with the outer task's value: they are not kept here.
             client = nested.__enter__()
             return client, lambda: nested.__exit__(None, None, None), False
-        current = _default_client()
+        current = _default_client() if isinstance(self.cluster, str) else None
         if current is not None:
             return current, None, True
         client, cluster = self._start_cluster()
-        if self.keep_cluster:
+        if self.keep_cluster or cluster is None:
             with self._own_lock:
                 self._own = (client, cluster)
             _register_atexit(self)
@@ -215,10 +264,20 @@ class DaskExecutor(Executor):
         current = _default_client()
         if current is not None and _address_of(current) == address:
             return current
-        _, distributed = require_distributed()
+        dask, distributed = require_distributed()
         with self._own_lock:
             if self._own is None:
-                self._own = (distributed.Client(address, set_as_default=False), None)
+                limit = self.timeout if self.timeout is not None else dask.config.get(
+                    "distributed.comm.timeouts.connect")
+                try:
+                    client = distributed.Client(address, set_as_default=False, timeout=limit,
+                                                security=self.security)
+                except (OSError, TimeoutError) as e:
+                    msg = (f"DaskExecutor could not reach the Dask scheduler at {address} within {limit}{' s' if isinstance(limit, (int, float)) else ''} "
+                           f"({type(e).__name__}: {e}). Check the address and that the scheduler runs and "
+                           "listens there (a TLS scheduler needs tls:// and security=...).")
+                    raise ConnectionError(msg) from e
+                self._own = (client, None)
                 _register_atexit(self)
             return self._own[0]
 
@@ -389,6 +448,10 @@ class DaskExecutor(Executor):
         wanted = [k for k in dict.fromkeys([t.key for t in tasks if t.kind == "fit"] + list(plan.outputs))
                   if plan.tasks[k].kind != "source"]
         restrict = self._placement(client, tasks)
+        if isinstance(restrict, str):
+            bad = next(t for t in tasks if _cuda_index(t) is not None)
+            _set_error(run, bad.key, restrict, ValueError(restrict))
+            return
         ctx = _RunContext(states, persistent)
         finished: set[int] = set()       # wanted keys whose values are on the client
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
@@ -552,22 +615,41 @@ class DaskExecutor(Executor):
             _release(refs[k] for k in needed)
         return lost
 
-    def _placement(self, client: Any, tasks: list[Any]) -> dict[int, tuple[list[str], int]]:
-        """``{task key: (worker addresses, GPU ordinal inside those workers)}`` for tasks on a GPU."""
+    def _placement(self, client: Any, tasks: list[Any]) -> dict[int, tuple[list[str], int]] | str:
+        """``{task key: (worker addresses, GPU ordinal inside those workers)}`` for tasks on a GPU,
+        or a message if a task is placed on a GPU that no worker owns (on a cluster of one worker per GPU)."""
         want = {t.key: i for t in tasks if (i := _cuda_index(t)) is not None}
         if not want:
             return {}
-        owners = gpu_owners(client)
-        seen = client.run(_visible_devices, on_error="ignore")
+        gpus = self._gpu_map_of(client)
         out: dict[int, tuple[list[str], int]] = {}
         for k, gpu in want.items():
-            addrs = owners.get(gpu)
-            if not addrs:
-                continue   # no worker owns that GPU: anywhere (the model layer decides CPU/GPU)
-            cvd = [x.strip() for x in (seen.get(addrs[0]) or "").split(",")]
-            local = cvd.index(str(gpu)) if str(gpu) in cvd else 0
-            out[k] = (addrs, local)
+            where = gpus.get(gpu)
+            if where is None:
+                if gpus:   # each worker owns a GPU, none this one: it would run on the wrong GPU
+                    task = next(t for t in tasks if t.key == k)
+                    return (f"{_describe(task)} is placed on cuda:{gpu}, but no worker of the Dask cluster owns "
+                            f"GPU {gpu} (the workers own GPUs {sorted(gpus)}). Nothing was sent. Place it on one "
+                            "of those, or start a worker for that GPU (dask_cuda.LocalCUDACluster, "
+                            "CUDA_VISIBLE_DEVICES).")
+                continue   # no worker owns a GPU in particular: anywhere (the model layer decides CPU/GPU)
+            out[k] = where
         return out
+
+    def _gpu_map_of(self, client: Any) -> dict[int, tuple[list[str], int]]:
+        """``{physical GPU: (owning workers, its ordinal inside them)}``, asked of the workers once per
+        client and set of workers (one ``client.run``)."""
+        workers = frozenset(client.scheduler_info().get("workers", {}))
+        got = self._gpu_map
+        if got is not None and got[0] is client and got[1] == workers:
+            return got[2]
+        seen = client.run(_visible_devices, on_error="ignore")
+        gpus: dict[int, tuple[list[str], int]] = {}
+        for gpu, addrs in _owners(seen).items():
+            cvd = [x.strip() for x in (seen.get(addrs[0]) or "").split(",")]
+            gpus[gpu] = (addrs, cvd.index(str(gpu)) if str(gpu) in cvd else 0)
+        self._gpu_map = (client, workers, gpus)
+        return gpus
 
     def _collect_trace(self, client: Any, run: Run, run_id: str, t0_wall: float) -> None:
         """The run's trace from Dask's own task stream (the scheduler's ``TaskStreamPlugin``): one
