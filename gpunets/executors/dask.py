@@ -540,10 +540,11 @@ class DaskExecutor(Executor):
         want = [k for k in wanted if k in keys]
         # a fit on a cluster that outlives the run: its state stays there under its own key (held),
         # and only its info and a few small attributes come back
-        keep = [k for k in want if ctx.persistent and tasks[k].kind == "fit"]
+        keep = [k for k in want if ctx.persistent and tasks[k].kind == "fit" and tasks[k].machine is not None]
         skeys: dict[int, str] = {}
         for k in keep:
             m = tasks[k].machine
+            assert m is not None
             mark = _KEY_RE.sub("_", m.label).strip("_")[:40] or "machine"
             skeys[k] = f"gpunets-state-{mark}-v{m._version + 1}-{run_id}-{k}"
             # first in line on their worker: the fit is committed as soon as it is done
