@@ -317,6 +317,14 @@ def test_fitted_states_stay_on_the_workers_and_evaluations_send_no_model(client,
     # the client gets a state when asked for it, once; results agree with a local evaluation
     assert set(ms["ridge"].fitted_params()) >= {"coef_", "intercept_"}
     assert ms["ridge"]._state.stored.fetched
+    got = []   # fetched once, whichever thread asks first
+    threads = [threading.Thread(target=lambda: got.append(ms["ols"].estimator_)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 4 and all(g is got[0] for g in got)
+    assert ms["scale"].report()["trained"] and not ms["scale"]._state.stored.fetched   # a report fetches nothing
     np.testing.assert_allclose(out, yhat(Xnew, executor="serial"))
     # a refit of one machine changes only its key; the old one is released
     ms["ridge"].model.alpha = 3.0

@@ -126,15 +126,19 @@ class DaskState(RemoteEstimator):
         with self._lock:
             if self._local is not _MISSING:
                 return self._local
-            fut = self._usable_future()
-            if fut is None:
-                raise NotFittedError(self._lost_message())
-            try:
-                est = fut.result(timeout=self.timeout)[0]
-            except Exception as e:  # noqa: BLE001 - a lost key, a closed client: one message
-                self.lost = True
-                msg = f"{self._lost_message()} ({type(e).__name__}: {e})"
-                raise NotFittedError(msg) from e
+            for attempt in (1, 2):   # a key lost while fetching it is rebuilt once
+                fut = self._usable_future()
+                if fut is None:
+                    raise NotFittedError(self._lost_message())
+                try:
+                    est = fut.result(timeout=self.timeout)[0]
+                    break
+                except Exception as e:  # noqa: BLE001 - a lost key, a closed client: one message
+                    if attempt == 1 and fut.status in _BAD and self.recipe is not None:
+                        continue
+                    self.lost = True
+                    msg = f"{self._lost_message()} ({type(e).__name__}: {e})"
+                    raise NotFittedError(msg) from e
             self._local = est
             return est
 

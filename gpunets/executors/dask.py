@@ -286,6 +286,11 @@ class DaskExecutor(Executor):
         client = named.get("client")
         if for_pickle and client is not None and not isinstance(client, str):
             named["client"] = _address_of(client)   # the live client cannot travel: its scheduler's address does
+        cluster = named.get("cluster")
+        if for_pickle and cluster is not None and not isinstance(cluster, str):
+            named["cluster"] = "local"                # a live cluster cannot travel either: its address does
+            if named.get("client") is None:
+                named["client"] = cluster.scheduler_address
         if not for_pickle and client is None:
             with self._own_lock:
                 own = self._own
@@ -294,7 +299,7 @@ class DaskExecutor(Executor):
         return named
 
     def _shared_args(self) -> tuple[str, ...]:
-        return ("client",)   # a copy uses the same cluster
+        return ("client", "cluster", "security")   # a copy uses the same cluster
 
     def close(self) -> None:
         """Release what this executor keeps on the cluster, and close the ``LocalCluster`` it started and kept.
