@@ -719,7 +719,8 @@ def _listening_hosts(dask_scheduler):
     return sorted(hosts)
 
 
-def test_a_cluster_it_starts_listens_on_loopback_only_and_takes_tls():
+def test_a_cluster_it_starts_listens_on_loopback_only_and_takes_tls(monkeypatch):
+    monkeypatch.setattr(distributed.client, "_get_global_client", lambda: None)   # as if no client existed
     X = gn.source(np.ones((4, 2)), name="X")
     with DaskExecutor(workers=1) as ex:
         assert (X + 1)(executor=ex).sum() == 16

@@ -106,7 +106,8 @@ class DaskExecutor(Executor):
         ``executor="dask"`` fitted by an outer Dask run) uses that worker's
         client and secedes from its thread pool while it waits; any other run
         uses the current default client (``distributed.default_client()``) if
-        there is one, else a ``LocalCluster`` this executor starts.
+        there is one (with ``cluster="local"``), else the cluster ``cluster=``
+        names, started by this executor.
     workers : int, optional
         Worker processes of a ``LocalCluster`` this executor starts (default 2,
         one thread each).  Ignored with a client.
@@ -248,7 +249,7 @@ class DaskExecutor(Executor):
             # Its fitted states come back with the outer task's value: they are not kept here.
             client = nested.__enter__()
             return client, lambda: nested.__exit__(None, None, None), False
-        current = _default_client() if isinstance(self.cluster, str) else None
+        current = _default_client() if self.cluster == "local" else None   # "cuda" or a cluster: that one
         if current is not None:
             return current, None, True
         client, cluster = self._start_cluster()
