@@ -17,6 +17,12 @@
 
    Added overhead = (gpunets - dask.delayed) / N, as a fraction of dask.delayed's per-task
    time (target: under 20%), and the same against ``client.get``.
+3. Fitted states on the workers (``state``): the demo network (``python -m gpunets demo``: scaler,
+   four learners, a 5-fold stacking composite, averages) fitted on the cluster, then evaluated on new
+   rows.  Bytes the client process writes to the cluster per evaluation call (counted on its TCP
+   comms: graph, scattered data, control messages), against the target of at most 2 x the new data
+   + 100 KB, next to the size of the fitted estimators (what travelled in every graph before they
+   stayed on the workers); and the evaluation latency on Dask against the ``threads`` executor.
 
 Run: ``python benchmarks/bench_dask.py [--quick] [--out benchmarks/results/dask.json]``.
 """
@@ -180,15 +186,79 @@ def bench_overhead(client: Any, quick: bool) -> dict[str, Any]:
                                "met": bool(added_delayed / per["delayed"] < 0.20)}}
 
 
+class _BytesSent:
+    """Count the bytes this process writes on its TCP comms (``distributed.comm.tcp.TCP.write``)."""
+
+    def __enter__(self) -> "_BytesSent":
+        from distributed.comm import tcp
+
+        self.n = 0
+        self._orig = orig = tcp.TCP.write
+        counter = self
+
+        async def write(comm: Any, msg: Any, *a: Any, **kw: Any) -> int:
+            n = await orig(comm, msg, *a, **kw)
+            counter.n += n
+            return n
+
+        tcp.TCP.write = write  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from distributed.comm import tcp
+
+        tcp.TCP.write = self._orig  # type: ignore[method-assign]
+
+
+def bench_state(client: Any, quick: bool) -> dict[str, Any]:
+    """Bytes sent and latency per evaluation of the demo network fitted on the cluster (see the module doc)."""
+    import pickle
+
+    from sklearn.datasets import make_friedman1
+
+    from gpunets.__main__ import build_network
+
+    rows = 1000 if quick else 2000
+    X, y = make_friedman1(n_samples=rows + rows // 4, n_features=10, noise=0.5, random_state=0)
+    X_train, y_train, X_test = X[:rows], y[:rows], X[rows:]
+    out, parts = build_network(X_train, y_train, executor="serial")   # the stack's folds inside its task
+    ex = gn.DaskExecutor(client)
+    out.fit(executor=ex)
+    machines = list(parts["learners"].values()) + [parts["stack"].machine]
+    calls = 3 if quick else 10
+    out(X_test, executor=ex)   # warm: task functions, the first scatter, the task stream plugin
+    sent = []
+    for _ in range(calls):
+        with _BytesSent() as counter:
+            pred = out(X_test, executor=ex)
+        sent.append(counter.n)
+    fetched = any(m._state.stored.fetched for m in machines if m._state.is_remote)
+    dask_s = best_of(lambda: out(X_test, executor=ex), calls)
+    threads_s = best_of(lambda: out(X_test, executor="threads"), calls)
+    same = bool(np.allclose(pred, out(X_test, executor="serial")))   # fetches the states (once)
+    state_bytes = sum(len(pickle.dumps(m.estimator_)) for m in machines)
+    data = X_test.nbytes
+    per_call = int(np.median(sent))
+    target = 2 * data + 100_000
+    return {"rows": rows, "test_rows": len(X_test), "new_data_bytes": data, "calls": calls,
+            "bytes_sent_per_eval": per_call, "bytes_sent_all": sent,
+            "fitted_states_bytes": state_bytes, "states_fetched_by_evaluations": fetched,
+            "bytes_per_eval": {"value": per_call, "target": f"<= 2 x new data + 100 KB = {target}",
+                               "met": bool(per_call <= target)},
+            "eval_seconds": {"dask": dask_s, "threads": threads_s}, "dask_over_threads": dask_s / threads_s,
+            "same_predictions": same}
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     """Run both benchmarks on a fresh 2-worker LocalCluster; return the figures."""
     import distributed
 
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=":0") as cluster, distributed.Client(cluster) as client:
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as client:
         res = {"quick": quick, "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                else os.cpu_count(), "workers": 2,
-               "stacking": bench_stacking(client, quick), "overhead": bench_overhead(client, quick)}
+               "stacking": bench_stacking(client, quick), "overhead": bench_overhead(client, quick),
+               "state": bench_state(client, quick)}
     return res
 
 
@@ -207,6 +277,12 @@ def main(argv: list[str] | None = None) -> int:
           f"client.get {pt['get']:.0f} us; added vs delayed {o['added_vs_delayed_us']:+.0f} us "
           f"({o['added_vs_delayed_fraction']:+.0%}), vs client.get {o['added_vs_get_us']:+.0f} us "
           f"({o['added_vs_get_fraction']:+.0%}); target (<20% of dask.delayed) met: {o['added_overhead']['met']}")
+    st = res["state"]
+    print(f"state on the workers (demo network, {st['test_rows']} new rows = {st['new_data_bytes']} B): "
+          f"{st['bytes_sent_per_eval']} B sent per evaluation (fitted states: {st['fitted_states_bytes']} B, "
+          f"not sent); target {st['bytes_per_eval']['target']} met: {st['bytes_per_eval']['met']}; "
+          f"evaluation {st['eval_seconds']['dask'] * 1e3:.0f} ms on dask vs {st['eval_seconds']['threads'] * 1e3:.0f} "
+          f"ms on threads ({st['dask_over_threads']:.1f}x); same predictions: {st['same_predictions']}")
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:

@@ -135,6 +135,20 @@ sys.exit(1 if "error" in res else 0)
 PY
 done
 
+# 4. several GPUs (only with 2 or more): dask-cuda's LocalCUDACluster, one worker per GPU; each cuda:N
+#    placement runs on the worker owning GPU N, fitted states stay there (tests/test_dask.py -k cuda_cluster)
+n_gpus=$($py -c 'import cupy; print(cupy.cuda.runtime.getDeviceCount())' 2>/dev/null || echo 0)
+if [ "${n_gpus:-0}" -ge 2 ]; then
+  timeout 150 $py -m pytest -q -rs -p no:cacheprovider tests/test_dask.py -k cuda_cluster \
+      --junitxml="$out/multi_gpu.xml"
+  rc=$?
+  echo "{\"gpus\": $n_gpus, \"pytest_exit_code\": $rc$([ $rc -ne 0 ] && echo ', "error": "multi-GPU dask tests failed (5: none collected, 124: timeout)"')}" \
+    | save multi_gpu_dask
+  [ $rc -eq 0 ] || status=1
+else
+  echo "{\"skipped\": \"$n_gpus GPU(s): the multi-GPU section needs 2 or more\"}" | save multi_gpu_dask
+fi
+
 $py -c 'import json, sys; r = json.load(open(sys.argv[1])); bad = [k for k, v in r.items() if isinstance(v, dict) and "error" in v]; print("failed sections:", ", ".join(bad) or "none")' "$json"
 echo "gpu_check: $([ $status -eq 0 ] && echo PASSED || echo FAILED) (results in $json)"
 exit $status

@@ -273,8 +273,8 @@ class Encoder:
         return cp
 
     def state(self, st: FittedState) -> Record:
-        fields = {f.name: getattr(st, f.name) for f in dataclasses.fields(st)}
-        est = fields["estimator"]
+        fields = {f.name: getattr(st, f.name) for f in dataclasses.fields(st) if f.name != "stored"}
+        est = st.estimator   # a state left on a Dask worker is fetched: the file holds every fitted estimator
         converted = ""
         if st.path == "cuml" and is_cuml_estimator(est):
             est, converted = est.as_sklearn(), "cuml"   # cuML's own interop: the fitted scikit-learn twin
@@ -417,7 +417,8 @@ class Decoder:
             elif converted == "cuml":
                 est, dev, path = self._to_cuml(est, target)
                 self.converted = True
-        saved.update(estimator=est, device=str(dev), path=path)
+        del saved["estimator"]   # the file's name for it; the state's field is ``stored``
+        saved.update(stored=est, device=str(dev), path=path)
         return FittedState(**saved)
 
     def _to_cuml(self, est: Any, target: Device) -> tuple[Any, str, str]:

@@ -64,7 +64,7 @@ from .graph import Upstream
 from .nodes import AbstractNode, Node, Source, as_node, is_node
 from .weights import keyword_nodes
 
-__all__ = ["Machine", "machine", "labels", "OPERATIONS", "WARM_UPDATE", "STATIC", "WARM_MODES"]
+__all__ = ["Machine", "machine", "labels", "OPERATIONS", "WARM_UPDATE", "STATIC", "WARM_MODES", "RemoteEstimator"]
 
 #: How many past fit actions a machine's report keeps (``n_fits`` counts them all).
 HISTORY_LENGTH = 100
@@ -97,11 +97,45 @@ class PendingFit:
     warm: tuple[str, int] | None = None   # a warm update: (method, times), e.g. ("partial_fit", 3)
 
 
+class RemoteEstimator:
+    """A fitted estimator held elsewhere (on a Dask worker), fetched to the client only when asked for.
+
+    An executor that keeps fitted states where they were fitted commits one of these instead of the
+    estimator: :attr:`FittedState.estimator` calls :meth:`gather` (once, thread-safe), and what a report
+    needs without the estimator comes from :meth:`peek`.  Pickling it pickles the gathered estimator.
+    """
+
+    #: True once the state was lost (its worker died and no copy was left): the machine retrains on its next fit
+    lost: bool = False
+
+    def gather(self) -> Any:  # pragma: no cover - the executors' subclasses implement it
+        """The fitted estimator, fetched to this process (once)."""
+        raise NotImplementedError
+
+    def peek(self, name: str, default: Any = None) -> Any:
+        """A small attribute known without fetching the estimator (``report_``, ``fit_report_``), else fetched."""
+        return getattr(self.gather(), name, default)
+
+    def release(self) -> None:
+        """Drop the remote copy (the machine retrained); a copy already fetched stays usable."""
+
+    def __reduce__(self) -> Any:
+        return _identity, (self.gather(),)
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
 @dataclass(frozen=True)
 class FittedState:
-    """Everything a successful fit leaves behind; replaced as a whole, never mutated."""
+    """Everything a successful fit leaves behind; replaced as a whole, never mutated.
 
-    estimator: Any
+    ``stored`` is the fitted estimator, or a :class:`RemoteEstimator` when an executor left it on the
+    worker that fitted it; :attr:`estimator` fetches that on first use.
+    """
+
+    stored: Any
     params: dict[str, Any]
     rows: Any
     upstream: bytes                  # digest of the upstream machines' versions and sources' versions and contents
@@ -115,6 +149,21 @@ class FittedState:
     # the nearest upstream machines (by object, so a copied network's states name the copies) and the
     # versions this state was trained on: what a call checks so that it never mixes two fits' states
     parents: tuple[tuple["Machine", int], ...] = field(default=())
+
+    @property
+    def estimator(self) -> Any:
+        """The fitted estimator (fetched from the worker that holds it, the first time, if remote)."""
+        e = self.stored
+        return e.gather() if isinstance(e, RemoteEstimator) else e
+
+    @property
+    def is_remote(self) -> bool:
+        return isinstance(self.stored, RemoteEstimator)
+
+    def peek(self, name: str, default: Any = None) -> Any:
+        """An attribute of the fitted estimator; a remote one answers the small ones without being fetched."""
+        e = self.stored
+        return e.peek(name, default) if isinstance(e, RemoteEstimator) else getattr(e, name, default)
 
 
 class Machine:
@@ -315,7 +364,7 @@ class Machine:
         st = self._state
         if self.static:   # no data: rows and sources never matter (MLJ's Static)
             return STATIC if st is None or force or not params_equal(st.params, snapshot_params(self.model)) else "skip"
-        if st is None or force or upstream_changing or not _same_rows(st.rows, rows_key):
+        if st is None or force or upstream_changing or not _same_rows(st.rows, rows_key) or _lost(st):
             return "train"
         if st.upstream != self._upstream_versions(upstream):
             return "train"
@@ -363,7 +412,7 @@ class Machine:
         previous = self._state
         params = snapshot_params(self.model)
         warm = None
-        if action == "update" and previous is not None and getattr(previous.estimator, "_gn_incremental", False):
+        if action == "update" and previous is not None and previous.peek("_gn_incremental", False):
             est = previous.estimator._gn_updated_copy(self.model)
         elif action == WARM_UPDATE and previous is not None and (warm := self._warm_steps(previous, params)):
             # a deep copy: the committed state is never trained further (atomic fits, safe concurrent calls)
@@ -385,6 +434,8 @@ class Machine:
                                   info.get("path", "sklearn"), info.get("n_rows"), hist, pending.parents)
         self._version += 1
         self.n_fits += 1
+        if previous is not None and previous.is_remote and previous.stored is not est:
+            previous.stored.release()   # retrained: the old state's copy on the workers is dropped
 
     def _apply(self, op: str, values: tuple[Any, ...]) -> Any:
         if self._state is None:
@@ -415,10 +466,15 @@ class Machine:
             return base
         base.update(action=st.action, seconds=st.seconds, n_rows=st.n_rows, device=st.device, path=st.path,
                     history=list(st.history))
-        extra = getattr(st.estimator, "report_", None)
+        extra = st.peek("report_")
         if isinstance(extra, dict):
             base["components"] = extra
         return base
+
+
+def _lost(st: FittedState) -> bool:
+    """A state kept on a worker that died with it (no copy left): the machine trains again."""
+    return st.is_remote and bool(st.stored.lost)
 
 
 def source_state(s: Source) -> tuple[int, Any]:

@@ -277,7 +277,7 @@ class _Builder:
             deps.append(fk)  # the fitted estimator arrives as the last input
             fn = partial(_apply_fitted, x.operation, tuple(spec))
         else:
-            fn = partial(_apply_state, x.operation, tuple(spec), st.estimator, st.path)
+            fn = partial(_apply_state, x.operation, tuple(spec), st)   # st.estimator: fetched only where it runs
         if ck is not None:
             fn = partial(_store, ck, owner, self.budget, fn)
         return self.add(kind="eval", fn=fn, deps=tuple(deps), node=x, machine=m, cost=2.0, device=dev,
@@ -493,8 +493,9 @@ def _call_with_constants(fn: Callable[..., Any], spec: tuple[tuple[bool, Any], .
     return fn(*[values[i] if is_dep else i for is_dep, i in spec])
 
 
-def _apply_state(op: str, spec: tuple[tuple[bool, Any], ...], est: Any, path: str, *values: Any) -> Any:
-    return apply_estimator(est, op, tuple(values[i] if is_dep else i for is_dep, i in spec), path)
+def _apply_state(op: str, spec: tuple[tuple[bool, Any], ...], st: Any, *values: Any) -> Any:
+    """Apply a machine's fitted state ``st`` (a :class:`~gpunets.machines.FittedState`)."""
+    return apply_estimator(st.estimator, op, tuple(values[i] if is_dep else i for is_dep, i in spec), st.path)
 
 
 def _apply_fitted(op: str, spec: tuple[tuple[bool, Any], ...], *values: Any) -> Any:

@@ -282,6 +282,6 @@ class _Copier:
             parents = tuple((self.machines.get(p._uid, p), v) for p, v in st.parents)
             # nested models are compared by identity: a copy in step with its state gets its own snapshot
             params = snapshot_params(nm.model) if params_equal(st.params, snapshot_params(m.model)) else st.params
-            nm._state = dataclasses.replace(st, estimator=copy.deepcopy(st.estimator, self.memo), parents=parents,
+            nm._state = dataclasses.replace(st, stored=copy.deepcopy(st.estimator, self.memo), parents=parents,
                                             params=params)
         return nm

@@ -219,8 +219,8 @@ if pytest is not None:
     @pytest.fixture(scope="session")
     def gn_dask_client() -> Any:
         distributed = pytest.importorskip("distributed")
-        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                           dashboard_address=None)
+        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                           dashboard_address="127.0.0.1:0")
         client = distributed.Client(cluster)
         yield client
         client.close()

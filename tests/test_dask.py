@@ -26,6 +26,7 @@ from sklearn.linear_model import LinearRegression, Ridge  # noqa: E402
 from sklearn.preprocessing import StandardScaler  # noqa: E402
 
 import gpunets as gn  # noqa: E402
+from gpunets.executors import _dask_state  # noqa: E402
 from gpunets.executors import dask as gdask  # noqa: E402
 from gpunets.executors.dask import DaskExecutor  # noqa: E402
 
@@ -37,6 +38,12 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 HAS_KERNELS = importlib.util.find_spec("gpunets.kernels") is not None
 
 
+def gn_fake_gpus():
+    from gpunets import _gpulibs
+
+    return _gpulibs.fake_gpu_count()
+
+
 # ------------------------------------------------------------------------------------------
 # fixtures and models
 # ------------------------------------------------------------------------------------------
@@ -45,7 +52,7 @@ def cluster_client():
     # one retry on a worker death, so the "always dies" test is quick
     with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
         cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                           dashboard_address=":0")
+                                           host="127.0.0.1", dashboard_address="127.0.0.1:0")
         client = distributed.Client(cluster)
     yield client
     client.close()
@@ -244,7 +251,8 @@ def test_second_fit_skips_and_touches_nothing(client, monkeypatch):
     report = yhat.fit(executor=ex)
     assert report.actions["Ridge"] == "update" and report.actions["LinearRegression"] == "skip"
     (graph_args, _), = spy.calls["get"]
-    assert len(graph_args[1]) == 1   # one future wanted: Ridge's fitted state
+    # two futures: Ridge's fit summary (gathered) and its fitted state's key (kept on the workers)
+    assert sorted(k.split("-")[1] for k in graph_args[1]) == ["state", "summary"]
 
 
 def test_sources_scattered_once_and_intermediates_stay(client, monkeypatch):
@@ -256,9 +264,9 @@ def test_sources_scattered_once_and_intermediates_stay(client, monkeypatch):
     assert len(scatter_args[0]) == 2                         # X and y, once each
     (get_args, _), = spy.calls["get"]
     graph, wanted = get_args[0], get_args[1]
-    assert len(graph) == 4                                   # 3 fits + 1 transform
+    assert len(graph) == 4 + 2 * 3                           # 3 fits + 1 transform; a state and a summary per fit
     assert not any(isinstance(v, np.ndarray) for v in _walk(list(graph.values())))
-    assert len(wanted) == 3                                  # only the fitted states come back
+    assert sorted(k.split("-")[1] for k in wanted) == ["state"] * 3 + ["summary"] * 3
     # an evaluation brings back only its output
     spy2 = Spy(client, monkeypatch)
     yhat(np.ones((3, 4)), executor=DaskExecutor(client))
@@ -266,6 +274,122 @@ def test_sources_scattered_once_and_intermediates_stay(client, monkeypatch):
     assert len(get_args[1]) == 1
     (scatter_args, _), = spy2.calls["scatter"]
     assert len(scatter_args[0]) == 1                         # the new X only
+
+
+# ------------------------------------------------------------------------------------------
+# fitted states stay on the workers
+# ------------------------------------------------------------------------------------------
+def _state_keys(client):
+    return client.run_on_scheduler(
+        lambda dask_scheduler: sorted(str(k) for k, ts in dask_scheduler.tasks.items()
+                                      if str(k).startswith("gpunets-state") and ts.state == "memory"))
+
+
+def _wait_for(pred, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while not pred() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pred()
+
+
+def test_fitted_states_stay_on_the_workers_and_evaluations_send_no_model(client, monkeypatch):
+    from sklearn.base import BaseEstimator as Est
+
+    yhat, ms = network(n=4000)
+    ex = DaskExecutor(client)
+    yhat.fit(executor=ex)
+    for m in ms.values():   # nothing fetched: each state is a key on the cluster, one per machine
+        assert m._state.is_remote and not m._state.stored.fetched
+    assert len(_state_keys(client)) == 3
+    keys = {name: m._state.stored.key for name, m in ms.items()}
+    spy = Spy(client, monkeypatch)
+    Xnew = np.random.default_rng(3).normal(size=(50, 4))
+    out = yhat(Xnew, executor=ex)
+    (get_args, _), = spy.calls["get"]
+    graph = get_args[0]
+    import pickle
+
+    assert not any(isinstance(v, Est) for v in _walk(list(graph.values())))
+    assert len(pickle.dumps(graph)) < 20_000         # task descriptions only (the data went by scatter)
+    (scatter_args, _), = spy.calls["scatter"]
+    assert [np.shape(v) for v in scatter_args[0]] == [(50, 4)]   # only the new data
+    assert not any(m._state.stored.fetched for m in ms.values())
+    # the client gets a state when asked for it, once; results agree with a local evaluation
+    assert set(ms["ridge"].fitted_params()) >= {"coef_", "intercept_"}
+    assert ms["ridge"]._state.stored.fetched
+    got = []   # fetched once, whichever thread asks first
+    threads = [threading.Thread(target=lambda: got.append(ms["ols"].estimator_)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 4 and all(g is got[0] for g in got)
+    assert ms["scale"].report()["trained"] and not ms["scale"]._state.stored.fetched   # a report fetches nothing
+    np.testing.assert_allclose(out, yhat(Xnew, executor="serial"))
+    # a refit of one machine changes only its key; the old one is released
+    ms["ridge"].model.alpha = 3.0
+    yhat.fit(executor=ex)
+    assert ms["ridge"]._state.stored.key != keys["ridge"]
+    assert ms["scale"]._state.stored.key == keys["scale"] and ms["ols"]._state.stored.key == keys["ols"]
+    assert _wait_for(lambda: keys["ridge"] not in _state_keys(client))
+    # pickling (gn.save) takes the estimators from the workers
+    import pickle as pk
+
+    copy = pk.loads(pk.dumps(yhat))
+    np.testing.assert_allclose(copy(Xnew, executor="serial"), yhat(Xnew, executor="serial"))
+    # closing the executor fetches the states and releases every key; the network stays usable
+    ex.close()
+    assert all(m._state.stored.fetched for m in ms.values())
+    assert _wait_for(lambda: _state_keys(client) == [])
+    np.testing.assert_allclose(yhat(Xnew, executor=DaskExecutor(client)), yhat(Xnew, executor="serial"))
+
+
+def test_a_collected_machine_releases_its_state_key(client):
+    import gc
+
+    X, y = _xy()
+    m = gn.machine(Ridge(), X, y)
+    m.fit(executor=DaskExecutor(client))
+    key = m._state.stored.key
+    assert key in _state_keys(client)
+    del m
+    gc.collect()
+    assert _wait_for(lambda: key not in _state_keys(client))
+
+
+def _die():
+    os._exit(1)
+
+
+def test_state_lost_with_its_worker_is_rebuilt(client):
+    yhat, ms = network()
+    ex = DaskExecutor(client, timeout=60)
+    yhat.fit(executor=ex)
+    versions = {n: m._version for n, m in ms.items()}
+    ref = yhat(executor="serial")   # fetches every state: the client copies are dropped below
+    for m in ms.values():
+        m._state.stored._local = _dask_state._MISSING
+    where = client.who_has()[ms["scale"]._state.stored.key]
+    client.run(_die, workers=list(where), on_error="ignore")
+    assert _wait_for(lambda: not client.who_has().get(ms["scale"]._state.stored.key), 30)
+    np.testing.assert_allclose(yhat(executor=ex), ref)      # rebuilt on the workers, no refit on the client
+    assert {n: m._version for n, m in ms.items()} == versions
+    assert not any(m._state.stored.lost for m in ms.values())
+    report = yhat.fit(executor=ex)
+    assert set(report.actions.by_label().values()) == {"skip"}
+
+
+def test_state_lost_with_its_client_says_fit_again_and_retrains(client):
+    X, y = _xy()
+    m = gn.machine(Ridge(), X, y, name="lonely")
+    with distributed.Client(client.scheduler.address, set_as_default=False) as other:
+        m.fit(executor=DaskExecutor(other))
+    with pytest.raises(gn.NotFittedError, match=r"lonely.*no longer available.*Fit the network again"):
+        m.estimator_
+    with pytest.raises(gn.EvaluationError, match=r"lonely"):
+        m.predict(X)(executor=DaskExecutor(client))
+    assert m.fit(executor=DaskExecutor(client)).actions["lonely"] == "train"
+    assert m.predict(X)(executor="serial").shape == (40,)
 
 
 def test_a_plan_of_sources_only_needs_no_cluster(monkeypatch):
@@ -347,17 +471,25 @@ def test_exceptions_are_retried_per_retries(client, tmp_path):
     assert not m2.is_fitted
 
 
+def _orphans(dask_scheduler):
+    # a run's key is an orphan unless it is a kept fitted state, or the released lineage of one
+    # (tasks the scheduler remembers, holding no data, so that it can recompute a lost state)
+    return sorted(str(k) for k, ts in dask_scheduler.tasks.items()
+                  if "gpunets" in str(k) and not str(k).startswith("gpunets-state")
+                  and (ts.state != "released" or not ts.dependents))
+
+
 def _run_keys(client):
-    """The keys of gpunets runs the scheduler still knows."""
-    return client.run_on_scheduler(
-        lambda dask_scheduler: sorted(str(k) for k in dask_scheduler.tasks if "gpunets" in str(k)))
+    """The keys of gpunets runs the scheduler still knows (fitted states and their lineage excepted)."""
+    return client.run_on_scheduler(_orphans)
 
 
 def _no_run_keys_left(client, seconds=10.0):
     deadline = time.monotonic() + seconds
     while _run_keys(client) and time.monotonic() < deadline:   # releases reach the scheduler asynchronously
         time.sleep(0.05)
-    return _run_keys(client) == [] and not any("gpunets" in str(k) for k in client.who_has())
+    return _run_keys(client) == [] and not any("gpunets" in str(k) and not str(k).startswith("gpunets-state")
+                                               for k, w in client.who_has().items() if w)
 
 
 def test_failed_fit_leaves_the_users_other_futures_and_no_keys(client, caplog):
@@ -506,6 +638,11 @@ def test_repr_and_validation():
     ({"keep_cluster": "no"}, r"keep_cluster='no'.*True or False", TypeError),
     ({"trace": 1}, r"trace=1.*True or False", TypeError),
     ({"cluster_kwargs": [("n_workers", 2)]}, r"cluster_kwargs=.*dict", TypeError),
+    ({"security": "tls"}, r"security=.*a str.*distributed.Security.*Security.temporary\(\)", TypeError),
+    ({"security": True}, r"security=.*a bool.*distributed.Security", TypeError),
+    ({"cluster": "gpu"}, r"cluster='gpu'.*'local', 'cuda'", ValueError),
+    ({"cluster": 2}, r"cluster=.*a int.*cluster object", TypeError),
+    ({"rmm_pool_size": "1GB"}, r"rmm_pool_size='1GB'.*cluster='cuda' only", ValueError),
 ])
 def test_bad_arguments_fail_at_construction(kwargs, match, exc):
     with pytest.raises(exc, match=match):
@@ -546,6 +683,119 @@ def test_a_copy_uses_the_cluster_an_executor_keeps(client):
 # real GPUs (dask-cuda): runs unchanged on a multi-GPU box
 # ------------------------------------------------------------------------------------------
 @pytest.mark.gpu
+def test_evaluation_failure_leaves_the_users_futures_and_no_keys(client, caplog):
+    import logging
+
+    X, y = _xy()
+    good = gn.machine(Ridge(), X, y, name="good")
+    good.fit(executor=DaskExecutor(client))
+    state_key = good._state.stored.key
+    held = client.submit(lambda: 41, pure=False)
+    assert held.result(timeout=30) == 41
+    pending = client.submit(time.sleep, 1.0, pure=False)
+    out = gn.node(_explode, good.predict(X), name="explode")
+    with caplog.at_level(logging.ERROR):
+        with pytest.raises(gn.EvaluationError, match="explode.*planted evaluation failure"):
+            out(executor=DaskExecutor(client, retries=0))
+        assert held.result(timeout=30) == 41 and pending.result(timeout=30) is None
+        assert client.status == "running"
+        assert _no_run_keys_left(client)
+    assert state_key in _state_keys(client)          # the machine's kept state is untouched
+    crashes = [r for r in caplog.records if r.exc_info and r.name.startswith(("distributed.scheduler",
+                                                                               "distributed.core", "asyncio"))]
+    assert not crashes, [r.getMessage() for r in crashes]
+    np.testing.assert_allclose(good.predict(X)(executor=DaskExecutor(client)), good.predict(X)(executor="serial"))
+
+
+def _explode(a):
+    raise ValueError("planted evaluation failure")
+
+
+def _listening_hosts(dask_scheduler):
+    hosts = {dask_scheduler.listener.contact_address.split("://")[1].rsplit(":", 1)[0]}
+    http = getattr(dask_scheduler, "http_server", None)
+    for sock in (getattr(http, "_sockets", {}) or {}).values():
+        hosts.add(sock.getsockname()[0])
+    return sorted(hosts)
+
+
+def test_a_cluster_it_starts_listens_on_loopback_only_and_takes_tls(monkeypatch):
+    monkeypatch.setattr(distributed.client, "_get_global_client", lambda: None)   # as if no client existed
+    X = gn.source(np.ones((4, 2)), name="X")
+    with DaskExecutor(workers=1) as ex:
+        assert (X + 1)(executor=ex).sum() == 16
+        client = ex._own[0]
+        assert _listening_hosts_of(client) == ["127.0.0.1"]
+        assert all(a.startswith("tcp://127.0.0.1:") for a in client.scheduler_info()["workers"])
+    pytest.importorskip("cryptography")
+    with DaskExecutor(workers=1, security=distributed.Security.temporary()) as ex:
+        assert (X + 1)(executor=ex).sum() == 16
+        client = ex._own[0]
+        assert client.scheduler.address.startswith("tls://127.0.0.1:")
+        assert all(a.startswith("tls://127.0.0.1:") for a in client.scheduler_info()["workers"])
+        assert _listening_hosts_of(client) == ["127.0.0.1"]
+
+
+def _listening_hosts_of(client):
+    return client.run_on_scheduler(_listening_hosts)
+
+
+def test_closed_or_unreachable_client_is_a_clear_error():
+    X = gn.source(np.ones(3), name="X")
+    t = time.perf_counter()
+    with pytest.raises(ConnectionError, match=r"tcp://127\.0\.0\.1:9 within 1"):
+        (X + 1)(executor=DaskExecutor("tcp://127.0.0.1:9", timeout=1))
+    assert time.perf_counter() - t < 10
+    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                       dashboard_address="127.0.0.1:0")
+    closed = distributed.Client(cluster, set_as_default=False)
+    address = cluster.scheduler_address
+    ex = DaskExecutor(closed)
+    closed.close()
+    cluster.close()
+    with pytest.raises(ConnectionError, match=f"scheduler at {address} is closed"):
+        (X + 1)(executor=ex)
+
+
+def test_cuda_cluster_without_dask_cuda_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "dask_cuda", None)
+    ex = DaskExecutor(cluster="cuda", rmm_pool_size="1GB")
+    with pytest.raises(ImportError, match="pip install dask-cuda"):
+        (gn.source(np.ones(2), name="X") + 1)(executor=ex)
+
+
+@pytest.mark.skipif(gn_fake_gpus() < 2, reason="the fake-GPU lane with two devices (GPUNETS_FAKE_GPU=2)")
+def test_two_fake_gpus_map_placements_to_their_workers():
+    # one worker per GPU, as dask-cuda starts them: each lists its own GPU first in CUDA_VISIBLE_DEVICES
+    workers = {f"gpu{i}": {"cls": distributed.Nanny, "options": {
+        "nthreads": 1, "env": {"CUDA_VISIBLE_DEVICES": f"{i},{1 - i}", "GPUNETS_FAKE_GPU": "2"}}} for i in (0, 1)}
+    scheduler = {"cls": distributed.Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": None}}
+    with distributed.SpecCluster(workers=workers, scheduler=scheduler) as cluster:
+        ex = DaskExecutor(cluster=cluster)
+        try:
+            X = gn.source(np.ones(3), name="X")
+            for g in (0, 1, 1, 0):
+                assert gn.node(_first_visible, X, device=f"cuda:{g}", name=f"on{g}")(executor=ex) == str(g)
+            client = ex._own[0]
+            owners = gdask.gpu_owners(client)
+            assert sorted(owners) == [0, 1]
+            Xd, yd = np.random.default_rng(0).normal(size=(64, 3)), np.random.default_rng(1).normal(size=64)
+            Xs, ys = gn.source(Xd, name="X"), gn.source(yd, name="y")
+            ms = [gn.machine(Ridge(), Xs, ys, device=f"cuda:{g}", name=f"ridge{g}") for g in (0, 1)]
+            preds = [m.predict(Xs) for m in ms]
+            gn.fit(*preds, executor=ex)
+            lanes = {r.label: r.lane for r in gn.last_trace().records if r.kind == "fit"}
+            assert lanes["fit ridge0"] in owners[0] and lanes["fit ridge1"] in owners[1]
+            assert client.who_has()[ms[1]._state.stored.key][0] in owners[1]   # the state stays with its GPU
+            # no worker owns GPU 1 any more: an error before any task is sent
+            client.run(_set_visible, "0", workers=owners[1])
+            ex._gpu_map = None
+            with pytest.raises(gn.EvaluationError, match=r"cuda:1.*no worker of the Dask cluster owns GPU 1"):
+                gn.node(_first_visible, X, device="cuda:1", name="on1")(executor=ex)
+        finally:
+            ex.close()
+
+
 def test_gpu_placement_with_local_cuda_cluster():
     cupy = pytest.importorskip("cupy")
     dask_cuda = pytest.importorskip("dask_cuda")

@@ -130,7 +130,9 @@ def test_estimator_error_during_evaluation_names_the_node(executor, data):
     m = gn.machine(model, Xs, ys)
     out = gn.mean(m.predict(Xs), gn.machine(Ridge(), Xs, ys).predict(Xs))
     out.fit()
-    m.estimator_.fail_predict = True
+    # a fitted state is never changed in place (on Dask it lives on a worker): plant the failure, refit
+    m.model.fail_predict = True
+    out.fit()
     with pytest.raises(gn.EvaluationError, match=r"Evaluating node predict\(Counting, X\) \(machine Counting\) "
                                                  r"failed \(RuntimeError: planted predict failure.*needed by "
                                                  r"(move predict\(Counting, X\) to cuda:0 <- )?mean") as e:

@@ -75,3 +75,64 @@ def _check_client(client: Any, distributed: Any) -> None:
 
 def _address_of(client: Any) -> str:
     return client.scheduler.address
+
+
+def _address_or_none(client: Any) -> str | None:
+    try:
+        return _address_of(client)
+    except Exception:  # noqa: BLE001 - a closed client has no scheduler any more
+        return None
+
+
+def _check_security(security: Any, distributed: Any) -> None:
+    """None or a ``distributed.Security``, else a TypeError at construction."""
+    if security is None or isinstance(security, distributed.Security):
+        return
+    msg = (f"DaskExecutor(security=...) got a {type(security).__name__} ({security!r}): expected a "
+           "distributed.Security or None. For TLS with a self-signed certificate made in memory: "
+           "security=distributed.Security.temporary() (needs the cryptography package).")
+    raise TypeError(msg)
+
+
+_CLUSTERS = ("local", "cuda")
+
+
+def _check_cluster(cluster: Any, rmm_pool_size: Any, distributed: Any) -> None:
+    """``"local"``, ``"cuda"`` or a cluster object (``rmm_pool_size`` only with ``"cuda"``)."""
+    from distributed.deploy import Cluster
+
+    if isinstance(cluster, str):
+        if cluster not in _CLUSTERS:
+            msg = (f"DaskExecutor(cluster={cluster!r}): expected one of {list(_CLUSTERS)} or a cluster object "
+                   "such as dask_cuda.LocalCUDACluster(...).")
+            raise ValueError(msg)
+    elif not isinstance(cluster, Cluster):
+        msg = (f"DaskExecutor(cluster=...) got a {type(cluster).__name__}: expected 'local', 'cuda' or a "
+               "distributed cluster object (LocalCluster, dask_cuda.LocalCUDACluster, ...).")
+        raise TypeError(msg)
+    if rmm_pool_size is not None and cluster != "cuda":
+        msg = (f"DaskExecutor(rmm_pool_size={rmm_pool_size!r}) applies to the workers of cluster='cuda' only "
+               "(a cluster you start yourself takes it: dask_cuda.LocalCUDACluster(rmm_pool_size=...)).")
+        raise ValueError(msg)
+
+
+def _import_dask_cuda() -> Any:
+    """``dask_cuda.LocalCUDACluster``, or an ImportError saying what to install."""
+    try:
+        from dask_cuda import LocalCUDACluster
+    except ImportError as e:
+        msg = (f"DaskExecutor(cluster='cuda') starts a dask_cuda.LocalCUDACluster (one worker per GPU), but "
+               f"dask-cuda is not importable ({e}). Install it with: pip install dask-cuda "
+               "(with the RAPIDS packages of your CUDA version), or pass a client of your own cluster.")
+        raise ImportError(msg) from e
+    return LocalCUDACluster
+
+
+def _check_open(client: Any, address: str | None = None) -> None:
+    """A ConnectionError naming the scheduler (``address``, known from before) if ``client`` is closed."""
+    if getattr(client, "status", "running") in ("closed", "closing", "closed-failed"):
+        where = (address or (getattr(client, "_scheduler_identity", None) or {}).get("address")
+                 or getattr(getattr(client, "cluster", None), "scheduler_address", None) or "an unknown address")
+        msg = (f"DaskExecutor's client of the scheduler at {where} is closed ({client.status}); "
+               "pass an open distributed.Client, or none (a cluster is started for the run).")
+        raise ConnectionError(msg)

@@ -1,15 +1,11 @@
-"""What runs on the Dask workers: a task, timed, on the worker's GPU when it has one.
+"""What runs on the Dask workers: a task, on the worker's GPU when it has one; a fit's kept state and summary.
 
-The functions here are module-level so that they pickle by reference; the timings of the tasks that ran in a
-worker process stay in that process until the client collects them (:func:`_pop_timings`) for the trace.
+The functions here are module-level so that they pickle by reference.
 """
 
 from __future__ import annotations
 
 import os
-import threading
-import time
-from collections import OrderedDict
 from typing import Any
 
 from .. import _gpulibs
@@ -17,38 +13,32 @@ from .base import task_context
 
 __all__ = ["gpu_owners"]
 
-# Worker side: timings of the tasks that ran in this process, by run id (bounded).
-_TIMINGS: "OrderedDict[str, list[tuple[int, float, float, str, bool]]]" = OrderedDict()
-_TIMINGS_LOCK = threading.Lock()
-_MAX_RUNS_KEPT = 256
-
 
 def _run_remote(run_id: str, key: int, payload: Any, *args: Any) -> Any:
-    """Run one task on a worker: unpickle its function, time it, record the timing."""
+    """Run one task on a worker: unpickle its function and call it (Dask's task stream times it)."""
     import cloudpickle
 
     fn = cloudpickle.loads(payload) if isinstance(payload, bytes) else payload
-    start = time.time()
-    failed = True
     try:
-        value = task_context().run(fn, *args)  # a nested network sees it runs inside a task
-        failed = False
-        return value
+        return task_context().run(fn, *args)  # a nested network sees it runs inside a task
     except Exception as e:
         try:
             e._gn_dask_task = key  # type: ignore[attr-defined]  # the client names this task, not a dependent
         except Exception:  # noqa: BLE001, S110 - an exception that takes no attributes
             pass
         raise
-    finally:
-        end = time.time()
-        with _TIMINGS_LOCK:
-            recs = _TIMINGS.get(run_id)
-            if recs is None:
-                recs = _TIMINGS[run_id] = []
-                while len(_TIMINGS) > _MAX_RUNS_KEPT:
-                    _TIMINGS.popitem(last=False)
-            recs.append((key, start, end, threading.current_thread().name, failed))
+
+
+def _state_of(fitted: tuple[Any, ...]) -> tuple[Any, dict[str, Any]]:
+    """A fit task's value reduced to what evaluations need: ``(estimator, {"path": ...})`` (kept on the worker)."""
+    est, info = fitted[0], fitted[1]
+    return est, {"path": info.get("path", "sklearn")}
+
+
+def _summary_of(fitted: tuple[Any, ...], names: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the client gets back from a fit that stays on the worker: its info and a few small attributes."""
+    est, info = fitted[0], fitted[1]
+    return info, {n: getattr(est, n) for n in names if hasattr(est, n)}
 
 
 def _run_on_gpu(local_index: int, run_id: str, key: int, payload: Any, *args: Any) -> Any:
@@ -74,11 +64,6 @@ def _run_on_gpu(local_index: int, run_id: str, key: int, payload: Any, *args: An
                 stream.synchronize()
 
 
-def _pop_timings(run_id: str) -> list[tuple[int, float, float, str, bool]]:
-    with _TIMINGS_LOCK:
-        return _TIMINGS.pop(run_id, [])
-
-
 def _visible_devices() -> str | None:
     return os.environ.get("CUDA_VISIBLE_DEVICES")
 
@@ -100,7 +85,11 @@ def gpu_owners(client: Any) -> dict[int, list[str]]:
     dict
         Physical GPU index to the addresses of the workers that own it.
     """
-    seen = client.run(_visible_devices, on_error="ignore")
+    return _owners(client.run(_visible_devices, on_error="ignore"))
+
+
+def _owners(seen: dict[str, Any]) -> dict[int, list[str]]:
+    """``{GPU: [workers]}`` from each worker's ``CUDA_VISIBLE_DEVICES`` (its first GPU is the one it owns)."""
     owners: dict[int, list[str]] = {}
     for addr, cvd in sorted(seen.items()):
         if not cvd:

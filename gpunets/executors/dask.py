@@ -17,8 +17,8 @@ How a run goes (:meth:`DaskExecutor.run`):
 5. Only what the client needs comes back: each fit's ``(fitted estimator,
    info)`` (committed on the client as soon as it arrives, so machines that
    finished keep their state if a later task fails) and the requested outputs.
-6. Each task times itself on its worker; the timings are collected with one
-   ``client.run`` at the end and become the run's trace (one lane per worker).
+6. The run's trace comes from Dask's own diagnostics: the scheduler's task
+   stream (``client.get_task_stream``), one record per task, one lane per worker.
 
 Faults: a task that raises is retried ``retries`` times by Dask; a worker that
 dies while running a task makes the scheduler run it on another worker, up to
@@ -45,15 +45,18 @@ import threading
 import time
 import uuid
 import weakref
+from functools import partial
 from typing import Any, Callable
 
-from ..exceptions import EvaluationError, FitError, wrap_exception
+from ..exceptions import EvaluationError, FitError, NotFittedError, wrap_exception
+from ..plan import _apply_fitted, _apply_state, _training_output
 from ..scheduler import Run
 from ..trace import TraceRecord
 from ._args import check_flag, check_mapping, check_seconds
-from ._dask_cluster import (INSTALL_HINT, _address_of, _check_client, _close, _default_client, _worker_client,
-                            require_distributed)
-from ._dask_worker import _pop_timings, _run_on_gpu, _run_remote, _visible_devices, gpu_owners
+from ._dask_cluster import (INSTALL_HINT, _address_of, _address_or_none, _check_client, _check_cluster, _check_open, _check_security,
+                            _close, _default_client, _import_dask_cuda, _worker_client, require_distributed)
+from ._dask_state import SUMMARY_ATTRIBUTES, ClientValue, DaskState, GraphKey, Recipe, StateInput
+from ._dask_worker import _owners, _run_on_gpu, _run_remote, _state_of, _summary_of, _visible_devices, gpu_owners
 from .base import Executor
 
 __all__ = ["DaskExecutor", "gpu_owners", "require_distributed", "INSTALL_HINT"]
@@ -103,7 +106,8 @@ class DaskExecutor(Executor):
         ``executor="dask"`` fitted by an outer Dask run) uses that worker's
         client and secedes from its thread pool while it waits; any other run
         uses the current default client (``distributed.default_client()``) if
-        there is one, else a ``LocalCluster`` this executor starts.
+        there is one (with ``cluster="local"``), else the cluster ``cluster=``
+        names, started by this executor.
     workers : int, optional
         Worker processes of a ``LocalCluster`` this executor starts (default 2,
         one thread each).  Ignored with a client.
@@ -119,14 +123,35 @@ class DaskExecutor(Executor):
         the end of a ``with`` block, or interpreter exit) instead of closing it
         at the end of each run.  Entering ``with DaskExecutor() as ex:`` keeps it.
     trace : bool
-        Collect per-task timings from the workers (one ``client.run`` per run).
+        Record the run's trace from Dask's task stream (the scheduler's
+        ``TaskStreamPlugin``, read once per run).
     cluster_kwargs : dict, optional
-        Extra keyword arguments for the ``LocalCluster`` it starts.
+        Extra keyword arguments for the cluster it starts.
+    security : distributed.Security, optional
+        TLS settings: for a cluster this executor starts (which then speaks
+        ``tls://``; ``distributed.Security.temporary()`` makes a self-signed
+        one in memory, needs ``cryptography``) and for connecting to a
+        scheduler address.  A cluster it starts listens on 127.0.0.1 only,
+        dashboard included, with or without it.
+    cluster : {"local", "cuda"} or distributed cluster, optional
+        What to start when there is no client: ``"local"`` (default) a
+        ``distributed.LocalCluster`` of ``workers`` processes; ``"cuda"`` a
+        ``dask_cuda.LocalCUDACluster``, one worker per GPU (``pip install
+        dask-cuda``).  A cluster object (e.g. a ``LocalCUDACluster`` you
+        started) is used through a client this executor makes and never closed.
+        A task placed on ``cuda:N`` runs on the worker that owns GPU ``N``.
+    rmm_pool_size : int or str, optional
+        With ``cluster="cuda"``: each worker's RMM pool (``"8GB"``), passed to
+        ``LocalCUDACluster``.
 
     Raises
     ------
     ImportError
-        If dask or distributed is not installed (``pip install "gpunets[dask]"``).
+        If dask or distributed is not installed (``pip install "gpunets[dask]"``),
+        or ``cluster="cuda"`` without dask-cuda (at the first run).
+    TypeError
+        If ``security`` is not a ``distributed.Security``, or ``cluster`` is
+        neither a name nor a cluster.
 
     Examples
     --------
@@ -140,10 +165,13 @@ class DaskExecutor(Executor):
 
     def __init__(self, client: Any = None, *, workers: int | None = None, retries: int = 1,
                  timeout: float | None = None, keep_cluster: bool = False, trace: bool = True,
-                 cluster_kwargs: dict[str, Any] | None = None) -> None:
+                 cluster_kwargs: dict[str, Any] | None = None, security: Any = None, cluster: Any = "local",
+                 rmm_pool_size: Any = None) -> None:
         _, distributed = require_distributed()
         owner = "DaskExecutor"
         _check_client(client, distributed)
+        _check_security(security, distributed)
+        _check_cluster(cluster, rmm_pool_size, distributed)
         super().__init__(workers)
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
             msg = f"retries={retries!r} must be an integer >= 0."
@@ -159,59 +187,98 @@ class DaskExecutor(Executor):
         self.keep_cluster = keep_cluster
         self.trace = trace
         self.cluster_kwargs = cluster_kwargs
+        self.security = security
+        self._address = (_address_or_none(client) if client is not None and not isinstance(client, str)
+                         else None)
+        self.cluster = cluster
+        self.rmm_pool_size = rmm_pool_size
+        self._gpu_map: tuple[Any, frozenset[str], dict[int, tuple[list[str], int]]] | None = None
         self._own: tuple[Any, Any] | None = None     # (client, cluster) started here and kept
         self._own_lock = threading.Lock()
+        self._states: "weakref.WeakSet[DaskState]" = weakref.WeakSet()   # fitted states kept on the workers
+        self._sent: dict[int, tuple[Any, Any]] = {}   # id(local fitted state) -> (client, its scattered future)
         self.last_cluster: Any = None                # the cluster of the last run started here (tests)
 
     # --- the cluster ----------------------------------------------------------------------
     def _start_cluster(self) -> tuple[Any, Any]:
+        """A client of a new cluster (``cluster=``), listening on the loopback interface only.
+
+        Returns ``(client, cluster)``; the cluster is None for a cluster object given to the
+        executor (it is not this executor's to close).
+        """
         dask, distributed = require_distributed()
-        kw: dict[str, Any] = {"n_workers": self.workers, "threads_per_worker": 1, "processes": True,
-                              "dashboard_address": ":0"}
-        kw.update(self.cluster_kwargs)
+        if not isinstance(self.cluster, str):
+            return distributed.Client(self.cluster, set_as_default=False), None
+        # loopback only: the scheduler, the workers and the dashboard (":0" alone binds every interface)
+        kw: dict[str, Any] = {"threads_per_worker": 1, "host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}
+        if self.security is not None:
+            kw["security"] = self.security        # LocalCluster then speaks tls://
+        if self.cluster == "cuda":
+            cuda_cluster = _import_dask_cuda()
+            if self.rmm_pool_size is not None:
+                kw["rmm_pool_size"] = self.rmm_pool_size
+            kw.update(self.cluster_kwargs)
+            factory = cuda_cluster
+        else:
+            kw.update({"n_workers": self.workers, "processes": True})
+            kw.update(self.cluster_kwargs)
+            factory = distributed.LocalCluster
         with dask.config.set({"distributed.scheduler.allowed-failures": self.retries}):
-            cluster = distributed.LocalCluster(**kw)
-            client = distributed.Client(cluster, set_as_default=False)
+            cluster = factory(**kw)
+            client = distributed.Client(cluster, set_as_default=False, security=self.security)
         self.last_cluster = cluster
         return client, cluster
 
-    def _acquire(self) -> tuple[Any, Callable[[], None] | None]:
-        """The client for a run and, for a cluster started just for it, how to close it."""
+    def _acquire(self) -> tuple[Any, Callable[[], None] | None, bool]:
+        """The client for a run; for a cluster started just for it, how to close it; whether the
+        cluster outlives the run (then fitted states stay on the workers)."""
         if self.client is not None and not isinstance(self.client, str):
-            return self.client, None
+            _check_open(self.client, self._address)
+            return self.client, None, True
         with self._own_lock:
             if self._own is not None:
-                return self._own[0], None
+                return self._own[0], None, True
         nested = _worker_client()
         if isinstance(self.client, str) and nested is None:
-            return self._connect(self.client), None
+            return self._connect(self.client), None, True
         if nested is not None:
             # a run inside a task on a Dask worker (a composite or stacking model fitted with
             # executor="dask" by an outer Dask run): use the worker's client and secede from its
             # thread pool while waiting, so the inner tasks can run even with one thread per worker
-            # (never start a cluster from a worker: its daemon processes cannot have children)
+            # (never start a cluster from a worker: its daemon processes cannot have children).
+            # Its fitted states come back with the outer task's value: they are not kept here.
             client = nested.__enter__()
-            return client, lambda: nested.__exit__(None, None, None)
-        current = _default_client()
+            return client, lambda: nested.__exit__(None, None, None), False
+        current = _default_client() if self.cluster == "local" else None   # "cuda" or a cluster: that one
         if current is not None:
-            return current, None
+            return current, None, True
         client, cluster = self._start_cluster()
-        if self.keep_cluster:
+        if self.keep_cluster or cluster is None:
             with self._own_lock:
                 self._own = (client, cluster)
             _register_atexit(self)
-            return client, None
-        return client, lambda: _close(client, cluster)
+            return client, None, True
+        return client, lambda: _close(client, cluster), False
 
     def _connect(self, address: str) -> Any:
         """A client of the scheduler at ``address``: the default client if it is one, else a new one kept."""
         current = _default_client()
         if current is not None and _address_of(current) == address:
             return current
-        _, distributed = require_distributed()
+        dask, distributed = require_distributed()
         with self._own_lock:
             if self._own is None:
-                self._own = (distributed.Client(address, set_as_default=False), None)
+                limit = self.timeout if self.timeout is not None else dask.config.get(
+                    "distributed.comm.timeouts.connect")
+                try:
+                    client = distributed.Client(address, set_as_default=False, timeout=limit,
+                                                security=self.security)
+                except (OSError, TimeoutError) as e:
+                    msg = (f"DaskExecutor could not reach the Dask scheduler at {address} within {limit}{' s' if isinstance(limit, (int, float)) else ''} "
+                           f"({type(e).__name__}: {e}). Check the address and that the scheduler runs and "
+                           "listens there (a TLS scheduler needs tls:// and security=...).")
+                    raise ConnectionError(msg) from e
+                self._own = (client, None)
                 _register_atexit(self)
             return self._own[0]
 
@@ -220,6 +287,11 @@ class DaskExecutor(Executor):
         client = named.get("client")
         if for_pickle and client is not None and not isinstance(client, str):
             named["client"] = _address_of(client)   # the live client cannot travel: its scheduler's address does
+        cluster = named.get("cluster")
+        if for_pickle and cluster is not None and not isinstance(cluster, str):
+            named["cluster"] = "local"                # a live cluster cannot travel either: its address does
+            if named.get("client") is None:
+                named["client"] = cluster.scheduler_address
         if not for_pickle and client is None:
             with self._own_lock:
                 own = self._own
@@ -228,12 +300,21 @@ class DaskExecutor(Executor):
         return named
 
     def _shared_args(self) -> tuple[str, ...]:
-        return ("client",)   # a copy uses the same cluster
+        return ("client", "cluster", "security")   # a copy uses the same cluster
 
     def close(self) -> None:
-        """Close the ``LocalCluster`` this executor started and kept (never a client it was given)."""
+        """Release what this executor keeps on the cluster, and close the ``LocalCluster`` it started and kept.
+
+        Fitted states kept on the workers are fetched to their machines first, so they stay usable.
+        A client it was given is never closed.
+        """
         with self._own_lock:
             own, self._own = self._own, None
+            states, self._states = list(self._states), weakref.WeakSet()
+            sent, self._sent = list(self._sent.values()), {}
+        for st in states:
+            st.fetch_and_release()
+        _release(f for _, f in sent)
         if own is not None:
             _close(*own)
 
@@ -256,24 +337,30 @@ class DaskExecutor(Executor):
         tasks = [t for t in plan.tasks if t.kind != "source"]
         if not tasks:
             return run   # nothing to do: the cluster is not touched
-        payloads = self._pickle_tasks(run, tasks)
+        states = {t.key: t.fn.args[2] for t in tasks if _applies_state(t.fn)}
+        payloads = self._pickle_tasks(run, tasks, states)
         if payloads is None:
             return run   # a task cannot be pickled: nothing was sent
-        client, closer = self._acquire()
+        client, closer, persistent = self._acquire()
         try:
-            self._drive(client, run, tasks, payloads)
+            self._drive(client, run, tasks, payloads, states, persistent)
         finally:
             if closer is not None:
                 closer()
         return run
 
-    def _pickle_tasks(self, run: Run, tasks: list[Any]) -> dict[int, bytes] | None:
+    def _pickle_tasks(self, run: Run, tasks: list[Any], states: dict[int, Any]) -> dict[int, bytes] | None:
+        """Each task's function, pickled; one that applies a fitted state gets the state as its last input
+        (a key on the cluster, see :meth:`_state_refs`), so the estimator never travels in the graph."""
         import cloudpickle
 
         payloads: dict[int, bytes] = {}
         for t in tasks:
+            fn = t.fn
+            if t.key in states:
+                fn = partial(_apply_fitted, fn.args[0], fn.args[1])
             try:
-                payloads[t.key] = cloudpickle.dumps(t.fn)
+                payloads[t.key] = cloudpickle.dumps(fn)
             except Exception as e:  # noqa: BLE001 - any pickling failure, reported naming the task
                 what = _describe(t)
                 model = ""
@@ -287,7 +374,79 @@ class DaskExecutor(Executor):
                 return None
         return payloads
 
-    def _drive(self, client: Any, run: Run, tasks: list[Any], payloads: dict[int, bytes]) -> None:
+    def _state_refs(self, client: Any, run: Run, states: dict[int, Any]) -> dict[int, Any] | None:
+        """For each task applying a fitted state, the future of that state on ``client``'s cluster.
+
+        A state fitted on this cluster is its key there; any other (fitted locally, or on another
+        client) is scattered once and the future kept until the state is dropped or the executor
+        closes.  None (the run failed, naming the task) if a kept state was lost and no copy is left.
+        """
+        import cloudpickle
+
+        refs: dict[int, Any] = {}
+        send: dict[int, Any] = {}
+        for k, st in states.items():
+            fut = st.stored.future_on(client) if st.is_remote else None
+            if fut is None:
+                fut = self._sent_before(client, st)
+            if fut is None:
+                send[k] = st
+            else:
+                refs[k] = fut
+        for k, st in send.items():   # every state to send is checked before the first one is sent
+            task = run.plan.tasks[k]
+            try:
+                cloudpickle.dumps(st.estimator)
+            except NotFittedError as e:
+                _set_error(run, k, f"{_describe(task)} cannot be evaluated: {e}", e)
+                return None
+            except Exception as e:  # noqa: BLE001 - any pickling failure, reported naming the task
+                msg = (f"{_describe(task)} cannot be sent to the Dask workers: its fitted estimator "
+                       f"{type(st.estimator).__name__} cannot be pickled ({type(e).__name__}: {e}). Nothing was "
+                       "sent to the cluster. Make it picklable (no locks, open files or connections in its "
+                       "attributes) or use a local executor such as executor=\"threads\".")
+                _set_error(run, k, msg, e)
+                return None
+        for k, st in send.items():
+            refs[k] = self._send_state(client, st)
+        return refs
+
+    def _sent_before(self, client: Any, st: Any) -> Any:
+        """The future of local state ``st`` scattered to ``client``'s cluster before, if still there."""
+        with self._own_lock:
+            got = self._sent.get(id(st))
+        if got is not None and got[0] is client and got[1].status not in ("error", "cancelled", "lost"):
+            return got[1]
+        return None
+
+    def _send_state(self, client: Any, st: Any) -> Any:
+        """Scatter fitted state ``st`` to ``client``'s cluster once (the future is kept)."""
+        got = self._sent_before(client, st)
+        if got is not None:
+            return got
+        value = (st.estimator, {"path": st.path})
+        fut = client.scatter([value], hash=False)[0]
+        with self._own_lock:
+            old = self._sent.get(id(st))
+            self._sent[id(st)] = (client, fut)
+        if old is not None:
+            _release([old[1]])
+        else:
+            weakref.finalize(st, self._forget_sent, weakref.ref(self), id(st))
+        return fut
+
+    @staticmethod
+    def _forget_sent(ref: Any, ident: int) -> None:
+        ex = ref()
+        if ex is None:
+            return
+        with ex._own_lock:
+            got = ex._sent.pop(ident, None)
+        if got is not None:
+            _release([got[1]])
+
+    def _drive(self, client: Any, run: Run, tasks: list[Any], payloads: dict[int, bytes],
+               states: dict[int, Any], persistent: bool) -> None:
         _, distributed = require_distributed()
         plan = run.plan
         run_id = uuid.uuid4().hex[:12]
@@ -295,14 +454,27 @@ class DaskExecutor(Executor):
         wanted = [k for k in dict.fromkeys([t.key for t in tasks if t.kind == "fit"] + list(plan.outputs))
                   if plan.tasks[k].kind != "source"]
         restrict = self._placement(client, tasks)
+        if isinstance(restrict, str):
+            bad = next(t for t in tasks if _cuda_index(t) is not None)
+            _set_error(run, bad.key, restrict, ValueError(restrict))
+            return
+        ctx = _RunContext(states, persistent)
         finished: set[int] = set()       # wanted keys whose values are on the client
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         resumes = max(1, self.retries)
         attempt = 0
+        submitted = False
         try:
             while True:
+                refs = self._state_refs(client, run, states)   # each attempt: a lost state is rebuilt first
+                if refs is None:
+                    break
+                ctx.state_refs = refs
+                if self.trace and not submitted:
+                    _record_task_stream(client)
+                submitted = True
                 lost = self._submit_and_collect(client, distributed, run, f"{run_id}{attempt or ''}", wanted,
-                                                finished, restrict, payloads, deadline)
+                                                finished, restrict, payloads, deadline, ctx)
                 if not lost or run.error is not None:
                     break
                 attempt += 1
@@ -314,9 +486,8 @@ class DaskExecutor(Executor):
                     _set_error(run, k, msg, RuntimeError(msg))
                     break
         finally:
-            if self.trace:
-                for i in range(attempt + 1):
-                    self._collect_trace(client, run, f"{run_id}{i or ''}", t0_wall)
+            if self.trace and submitted:
+                self._collect_trace(client, run, run_id, t0_wall)
         if run.error is None:
             for t in tasks:   # intermediates: done, their values stayed on the workers
                 if t.key not in finished and run.claim(t.key):
@@ -324,12 +495,19 @@ class DaskExecutor(Executor):
 
     def _submit_and_collect(self, client: Any, distributed: Any, run: Run, run_id: str, wanted: list[int],
                             finished: set[int], restrict: dict[int, tuple[list[str], int]],
-                            payloads: dict[int, bytes], deadline: float | None) -> bool:
+                            payloads: dict[int, bytes], deadline: float | None, ctx: "_RunContext") -> bool:
         """Submit what is still needed; collect it.  True if the cluster lost data (resubmit)."""
         plan = run.plan
         tasks = plan.tasks
         # what to compute: the unfinished wanted keys and their dependencies, down to known values
-        known = {t.key for t in tasks if t.kind == "source"} | finished
+        # (a fit already committed in a kept state is known by its state's key, unless a task
+        # still to run takes its training output, which only the fit itself gives)
+        kept_fits = {k: fut for k in finished if (h := ctx.handles.get(k)) is not None
+                     and (fut := h.future_on(client)) is not None}
+        takes_output = {d for t in tasks if t.fn is _training_output for d in t.deps}
+        kept_fits = {k: f for k, f in kept_fits.items() if k not in takes_output}
+        have = ({k for k in finished if tasks[k].kind != "fit"} | set(kept_fits)) if ctx.persistent else finished
+        known = {t.key for t in tasks if t.kind == "source"} | have
         todo: set[int] = set()
         stack = [k for k in wanted if k not in finished]
         while stack:
@@ -343,8 +521,8 @@ class DaskExecutor(Executor):
 
         # 1. the values the workers need from the client (the sources; after a loss, finished fits),
         #    scattered in one call
-        needed = sorted({d for t in order for d in t.deps if d in known})
-        refs: dict[int, Any] = {}
+        needed = sorted({d for t in order for d in t.deps if d in known and d not in kept_fits})
+        refs: dict[int, Any] = {d: kept_fits[d] for t in order for d in t.deps if d in kept_fits}
         if needed:
             try:
                 futs = client.scatter([run.values[k] for k in needed], hash=False)
@@ -362,12 +540,34 @@ class DaskExecutor(Executor):
         for t in order:
             gpu = restrict.get(t.key)
             head: tuple[Any, ...] = (_run_remote,) if gpu is None else (_run_on_gpu, gpu[1])
+            state = (ctx.state_refs[t.key],) if t.key in ctx.state_refs else ()
             layers.setdefault(None if gpu is None else tuple(gpu[0]), {})[keys[t.key]] = (
-                head + (run_id, t.key, payloads[t.key]) + tuple(refs[d] for d in t.deps))
+                head + (run_id, t.key, payloads[t.key]) + tuple(refs[d] for d in t.deps) + state)
         want = [k for k in wanted if k in keys]
-        futures = client.get(_graph(layers), [keys[k] for k in want], sync=False,
+        # a fit on a cluster that outlives the run: its state stays there under its own key (held),
+        # and only its info and a few small attributes come back
+        keep = [k for k in want if ctx.persistent and tasks[k].kind == "fit" and tasks[k].machine is not None]
+        skeys: dict[int, str] = {}
+        for k in keep:
+            m = tasks[k].machine
+            assert m is not None
+            mark = _KEY_RE.sub("_", m.label).strip("_")[:40] or "machine"
+            skeys[k] = f"gpunets-state-{mark}-v{m._version + 1}-{run_id}-{k}"
+            # first in line on their worker: the fit is committed as soon as it is done
+            layers.setdefault(_KEPT_LAYER, {})[skeys[k]] = (_state_of, keys[k])
+            layers[_KEPT_LAYER][f"gpunets-summary-{run_id}-{k}"] = (_summary_of, keys[k], SUMMARY_ATTRIBUTES)
+        asked = [f"gpunets-summary-{run_id}-{k}" if k in skeys else keys[k] for k in want]
+        futures = client.get(_graph(layers), asked + [skeys[k] for k in keep], sync=False,
                              retries=self.retries or None)
+        state_futs = dict(zip(keep, futures[len(asked):]))
+        futures = futures[:len(asked)]
         by_key = {f.key: k for f, k in zip(futures, want)}
+        inputs_of = _source_inputs(tasks, keep, refs, needed) if keep else {}
+        markers: dict[Any, Any] = {}
+        if keep:
+            markers.update({refs[d].key: ClientValue(run.values[d]) for d in needed})
+            markers.update({f.key: StateInput(ctx.handles[d]) for d, f in kept_fits.items()})
+            markers.update({f.key: StateInput(ctx.states[t]) for t, f in ctx.state_refs.items()})
 
         # 3. what comes back: fits (committed on arrival) and outputs
         lost = False
@@ -386,6 +586,16 @@ class DaskExecutor(Executor):
                         run.fail(failed, exc)
                     break
                 value = fut.result()
+                if k in state_futs:   # (info, small attributes): the state stays on the workers
+                    info, attrs = value
+                    attrs["_path"] = info.get("path", "sklearn")
+                    handle = DaskState(_describe(tasks[k]).removeprefix("Machine "), client, state_futs.pop(k),
+                                       attrs, [distributed.Future(f.key, client) for f in inputs_of[k]],
+                                       timeout=self.timeout, recipe=_recipe(layers, skeys[k], markers))
+                    ctx.handles[k] = handle
+                    with self._own_lock:
+                        self._states.add(handle)
+                    value = (handle, info)
                 finished.add(k)
                 if run.claim(k):
                     run.complete(k, value)
@@ -408,40 +618,71 @@ class DaskExecutor(Executor):
             # future the user holds on it).  A key no client wants any more is forgotten by the
             # scheduler, and a task still running for it is stopped on its worker.
             _release(futures)
+            _release(state_futs.values())   # fits that did not finish: their states are not kept
             _release(refs[k] for k in needed)
         return lost
 
-    def _placement(self, client: Any, tasks: list[Any]) -> dict[int, tuple[list[str], int]]:
-        """``{task key: (worker addresses, GPU ordinal inside those workers)}`` for tasks on a GPU."""
+    def _placement(self, client: Any, tasks: list[Any]) -> dict[int, tuple[list[str], int]] | str:
+        """``{task key: (worker addresses, GPU ordinal inside those workers)}`` for tasks on a GPU,
+        or a message if a task is placed on a GPU that no worker owns (on a cluster of one worker per GPU)."""
         want = {t.key: i for t in tasks if (i := _cuda_index(t)) is not None}
         if not want:
             return {}
-        owners = gpu_owners(client)
-        seen = client.run(_visible_devices, on_error="ignore")
+        gpus = self._gpu_map_of(client)
         out: dict[int, tuple[list[str], int]] = {}
         for k, gpu in want.items():
-            addrs = owners.get(gpu)
-            if not addrs:
-                continue   # no worker owns that GPU: anywhere (the model layer decides CPU/GPU)
-            cvd = [x.strip() for x in (seen.get(addrs[0]) or "").split(",")]
-            local = cvd.index(str(gpu)) if str(gpu) in cvd else 0
-            out[k] = (addrs, local)
+            where = gpus.get(gpu)
+            if where is None:
+                if gpus:   # each worker owns a GPU, none this one: it would run on the wrong GPU
+                    task = next(t for t in tasks if t.key == k)
+                    return (f"{_describe(task)} is placed on cuda:{gpu}, but no worker of the Dask cluster owns "
+                            f"GPU {gpu} (the workers own GPUs {sorted(gpus)}). Nothing was sent. Place it on one "
+                            "of those, or start a worker for that GPU (dask_cuda.LocalCUDACluster, "
+                            "CUDA_VISIBLE_DEVICES).")
+                continue   # no worker owns a GPU in particular: anywhere (the model layer decides CPU/GPU)
+            out[k] = where
         return out
 
+    def _gpu_map_of(self, client: Any) -> dict[int, tuple[list[str], int]]:
+        """``{physical GPU: (owning workers, its ordinal inside them)}``, asked of the workers once per
+        client and set of workers (one ``client.run``)."""
+        workers = frozenset(client.scheduler_info().get("workers", {}))
+        got = self._gpu_map
+        if got is not None and got[0] is client and got[1] == workers:
+            return got[2]
+        seen = client.run(_visible_devices, on_error="ignore")
+        gpus: dict[int, tuple[list[str], int]] = {}
+        for gpu, addrs in _owners(seen).items():
+            cvd = [x.strip() for x in (seen.get(addrs[0]) or "").split(",")]
+            gpus[gpu] = (addrs, cvd.index(str(gpu)) if str(gpu) in cvd else 0)
+        self._gpu_map = (client, workers, gpus)
+        return gpus
+
     def _collect_trace(self, client: Any, run: Run, run_id: str, t0_wall: float) -> None:
+        """The run's trace from Dask's own task stream (the scheduler's ``TaskStreamPlugin``): one
+        record per task of this run that finished or failed, on its worker's lane."""
         try:
-            got = client.run(_pop_timings, run_id, on_error="ignore")
+            got = client.get_task_stream(start=t0_wall - 1.0)
         except Exception:  # noqa: BLE001 - a trace is not worth failing a run for
             return
         tasks = run.plan.tasks
-        for addr, recs in got.items():
-            if not isinstance(recs, list):
+        for rec in got:
+            key = str(rec.get("key", ""))
+            if not key.startswith("gpunets_"):
                 continue
-            for key, start, end, thread, failed in recs:
-                t = tasks[key]
-                run.trace.records.append(TraceRecord(
-                    key=key, kind=t.kind, label=t.label, lane=addr, device=str(t.device),
-                    start=start - t0_wall, end=end - t0_wall, thread=thread, failed=failed))
+            head, rid, k = key.rsplit("-", 2)
+            if not rid.startswith(run_id) or not k.isdigit() or int(k) >= len(tasks):
+                continue
+            compute = [ss for ss in rec.get("startstops", ()) if ss.get("action") == "compute"]
+            if not compute:
+                continue
+            t = tasks[int(k)]
+            start, end = compute[0]["start"], compute[-1]["stop"]
+            run.trace.records.append(TraceRecord(
+                key=t.key, kind=t.kind, label=t.label, lane=str(rec.get("worker")), device=str(t.device),
+                start=start - t0_wall, end=end - t0_wall, thread=str(rec.get("thread", "")),
+                failed=rec.get("status") == "error"))
+        run.trace.records.sort(key=lambda r: r.start)
 
 
 # --------------------------------------------------------------------------------------------
@@ -449,6 +690,80 @@ class DaskExecutor(Executor):
 # --------------------------------------------------------------------------------------------
 class _TimeoutSignal(Exception):
     pass
+
+
+class _RunContext:
+    """What one run keeps across its attempts: the states it applies and the states its fits keep."""
+
+    def __init__(self, states: dict[int, Any], persistent: bool) -> None:
+        self.states = states                  # task key -> the fitted state it applies
+        self.state_refs: dict[int, Any] = {}  # task key -> that state's future on the cluster
+        self.persistent = persistent          # the cluster outlives the run: fitted states stay there
+        self.handles: dict[int, DaskState] = {}   # fit task key -> its kept state
+
+
+def _recipe(layers: dict[Any, dict[str, tuple[Any, ...]]], root: str, markers: dict[Any, Any]) -> Recipe:
+    """The part of a run's graph that computes ``root``, with its inputs as markers (see :class:`Recipe`)."""
+    graph = {k: v for dsk in layers.values() for k, v in dsk.items()}
+    out: dict[str, tuple[Any, ...]] = {}
+    stack = [root]
+    while stack:
+        key = stack.pop()
+        if key in out:
+            continue
+        task = []
+        for e in graph[key]:
+            if isinstance(e, str) and e in graph:
+                task.append(GraphKey(e))
+                stack.append(e)
+            elif getattr(e, "key", None) in markers:
+                task.append(markers[e.key])
+            else:
+                task.append(e)
+        out[key] = tuple(task)
+    return Recipe(out, root)
+
+
+_STREAMED: "weakref.WeakSet[Any]" = weakref.WeakSet()   # clients whose scheduler records the task stream
+
+
+def _record_task_stream(client: Any) -> None:
+    """Make the scheduler record its task stream (once per client: the first ``get_task_stream``
+    installs the ``TaskStreamPlugin``, which then records every task that finishes or fails)."""
+    if client in _STREAMED:
+        return
+    try:
+        client.get_task_stream(count=0)
+    except Exception:  # noqa: BLE001, S110 - no trace then, the run goes on
+        return
+    _STREAMED.add(client)
+
+
+def _applies_state(fn: Any) -> bool:
+    """Does task function ``fn`` apply a machine's fitted state (:func:`gpunets.plan._apply_state`)?"""
+    return isinstance(fn, partial) and fn.func is _apply_state
+
+
+def _source_inputs(tasks: list[Any], fits: list[int], refs: dict[int, Any], needed: list[int]) -> dict[int, list[Any]]:
+    """For each fit, the scattered values among its ancestors (held with its state, so Dask can
+    recompute the state from them if the worker holding it dies)."""
+    scattered = set(needed)
+    out: dict[int, list[Any]] = {}
+    for k in fits:
+        seen: set[int] = set()
+        stack = list(tasks[k].deps)
+        found = []
+        while stack:
+            d = stack.pop()
+            if d in seen:
+                continue
+            seen.add(d)
+            if d in scattered:
+                found.append(refs[d])
+            else:
+                stack.extend(tasks[d].deps)
+        out[k] = found
+    return out
 
 
 def _completed(distributed: Any, client: Any, futures: list[Any], deadline: float | None) -> Any:
@@ -483,6 +798,9 @@ def _cancelled_errors(distributed: Any) -> tuple[type[BaseException], ...]:
                                                                     asyncio.CancelledError))
 
 
+_KEPT_LAYER = "kept"   # the layer of the fits' kept states and summaries (run first)
+
+
 def _graph(layers: dict[Any, dict[str, tuple[Any, ...]]]) -> Any:
     """A plain dict graph, or a HighLevelGraph with one annotated layer per worker restriction."""
     if list(layers) == [None]:
@@ -491,7 +809,8 @@ def _graph(layers: dict[Any, dict[str, tuple[Any, ...]]]) -> Any:
 
     hl: dict[str, Any] = {}
     for i, (restriction, dsk) in enumerate(layers.items()):
-        ann = None if restriction is None else {"workers": list(restriction), "allow_other_workers": False}
+        ann = (None if restriction is None else {"priority": 100} if restriction == _KEPT_LAYER
+               else {"workers": list(restriction), "allow_other_workers": False})
         hl[f"gpunets-layer-{i}"] = MaterializedLayer(dsk, annotations=ann)
     return HighLevelGraph(hl, {name: set() for name in hl})
 
