@@ -517,7 +517,7 @@ def test_fitted_cuml_estimators_are_saved_as_their_sklearn_twins(no_gpu, fmt, tm
     yhat.fit()
     expected = yhat(Xd[:5])
     fitted = mach._state.estimator
-    mach._state = dataclasses.replace(mach._state, estimator=_FittedCumlRidge(fitted), path="cuml", device="cuda:0")
+    mach._state = dataclasses.replace(mach._state, stored=_FittedCumlRidge(fitted), path="cuml", device="cuda:0")
     path = gn.save(yhat, tmp_path / "cuml.gn", format=fmt)
     assert isinstance(mach._state.estimator, _FittedCumlRidge)      # the live machine keeps its cuML estimator
     with zipfile.ZipFile(path) as zf:
