@@ -26,7 +26,7 @@ from ..graph import op_nodes, upstream_machines
 from ..nodes import AbstractNode, Node, Source, node
 from . import tasks
 from ..models import resolve_estimator
-from .report import SearchReport
+from .report import SearchReport, fit_name
 
 __all__ = ["CompositeFold", "StepsFold", "is_composite", "pipeline_steps"]
 
@@ -86,7 +86,8 @@ class StepsFold:
             route = self._route(name, est)
             hit = self.shared.get(key)
             if hit is None:
-                step = node(tasks.fit_step, clone(est), route, last, self.fp.get(name, {}), up_train, self.ytr)
+                step = node(tasks.fit_step, clone(est), route, last, self.fp.get(name, {}), up_train, self.ytr,
+                            name=fit_name(name))
                 fit = node(tasks.fitted, step)
                 self.report.fits[name] += 1
                 if last:
@@ -182,11 +183,11 @@ class CompositeFold:
         return out
 
     # --- copying a candidate's network into the search network, hash-consed ---------------------
-    def _intern(self, key: Any, fn: Any, *args: Any) -> AbstractNode:
-        """The node ``key`` names, made as ``node(fn, *args)`` the first time."""
+    def _intern(self, key: Any, fn: Any, *args: Any, name: str | None = None) -> AbstractNode:
+        """The node ``key`` names, made as ``node(fn, *args, name=name)`` the first time."""
         hit = self.memo.get(key)
         if hit is None:
-            hit = self.memo[key] = node(fn, *args)
+            hit = self.memo[key] = node(fn, *args, name=name)
         return hit
 
     def _arg(self, a: Any, env: dict[int, AbstractNode], keys: list[Any]) -> Any:
@@ -230,7 +231,7 @@ class CompositeFold:
         if key not in self.memo:
             self.report.fits[m.label] = self.report.fits.get(m.label, 0) + 1
         self.needed.add(key)
-        fit = self._intern(key, tasks.fit_model, clone(m.model), *args)
+        fit = self._intern(key, tasks.fit_model, clone(m.model), *args, name=fit_name(m.label))
         self._intern(("seconds", key), tasks.seconds, fit)
         return self._intern(("fitted", key), tasks.fitted, fit)
 

@@ -60,7 +60,7 @@ from ..config import config
 from ..data import device_of
 from ..devices import Device, override_placement
 from ..executors import check_executor_spec
-from ..network import evaluate
+from ..network import evaluate, last_trace
 from ..nodes import node
 from . import tasks
 from ..models import fit_context, resolve_estimator
@@ -240,6 +240,8 @@ class _NetworkSearch(BaseSearchCV):
         start = time.perf_counter()
         outs = evaluate(target, output="device", **opts)
         report.seconds = time.perf_counter() - start
+        trace = last_trace()
+        report.read_trace(() if trace is None else trace.records)   # the fits that ran, and where
         return outs, report
 
 
