@@ -64,6 +64,7 @@ class StepsFold:
         self.routes: dict[Any, Any] = {}
         self.pending: list[tuple[Any, ...]] = []   # per candidate: the score node's arguments, its step keys
         self.users: dict[Any, int] = {}            # step key -> candidates of this fold that use the step
+        self.last: dict[Any, tuple[Any, ...]] = {}  # last step's key -> (name, estimator, route, training input)
 
     def _route(self, name: str, est: Any) -> Any:
         if self.device is None:
@@ -74,46 +75,62 @@ class StepsFold:
         return self.routes[k]
 
     def candidate(self, steps: list[tuple[str, Any]]) -> None:
-        """Add one candidate's steps (its score node is made by :meth:`scores`, once all are known)."""
+        """Add one candidate's steps (its last step and score are made by :meth:`scores`, once all are known)."""
         up_train, up_test, up_score = self.Xtr, self.Xte, self.Xtr  # fit input, test rows, train rows to score
         key: Any = ()
         keys = []
-        fitted = route = None
+        route = None
         for i, (name, est) in enumerate(steps):
-            last = i == len(steps) - 1
             key = (key, tasks.step_key(est))
             keys.append(key)
             route = self._route(name, est)
+            if i == len(steps) - 1:   # the last step: one fit per distinct step, made by scores()
+                if key not in self.last:
+                    self.last[key] = (name, clone(est), route, up_train)
+                    self.report.fits[name] += 1
+                break
             hit = self.shared.get(key)
             if hit is None:
-                step = node(tasks.fit_step, clone(est), route, last, self.fp.get(name, {}), up_train, self.ytr,
+                step = node(tasks.fit_step, clone(est), route, False, self.fp.get(name, {}), up_train, self.ytr,
                             name=fit_name(name))
                 fit = node(tasks.fitted, step)
                 self.report.fits[name] += 1
-                if last:
-                    hit = (fit, None, None, node(tasks.seconds, step), None)
-                else:
-                    self.report.transforms += 1
-                    hit = (fit, node(tasks.transformed, step), node(tasks.transform, fit, up_test, route),
-                           node(tasks.seconds, step),
-                           node(tasks.transform, fit, up_score, route) if self.train_score else None)
+                self.report.transforms += 1
+                hit = (fit, node(tasks.transformed, step), node(tasks.transform, fit, up_test, route),
+                       node(tasks.seconds, step),
+                       node(tasks.transform, fit, up_score, route) if self.train_score else None)
                 self.shared[key] = hit
-            fitted, up_train, next_test, _, next_score = hit
-            if not last:
-                up_test, up_score = next_test, next_score
+            _, up_train, up_test, _, up_score = hit
         for k in keys:
             self.users[k] = self.users.get(k, 0) + 1
-        self.pending.append((route, fitted, up_test, up_score if self.train_score else None, keys))
+        self.pending.append((route, up_test, up_score if self.train_score else None, keys))
 
     def scores(self) -> list[AbstractNode]:
-        """The score node of every candidate added, in order (fit times shared out among the users)."""
+        """The score node of every candidate added, in order (fit times shared out among the users).
+
+        A last step that one candidate of the fold uses is fitted and scored in one task (nothing but
+        its scores leaves the task: one task, not five, on Dask); a last step several candidates share
+        (equal candidates) is one fit whose result each candidate's score reads.
+        """
         scorer, error_score, n_scores = self.score_args
+        head = (scorer, error_score, self.train_score, self.n_test, n_scores, self.score_params)
+        fits: dict[Any, AbstractNode] = {}
         out: list[AbstractNode] = []
-        for route, fitted, up_test, up_score, keys in self.pending:
-            secs = node(tasks.share_seconds, tuple(self.users[k] for k in keys), *(self.shared[k][3] for k in keys))
-            args = (scorer, error_score, self.train_score, self.n_test, n_scores, self.score_params, fitted, up_test,
-                    self.yte, up_score, self.ytr if self.train_score else None, secs)
-            out.append(node(tasks.score_one, *args) if route is None else node(tasks.score_on, route, *args))
+        for route, up_test, up_score, keys in self.pending:
+            name, est, last_route, up_train = self.last[keys[-1]]
+            users = tuple(self.users[k] for k in keys)
+            tail = (up_test, self.yte, up_score, self.ytr if self.train_score else None,
+                    *(self.shared[k][3] for k in keys[:-1]))
+            fp = self.fp.get(name, {})
+            if self.users[keys[-1]] == 1:
+                out.append(node(tasks.fit_and_score, est, route, fp, up_train, self.ytr, users, head, *tail,
+                                name=fit_name(name)))
+                continue
+            step = fits.get(keys[-1])
+            if step is None:
+                step = fits[keys[-1]] = node(tasks.fit_step, est, route, True, fp, up_train, self.ytr,
+                                             name=fit_name(name))
+            out.append(node(tasks.score_fit, route, users, head, step, *tail))
         return out
 
 

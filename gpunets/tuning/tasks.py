@@ -175,6 +175,24 @@ def score_one(scorer: Any, error_score: Any, train: bool, n_test: int, n_scores:
     return out
 
 
+def score_fit(route: Any, users: tuple[int, ...], head: tuple[Any, ...], step: tuple[Any, Any, float],
+              X_test: Any, y_test: Any, X_train: Any, y_train: Any, *upstream_seconds: float) -> dict[str, Any]:
+    """:func:`score_one` (:func:`score_on` on a GPU route) of a fitted last step ``step``, as :func:`fit_step`
+    returned it; ``head`` is score_one's first six arguments, the fit time the candidate's share of the
+    upstream steps' ``upstream_seconds`` and of the last step's (``users``: candidates sharing each)."""
+    est, _, secs = step
+    args = (*head, est, X_test, y_test, X_train, y_train, share_seconds(users, *upstream_seconds, secs))
+    return score_one(*args) if route is None else score_on(route, *args)
+
+
+def fit_and_score(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: Any, users: tuple[int, ...],
+                  head: tuple[Any, ...], X_test: Any, y_test: Any, X_train: Any, y_train: Any,
+                  *upstream_seconds: float) -> dict[str, Any]:
+    """Fit the last step of one candidate and score it, in one task: :func:`fit_step` then :func:`score_fit`."""
+    step = fit_step(est, route, True, fit_params, X, y)
+    return score_fit(route, users, head, step, X_test, y_test, X_train, y_train, *upstream_seconds)
+
+
 def share_seconds(users: tuple[int, ...], *seconds: float) -> float:
     """A candidate's fit time: each fit it needed, divided among the candidates of the fold that share it.
 
