@@ -183,3 +183,15 @@ def test_no_trace_no_ran(client, data):
     assert s.search_report_.fits == {"Ridge": 4}
     assert s.search_report_.ran is None and s.search_report_.where is None
     assert "where" not in repr(s.search_report_)
+
+
+def test_equal_candidates_share_their_last_step(client, data):
+    X, y = data
+    est = Pipeline([("scale", StandardScaler()), ("ridge", Ridge())])
+    grid = {"ridge__alpha": [1.0, 1.0, 2.0]}    # two equal candidates: one Ridge fit per fold for both
+    ours = gn.GridSearchCV(est, grid, cv=3, executor=gn.DaskExecutor(client), return_train_score=True).fit(X, y)
+    serial = gn.GridSearchCV(est, grid, cv=3, executor="serial", return_train_score=True).fit(X, y)
+    _same_scores(ours, serial)
+    assert ours.search_report_.fits == ours.search_report_.ran == {"scale": 3, "ridge": 6}
+    times = ours.cv_results_["mean_fit_time"]
+    assert times[0] == times[1] > 0

@@ -64,7 +64,7 @@ class StepsFold:
         self.routes: dict[Any, Any] = {}
         self.pending: list[tuple[Any, ...]] = []   # per candidate: the score node's arguments, its step keys
         self.users: dict[Any, int] = {}            # step key -> candidates of this fold that use the step
-        self.last: dict[Any, tuple[Any, ...]] = {}  # last step's key -> (name, estimator, route, training input)
+        self.last: dict[Any, tuple[str, Any]] = {}  # last step's key -> (its name, its estimator)
 
     def _route(self, name: str, est: Any) -> Any:
         if self.device is None:
@@ -75,8 +75,12 @@ class StepsFold:
         return self.routes[k]
 
     def candidate(self, steps: list[tuple[str, Any]]) -> None:
-        """Add one candidate's steps (its last step and score are made by :meth:`scores`, once all are known)."""
-        up_train, up_test, up_score = self.Xtr, self.Xte, self.Xtr  # fit input, test rows, train rows to score
+        """Add one candidate's steps (its last step and score are made by :meth:`scores`, once all are known).
+
+        Each upstream step is one task (:func:`~gpunets.tuning.tasks.fit_stage`): it fits, transforms the
+        test rows (and the training rows to score) and passes on a :class:`~gpunets.tuning.tasks.Stage`.
+        """
+        stage = None   # the previous upstream step's node; None before the first
         key: Any = ()
         keys = []
         route = None
@@ -86,51 +90,50 @@ class StepsFold:
             route = self._route(name, est)
             if i == len(steps) - 1:   # the last step: one fit per distinct step, made by scores()
                 if key not in self.last:
-                    self.last[key] = (name, clone(est), route, up_train)
+                    self.last[key] = (name, clone(est))
                     self.report.fits[name] += 1
                 break
             hit = self.shared.get(key)
             if hit is None:
-                step = node(tasks.fit_step, clone(est), route, False, self.fp.get(name, {}), up_train, self.ytr,
-                            name=fit_name(name))
-                fit = node(tasks.fitted, step)
+                inputs = ((stage,) if stage is not None
+                          else (self.Xtr, self.Xte, self.Xtr if self.train_score else None))
+                hit = node(tasks.fit_stage, clone(est), route, self.fp.get(name, {}), self.train_score, self.ytr,
+                           *inputs, name=fit_name(name))
                 self.report.fits[name] += 1
                 self.report.transforms += 1
-                hit = (fit, node(tasks.transformed, step), node(tasks.transform, fit, up_test, route),
-                       node(tasks.seconds, step),
-                       node(tasks.transform, fit, up_score, route) if self.train_score else None)
                 self.shared[key] = hit
-            _, up_train, up_test, _, up_score = hit
+            stage = hit
         for k in keys:
             self.users[k] = self.users.get(k, 0) + 1
-        self.pending.append((route, up_test, up_score if self.train_score else None, keys))
+        self.pending.append((route, stage, keys))
 
     def scores(self) -> list[AbstractNode]:
         """The score node of every candidate added, in order (fit times shared out among the users).
 
         A last step that one candidate of the fold uses is fitted and scored in one task (nothing but
-        its scores leaves the task: one task, not five, on Dask); a last step several candidates share
-        (equal candidates) is one fit whose result each candidate's score reads.
+        its scores leaves the task); a last step several candidates share (equal candidates) is one fit
+        whose result each candidate's score reads.
         """
         scorer, error_score, n_scores = self.score_args
         head = (scorer, error_score, self.train_score, self.n_test, n_scores, self.score_params)
+        ytr = self.ytr if self.train_score else None
         fits: dict[Any, AbstractNode] = {}
         out: list[AbstractNode] = []
-        for route, up_test, up_score, keys in self.pending:
-            name, est, last_route, up_train = self.last[keys[-1]]
+        for route, stage, keys in self.pending:
+            name, est = self.last[keys[-1]]
             users = tuple(self.users[k] for k in keys)
-            tail = (up_test, self.yte, up_score, self.ytr if self.train_score else None,
-                    *(self.shared[k][3] for k in keys[:-1]))
+            X, X_test, X_train = ((stage, None, None) if stage is not None
+                                  else (self.Xtr, self.Xte, self.Xtr if self.train_score else None))
             fp = self.fp.get(name, {})
             if self.users[keys[-1]] == 1:
-                out.append(node(tasks.fit_and_score, est, route, fp, up_train, self.ytr, users, head, *tail,
-                                name=fit_name(name)))
+                out.append(node(tasks.fit_and_score, est, route, fp, X, self.ytr, users, head, X_test, self.yte,
+                                X_train, ytr, name=fit_name(name)))
                 continue
             step = fits.get(keys[-1])
             if step is None:
-                step = fits[keys[-1]] = node(tasks.fit_step, est, route, True, fp, up_train, self.ytr,
-                                             name=fit_name(name))
-            out.append(node(tasks.score_fit, route, users, head, step, *tail))
+                step = fits[keys[-1]] = node(tasks.fit_step, est, route, True, fp, X, self.ytr, name=fit_name(name))
+            out.append(node(tasks.score_fit, route, users, head, step, X if stage is not None else X_test,
+                            self.yte, X_train, ytr))
         return out
 
 
