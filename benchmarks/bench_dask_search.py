@@ -121,6 +121,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     """Time the three searches on a fresh 2-worker LocalCluster; return the figures."""
     import distributed
     from sklearn.model_selection import KFold
+    from threadpoolctl import threadpool_limits
 
     n, d, k, folds = (3_000, 40, 10, 3) if quick else (10_000, 100, 30, 5)
     repeat = 1 if quick else 3
@@ -129,11 +130,14 @@ def run(quick: bool = False) -> dict[str, Any]:
     candidates = int(np.prod([len(v) for v in GRID.values()]))
     out: dict[str, Any] = {"rows": n, "columns": d, "candidates": candidates, "folds": folds, "workers": 2,
                            "repeat": repeat, "load_before": list(os.getloadavg())}
+    # the client's own BLAS on one thread, as the workers': the refit of gpunets and scikit-learn runs on the
+    # client, and OpenBLAS threads spinning on cores the workers use slow it down 10x on a shared machine
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                  dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as client:
+                                  dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as client, \
+            threadpool_limits(1):
         peers = searches(client, X, y, cv, k)
         results: dict[str, Any] = {}
-        for name, fn in peers.items():   # warm: one untimed run each
+        for fn in peers.values():   # warm: one untimed run each
             fn()
             pca_fits(client)
         seconds = {name: float("inf") for name in peers}

@@ -57,8 +57,12 @@ class StepsFold:
     def __init__(self, report: SearchReport, folds: tuple[Any, ...], fit_params: dict[str, dict[str, Any]],
                  score_args: tuple[Any, ...], train_score: bool, score_params: Any = None,
                  device: Any = None) -> None:
-        self.report, self.fp, self.score_args, self.train_score = report, fit_params, score_args, train_score
+        self.report, self.score_args, self.train_score = report, score_args, train_score
         self.score_params, self.device = score_params, device
+        # parameters cut to the fold's rows (sample weights...): one node each, so that a graph sent to Dask
+        # holds them once per fold, not once per task that reads them
+        self.fp = {name: node(tasks.constant, p, name=f"{name} fit parameters") if p else p
+                   for name, p in fit_params.items()}
         self.Xtr, self.Xte, self.ytr, self.yte, self.n_test = folds
         self.shared: dict[Any, tuple[Any, ...]] = {}
         self.routes: dict[Any, Any] = {}
@@ -115,7 +119,9 @@ class StepsFold:
         whose result each candidate's score reads.
         """
         scorer, error_score, n_scores = self.score_args
-        head = (scorer, error_score, self.train_score, self.n_test, n_scores, self.score_params)
+        head: Any = (scorer, error_score, self.train_score, self.n_test, n_scores, self.score_params)
+        if self.score_params is not None:   # sample weights of the fold's rows: once per fold (see __init__)
+            head = node(tasks.constant, head, name="score parameters")
         ytr = self.ytr if self.train_score else None
         fits: dict[Any, AbstractNode] = {}
         out: list[AbstractNode] = []

@@ -19,10 +19,17 @@ fitting every (candidate, fold) pair on its own, the search builds one network:
 * the whole graph runs at once on the chosen executor (threads on a CPU,
   streams on a GPU, Dask), and a fitted step is dropped as soon as the last
   score that needs it has been computed (the scheduler frees values with no
-  consumer left).
+  consumer left);
+* few, large tasks (which counts on Dask, where each task costs a scheduler
+  round trip): an upstream step fits, transforms the fold's test rows and
+  passes them on in one task; a candidate's last step is fitted and scored in
+  one task.  On Dask a shared step thus runs once, on one worker, and the
+  tasks that need it run where it lives or fetch it from there.
 
 ``search_report_`` tells how many step fits ran and how many a
-candidate-by-candidate search would have run.
+candidate-by-candidate search would have run; its ``ran`` and ``where``,
+read from the run's trace, count the fit tasks the executor ran and where
+(on Dask, each worker's address).
 
 >>> import numpy as np, gpunets as gn
 >>> from sklearn.pipeline import make_pipeline

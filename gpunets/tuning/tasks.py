@@ -221,6 +221,11 @@ def fit_and_score(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: A
     return score_fit(route, users, head, step, X_test, y_test, X_train, y_train, *upstream_seconds)
 
 
+def constant(value: Any) -> Any:
+    """``value`` itself: a node holding a fold's parameters, so that tasks share it instead of each embedding it."""
+    return value
+
+
 def share_seconds(users: tuple[int, ...], *seconds: float) -> float:
     """A candidate's fit time: each fit it needed, divided among the candidates of the fold that share it.
 
