@@ -195,3 +195,20 @@ def test_equal_candidates_share_their_last_step(client, data):
     assert ours.search_report_.fits == ours.search_report_.ran == {"scale": 3, "ridge": 6}
     times = ours.cv_results_["mean_fit_time"]
     assert times[0] == times[1] > 0
+
+
+def test_fold_parameters_sent_once_per_fold(client):
+    # sample weights are cut to each fold's rows: the graph holds them once per fold, not once per candidate
+    import dask
+
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(6000, 2))
+    y = X.sum(axis=1) + rng.normal(size=6000)
+    w = rng.uniform(0.5, 2.0, size=6000)
+    est = Pipeline([("scale", StandardScaler()), ("ridge", Ridge())])
+    grid = {"ridge__alpha": list(np.logspace(-2, 2, 10))}   # 30 Ridge fits, 32 KB of weights each
+    with dask.config.set({"distributed.admin.large-graph-warning-threshold": "600kB"}), warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*large graph.*")
+        ours = gn.GridSearchCV(est, grid, cv=3, executor=gn.DaskExecutor(client)).fit(X, y, ridge__sample_weight=w)
+    serial = gn.GridSearchCV(est, grid, cv=3, executor="serial").fit(X, y, ridge__sample_weight=w)
+    _same_scores(ours, serial)
