@@ -212,3 +212,11 @@ def test_fold_parameters_sent_once_per_fold(client):
         ours = gn.GridSearchCV(est, grid, cv=3, executor=gn.DaskExecutor(client)).fit(X, y, ridge__sample_weight=w)
     serial = gn.GridSearchCV(est, grid, cv=3, executor="serial").fit(X, y, ridge__sample_weight=w)
     _same_scores(ours, serial)
+
+
+def test_a_search_is_few_large_tasks(executor, data):
+    # per fold: 4 row selections, one task per upstream step, one per candidate (its fit and score); + collect
+    X, y = data
+    est = Pipeline([("scale", StandardScaler()), ("pca", PCA(n_components=2)), ("ridge", Ridge())])
+    gn.GridSearchCV(est, {"ridge__alpha": [0.1, 1.0, 10.0]}, cv=3, executor=executor).fit(X, y)
+    assert len(gn.last_trace().records) == 3 * (4 + 2 + 3) + 1
