@@ -21,7 +21,7 @@ fitted once per fold (equal to dask-ml's count), and the same best parameters as
 scikit-learn's within 1e-12).
 
 Run: ``python benchmarks/bench_dask_search.py [--quick] [--out benchmarks/results/dask_search.json]``
-(``--quick``: 3k rows, 3 folds, one timed round: checks the harness, not the targets).
+(``--quick``: 1k rows, 4 candidates, 2 folds, one timed round: checks the harness, not the targets).
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ def pipeline(n_components: int) -> Any:
 
 
 GRID = {"ridge__alpha": [0.01, 0.1, 1.0, 10.0, 100.0], "ridge__fit_intercept": [True, False]}
+QUICK_GRID = {"ridge__alpha": [0.1, 10.0], "ridge__fit_intercept": [True, False]}
 
 
 def make_data(n: int, d: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -91,7 +92,8 @@ def make_data(n: int, d: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return X, y
 
 
-def searches(client: Any, X: np.ndarray, y: np.ndarray, cv: Any, n_components: int) -> dict[str, Any]:
+def searches(client: Any, X: np.ndarray, y: np.ndarray, cv: Any, n_components: int,
+             grid: dict[str, list[Any]]) -> dict[str, Any]:
     """The three searches, each a function returning ``(best_params, mean test scores, search report or None)``."""
     import joblib
     from dask_ml.model_selection import GridSearchCV as DaskMLGridSearchCV
@@ -102,16 +104,16 @@ def searches(client: Any, X: np.ndarray, y: np.ndarray, cv: Any, n_components: i
     ex = gn.DaskExecutor(client)
 
     def gpunets() -> Any:
-        s = gn.GridSearchCV(pipeline(n_components), GRID, cv=cv, executor=ex).fit(X, y)
+        s = gn.GridSearchCV(pipeline(n_components), grid, cv=cv, executor=ex).fit(X, y)
         return s.best_params_, s.cv_results_["mean_test_score"], s.search_report_
 
     def dask_ml() -> Any:
-        s = DaskMLGridSearchCV(pipeline(n_components), GRID, cv=cv, scheduler=client).fit(X, y)
+        s = DaskMLGridSearchCV(pipeline(n_components), grid, cv=cv, scheduler=client).fit(X, y)
         return s.best_params_, s.cv_results_["mean_test_score"], None
 
     def sklearn_joblib_dask() -> Any:
         with joblib.parallel_backend("dask"):
-            s = SkGridSearchCV(pipeline(n_components), GRID, cv=cv, n_jobs=-1).fit(X, y)
+            s = SkGridSearchCV(pipeline(n_components), grid, cv=cv, n_jobs=-1).fit(X, y)
         return s.best_params_, s.cv_results_["mean_test_score"], None
 
     return {"gpunets": gpunets, "dask_ml": dask_ml, "sklearn_joblib_dask": sklearn_joblib_dask}
@@ -128,11 +130,12 @@ def run(quick: bool = False) -> dict[str, Any]:
     from sklearn.model_selection import KFold
     from threadpoolctl import threadpool_limits
 
-    n, d, k, folds = (3_000, 40, 10, 3) if quick else (10_000, 100, 30, 5)
+    n, d, k, folds = (1_000, 20, 5, 2) if quick else (10_000, 100, 30, 5)
+    grid = QUICK_GRID if quick else GRID
     repeat = 1 if quick else 3
     X, y = make_data(n, d)
     cv = KFold(folds)
-    candidates = int(np.prod([len(v) for v in GRID.values()]))
+    candidates = int(np.prod([len(v) for v in grid.values()]))
     out: dict[str, Any] = {"rows": n, "columns": d, "candidates": candidates, "folds": folds, "workers": 2,
                            "repeat": repeat, "load_before": list(os.getloadavg())}
     # the client's own BLAS on one thread, as the workers': the refit of gpunets and scikit-learn runs on the
@@ -140,7 +143,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
                                   dashboard_address="127.0.0.1:0") as cluster, distributed.Client(cluster) as client, \
             threadpool_limits(1):
-        peers = searches(client, X, y, cv, k)
+        peers = searches(client, X, y, cv, k, grid)
         results: dict[str, Any] = {}
         for fn in peers.values():   # warm: one untimed run each
             fn()

@@ -66,7 +66,7 @@ class StepsFold:
         self.Xtr, self.Xte, self.ytr, self.yte, self.n_test = folds
         self.shared: dict[Any, tuple[Any, ...]] = {}
         self.routes: dict[Any, Any] = {}
-        self.pending: list[tuple[Any, ...]] = []   # per candidate: the score node's arguments, its step keys
+        self.pending: list[tuple[Any, ...]] = []   # per candidate: its last route, upstream Stage node, step keys
         self.users: dict[Any, int] = {}            # step key -> candidates of this fold that use the step
         self.last: dict[Any, tuple[str, Any]] = {}  # last step's key -> (its name, its estimator)
 
