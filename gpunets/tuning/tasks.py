@@ -39,6 +39,20 @@ class Stage:
         self.train, self.test, self.score, self.seconds = train, test, score, seconds
 
 
+def aligned(*values: Any) -> tuple[Any, ...]:
+    """``values``, each NumPy array that is not aligned for its dtype copied into one that is.
+
+    Arrays that Dask moves between workers can arrive at any byte offset; NumPy and BLAS take other code
+    paths on such memory and may round differently, so a score computed from them could differ from the
+    serial search's in the last bit.
+
+    >>> raw = np.zeros(8 * 4 + 1, dtype=np.uint8)[1:].view(np.float64)
+    >>> raw.flags.aligned, aligned(raw)[0].flags.aligned
+    (False, True)
+    """
+    return tuple(v.copy() if isinstance(v, np.ndarray) and not v.flags.aligned else v for v in values)
+
+
 def take(value: Any, rows: np.ndarray) -> Any:
     """``value`` at ``rows``: gpunets' type-aware selection, scikit-learn's for lists and the like."""
     if value is None:
@@ -98,6 +112,8 @@ def fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: An
         X = X.train
     if isinstance(X, Failed):
         return X, X, 0.0
+    X, y = aligned(X, y)
+    fit_params = dict(zip(fit_params, aligned(*fit_params.values())))
     start = time.perf_counter()
     est = clone(est if route is None else route.estimator)  # the fitted copy is dropped once no score needs it
     try:
@@ -149,6 +165,7 @@ def fit_stage(est: Any, route: Any, fit_params: dict[str, Any], score: bool, y: 
     secs: tuple[float, ...] = ()
     if isinstance(X, Stage):
         X, X_test, X_score, secs = X.train, X.test, X.score, X.seconds
+    X_test, X_score = aligned(X_test, X_score)
     est, out, seconds = fit_step(est, route, False, fit_params, X, y)
     return Stage(out, transform(est, X_test, route), transform(est, X_score, route) if score else None,
                  secs + (seconds,))
@@ -204,6 +221,9 @@ def score_fit(route: Any, users: tuple[int, ...], head: tuple[Any, ...], step: t
     if isinstance(X_test, Stage):   # the previous step's: its test rows, training rows to score, fit seconds
         X_test, X_train, upstream_seconds = X_test.test, X_test.score, X_test.seconds
     est, _, secs = step
+    X_test, y_test, X_train, y_train = aligned(X_test, y_test, X_train, y_train)
+    if head[5] is not None:   # the scorer's sample weights, (test, train)
+        head = (*head[:5], tuple(dict(zip(p, aligned(*p.values()))) for p in head[5]))
     args = (*head, est, X_test, y_test, X_train, y_train, share_seconds(users, *upstream_seconds, secs))
     return score_one(*args) if route is None else score_on(route, *args)
 
@@ -300,7 +320,7 @@ def fit_model(est: Any, *values: Any) -> tuple[Any, None, float]:
 
     start = time.perf_counter()
     try:
-        return clone(est).fit(*values), None, time.perf_counter() - start
+        return clone(est).fit(*aligned(*values)), None, time.perf_counter() - start
     except Exception as e:  # noqa: BLE001 - reported by candidate
         failed = Failed(e, traceback.format_exc(), time.perf_counter() - start)
         return failed, None, failed.seconds
@@ -312,7 +332,7 @@ def apply_op(op: str, est: Any, *values: Any) -> Any:
     if failed is not None:
         return failed
     try:
-        return apply_estimator(est, op, values)
+        return apply_estimator(est, op, aligned(*values))
     except Exception as e:  # noqa: BLE001
         return Failed(e, traceback.format_exc())
 
