@@ -24,7 +24,8 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-SECTIONS = ["executors", "kernels", "stacking", "dask", "scaling", "fingerprint", "tuning", "from_sklearn", "cache"]
+SECTIONS = ["executors", "kernels", "stacking", "dask", "dask_search", "scaling", "fingerprint", "tuning",
+            "from_sklearn", "cache"]
 
 
 def targets(res: Any, prefix: str = "") -> list[tuple[str, Any, str, Any]]:

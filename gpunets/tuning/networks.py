@@ -28,7 +28,7 @@ from ..graph import op_nodes, upstream_machines
 from ..nodes import AbstractNode, Node, Source, node
 from . import tasks
 from ..models import resolve_estimator
-from .report import SearchReport
+from .report import SearchReport, fit_name
 
 __all__ = ["CompositeFold", "StepsFold", "is_composite", "pipeline_steps"]
 
@@ -59,13 +59,18 @@ class StepsFold:
     def __init__(self, report: SearchReport, folds: tuple[Any, ...], fit_params: dict[str, dict[str, Any]],
                  score_args: tuple[Any, ...], train_score: bool, score_params: Any = None,
                  device: Any = None) -> None:
-        self.report, self.fp, self.score_args, self.train_score = report, fit_params, score_args, train_score
+        self.report, self.score_args, self.train_score = report, score_args, train_score
         self.score_params, self.device = score_params, device
+        # parameters cut to the fold's rows (sample weights...): one node each, so that a graph sent to Dask
+        # holds them once per fold, not once per task that reads them
+        self.fp = {name: node(tasks.constant, p, name=f"{name} fit parameters") if p else p
+                   for name, p in fit_params.items()}
         self.Xtr, self.Xte, self.ytr, self.yte, self.n_test = folds
         self.shared: dict[Any, tuple[Any, ...]] = {}
         self.routes: dict[Any, Any] = {}
-        self.pending: list[tuple[Any, ...]] = []   # per candidate: the score node's arguments, its step keys
+        self.pending: list[tuple[Any, ...]] = []   # per candidate: its last route, upstream Stage node, step keys
         self.users: dict[Any, int] = {}            # step key -> candidates of this fold that use the step
+        self.last: dict[Any, tuple[str, Any]] = {}  # last step's key -> (its name, its estimator)
 
     def _route(self, name: str, est: Any) -> Any:
         if self.device is None:
@@ -76,45 +81,67 @@ class StepsFold:
         return self.routes[k]
 
     def candidate(self, steps: list[tuple[str, Any]]) -> None:
-        """Add one candidate's steps (its score node is made by :meth:`scores`, once all are known)."""
-        up_train, up_test, up_score = self.Xtr, self.Xte, self.Xtr  # fit input, test rows, train rows to score
+        """Add one candidate's steps (its last step and score are made by :meth:`scores`, once all are known).
+
+        Each upstream step is one task (:func:`~gpunets.tuning.tasks.fit_stage`): it fits, transforms the
+        test rows (and the training rows to score) and passes on a :class:`~gpunets.tuning.tasks.Stage`.
+        """
+        stage = None   # the previous upstream step's node; None before the first
         key: Any = ()
         keys = []
-        fitted = route = None
+        route = None
         for i, (name, est) in enumerate(steps):
-            last = i == len(steps) - 1
             key = (key, tasks.step_key(est))
             keys.append(key)
             route = self._route(name, est)
+            if i == len(steps) - 1:   # the last step: one fit per distinct step, made by scores()
+                if key not in self.last:
+                    self.last[key] = (name, clone(est))
+                    self.report.fits[name] += 1
+                break
             hit = self.shared.get(key)
             if hit is None:
-                step = node(tasks.fit_step, clone(est), route, last, self.fp.get(name, {}), up_train, self.ytr)
-                fit = node(tasks.fitted, step)
+                inputs = ((stage,) if stage is not None
+                          else (self.Xtr, self.Xte, self.Xtr if self.train_score else None))
+                hit = node(tasks.fit_stage, clone(est), route, self.fp.get(name, {}), self.train_score, self.ytr,
+                           *inputs, name=fit_name(name))
                 self.report.fits[name] += 1
-                if last:
-                    hit = (fit, None, None, node(tasks.seconds, step), None)
-                else:
-                    self.report.transforms += 1
-                    hit = (fit, node(tasks.transformed, step), node(tasks.transform, fit, up_test, route),
-                           node(tasks.seconds, step),
-                           node(tasks.transform, fit, up_score, route) if self.train_score else None)
+                self.report.transforms += 1
                 self.shared[key] = hit
-            fitted, up_train, next_test, _, next_score = hit
-            if not last:
-                up_test, up_score = next_test, next_score
+            stage = hit
         for k in keys:
             self.users[k] = self.users.get(k, 0) + 1
-        self.pending.append((route, fitted, up_test, up_score if self.train_score else None, keys))
+        self.pending.append((route, stage, keys))
 
     def scores(self) -> list[AbstractNode]:
-        """The score node of every candidate added, in order (fit times shared out among the users)."""
+        """The score node of every candidate added, in order (fit times shared out among the users).
+
+        A last step that one candidate of the fold uses is fitted and scored in one task (nothing but
+        its scores leaves the task); a last step several candidates share (equal candidates) is one fit
+        whose result each candidate's score reads.
+        """
         scorer, error_score, n_scores = self.score_args
+        head: Any = (scorer, error_score, self.train_score, self.n_test, n_scores, self.score_params)
+        if self.score_params is not None:   # sample weights of the fold's rows: once per fold (see __init__)
+            head = node(tasks.constant, head, name="score parameters")
+        ytr = self.ytr if self.train_score else None
+        fits: dict[Any, AbstractNode] = {}
         out: list[AbstractNode] = []
-        for route, fitted, up_test, up_score, keys in self.pending:
-            secs = node(tasks.share_seconds, tuple(self.users[k] for k in keys), *(self.shared[k][3] for k in keys))
-            args = (scorer, error_score, self.train_score, self.n_test, n_scores, self.score_params, fitted, up_test,
-                    self.yte, up_score, self.ytr if self.train_score else None, secs)
-            out.append(node(tasks.score_one, *args) if route is None else node(tasks.score_on, route, *args))
+        for route, stage, keys in self.pending:
+            name, est = self.last[keys[-1]]
+            users = tuple(self.users[k] for k in keys)
+            X, X_test, X_train = ((stage, None, None) if stage is not None
+                                  else (self.Xtr, self.Xte, self.Xtr if self.train_score else None))
+            fp = self.fp.get(name, {})
+            if self.users[keys[-1]] == 1:
+                out.append(node(tasks.fit_and_score, est, route, fp, X, self.ytr, users, head, X_test, self.yte,
+                                X_train, ytr, name=fit_name(name)))
+                continue
+            step = fits.get(keys[-1])
+            if step is None:
+                step = fits[keys[-1]] = node(tasks.fit_step, est, route, True, fp, X, self.ytr, name=fit_name(name))
+            out.append(node(tasks.score_fit, route, users, head, step, X if stage is not None else X_test,
+                            self.yte, X_train, ytr))
         return out
 
 
@@ -184,11 +211,11 @@ class CompositeFold:
         return out
 
     # --- copying a candidate's network into the search network, hash-consed ---------------------
-    def _intern(self, key: Any, fn: Any, *args: Any) -> AbstractNode:
-        """The node ``key`` names, made as ``node(fn, *args)`` the first time."""
+    def _intern(self, key: Any, fn: Any, *args: Any, name: str | None = None) -> AbstractNode:
+        """The node ``key`` names, made as ``node(fn, *args, name=name)`` the first time."""
         hit = self.memo.get(key)
         if hit is None:
-            hit = self.memo[key] = node(fn, *args)
+            hit = self.memo[key] = node(fn, *args, name=name)
         return hit
 
     def _arg(self, a: Any, env: dict[int, AbstractNode], keys: list[Any]) -> Any:
@@ -236,7 +263,8 @@ class CompositeFold:
         if key not in self.memo:
             self.report.fits[m.label] = self.report.fits.get(m.label, 0) + 1
         self.needed.add(key)
-        fit = self._intern(key, partial(tasks.fit_model, keywords=m.fit_keywords), clone(m.model), *args)
+        fit = self._intern(key, partial(tasks.fit_model, keywords=m.fit_keywords), clone(m.model), *args,
+                           name=fit_name(m.label))
         self._intern(("seconds", key), tasks.seconds, fit)
         return self._intern(("fitted", key), tasks.fitted, fit)
 

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["SearchReport"]
+__all__ = ["SearchReport", "fit_name"]
+
+
+def fit_name(label: str) -> str:
+    """The name the search gives the node that fits step (or machine) ``label``.
+
+    >>> fit_name("pca")
+    'fit pca'
+    """
+    return f"fit {label}"
 
 
 @dataclass
@@ -25,6 +36,13 @@ class SearchReport:
     errors : dict
         ``{candidate index: (its parameters, the last line of its first error)}`` for every candidate
         that failed on some fold (its scores are ``error_score``).
+    ran : dict or None
+        ``{step label: fit tasks the executor ran}``, read from the run's trace: equal to ``fits`` when
+        each shared fit ran once (more only when Dask reran tasks of a worker that died); None when
+        the executor recorded no trace (``DaskExecutor(trace=False)``).
+    where : dict or None
+        ``{step label: {lane: fits}}``: where the fits ran (on Dask, each worker's address; else
+        the executor's lane); None with ``ran``.
     """
 
     fits: dict[str, int] = field(default_factory=dict)
@@ -33,16 +51,53 @@ class SearchReport:
     seconds: float = 0.0
     errors: dict = field(default_factory=dict)
     refit_route: tuple | None = field(default=None, repr=False)  # (route, device) of a search on a GPU
+    ran: dict[str, int] | None = None
+    where: dict[str, dict[str, int]] | None = None
 
     @property
     def total(self) -> tuple[int, int]:
         """``(fits done, fits a candidate-by-candidate search would do)``."""
         return sum(self.fits.values()), sum(self.naive.values())
 
+    def read_trace(self, records: Iterable[Any]) -> None:
+        """Fill ``ran`` and ``where`` from the trace records of the search's run.
+
+        A fit task is recognised by its label, ``"fit <step>(...)"`` (see :func:`fit_name`).
+
+        >>> from gpunets.trace import TraceRecord
+        >>> r = SearchReport(fits={"pca": 1, "ridge": 2})
+        >>> recs = [TraceRecord(k, "node", f"{fit_name(s)}(X)", lane, "cpu", 0.0, 1.0, "w")
+        ...         for k, (s, lane) in enumerate([("pca", "w1"), ("ridge", "w1"), ("ridge", "w2")])]
+        >>> r.read_trace(recs)
+        >>> r.ran, r.where["ridge"]
+        ({'pca': 1, 'ridge': 2}, {'w1': 1, 'w2': 1})
+        """
+        heads = {fit_name(s) + "(": s for s in self.fits}
+        ran = dict.fromkeys(self.fits, 0)
+        where: dict[str, dict[str, int]] = {s: {} for s in self.fits}
+        seen = False
+        for rec in records:
+            seen = True
+            head = rec.label[: rec.label.find("(") + 1]
+            step = heads.get(head)
+            if step is None:   # a step label holding "(": the longest head that matches
+                step = max((s for h, s in heads.items() if rec.label.startswith(h)), key=len, default=None)
+            if step is None:
+                continue
+            ran[step] += 1
+            lane = str(rec.lane)
+            where[step][lane] = where[step].get(lane, 0) + 1
+        self.ran, self.where = (ran, where) if seen else (None, None)
+
     def __repr__(self) -> str:
         done, naive = self.total
+        ran = self.ran is not None
         lines = [f"SearchReport ({done} fits instead of {naive}, {self.seconds:.3f} s)",
-                 f"  {'step':<24} {'fits':>6} {'naive':>6}"]
-        lines += [f"  {k:<24} {self.fits[k]:>6} {self.naive[k]:>6}" for k in self.fits]
+                 f"  {'step':<24} {'fits':>6} {'naive':>6}" + (f" {'ran':>6}  where" if ran else "")]
+        for k in self.fits:
+            line = f"  {k:<24} {self.fits[k]:>6} {self.naive[k]:>6}"
+            if self.ran is not None and self.where is not None:
+                line += f" {self.ran[k]:>6}  " + ", ".join(f"{n} on {lane}" for lane, n in self.where[k].items())
+            lines.append(line)
         lines += [f"  candidate {i} {params} failed: {err}" for i, (params, err) in self.errors.items()]
         return "\n".join(lines)

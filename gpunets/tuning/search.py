@@ -19,10 +19,17 @@ fitting every (candidate, fold) pair on its own, the search builds one network:
 * the whole graph runs at once on the chosen executor (threads on a CPU,
   streams on a GPU, Dask), and a fitted step is dropped as soon as the last
   score that needs it has been computed (the scheduler frees values with no
-  consumer left).
+  consumer left);
+* few, large tasks (which counts on Dask, where each task costs a scheduler
+  round trip): an upstream step fits, transforms the fold's test rows and
+  passes them on in one task; a candidate's last step is fitted and scored in
+  one task.  On Dask a shared step thus runs once, on one worker, and the
+  tasks that need it run where it lives or fetch it from there.
 
 ``search_report_`` tells how many step fits ran and how many a
-candidate-by-candidate search would have run.
+candidate-by-candidate search would have run; its ``ran`` and ``where``,
+read from the run's trace, count the fit tasks the executor ran and where
+(on Dask, each worker's address).
 
 >>> import numpy as np, gpunets as gn
 >>> from sklearn.pipeline import make_pipeline
@@ -60,7 +67,7 @@ from ..config import config
 from ..data import device_of
 from ..devices import Device, override_placement
 from ..executors import check_executor_spec
-from ..network import evaluate
+from ..network import evaluate, last_trace
 from ..nodes import node
 from . import tasks
 from ..models import fit_context, resolve_estimator
@@ -240,6 +247,8 @@ class _NetworkSearch(BaseSearchCV):
         start = time.perf_counter()
         outs = evaluate(target, output="device", **opts)
         report.seconds = time.perf_counter() - start
+        trace = last_trace()
+        report.read_trace(() if trace is None else trace.records)   # the fits that ran, and where
         return outs, report
 
 

@@ -18,7 +18,7 @@ from ..estimators import apply_estimator
 from ..nodes import source
 from ..models import fit_context, prepare_inputs
 
-__all__ = ["Failed", "Replay", "fn_key", "step_key"]
+__all__ = ["Failed", "Replay", "Stage", "fn_key", "step_key"]
 
 
 # --- the values flowing through the search network (module level, so they pickle for Dask) -------------
@@ -28,6 +28,29 @@ class Failed:
 
     def __init__(self, error: BaseException, tb: str, seconds: float = 0.0) -> None:
         self.error, self.tb, self.seconds = error, tb, seconds
+
+
+class Stage:
+    """What a fitted upstream step passes on, in one value: its transforms of the fold's training rows,
+    test rows and (with train scores) training rows to score, and the fit seconds of every step so far.
+    The fitted step itself is not kept: nothing downstream needs it."""
+
+    def __init__(self, train: Any, test: Any, score: Any, seconds: tuple[float, ...]) -> None:
+        self.train, self.test, self.score, self.seconds = train, test, score, seconds
+
+
+def aligned(*values: Any) -> tuple[Any, ...]:
+    """``values``, each NumPy array that is not aligned for its dtype copied into one that is.
+
+    Arrays that Dask moves between workers can arrive at any byte offset; NumPy and BLAS take other code
+    paths on such memory and may round differently, so a score computed from them could differ from the
+    serial search's in the last bit.
+
+    >>> raw = np.zeros(8 * 4 + 1, dtype=np.uint8)[1:].view(np.float64)
+    >>> raw.flags.aligned, aligned(raw)[0].flags.aligned
+    (False, True)
+    """
+    return tuple(v.copy() if isinstance(v, np.ndarray) and not v.flags.aligned else v for v in values)
 
 
 def take(value: Any, rows: np.ndarray) -> Any:
@@ -81,12 +104,16 @@ def fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: An
     """Fit one step: ``(fitted, transformed training rows or None, seconds)``, as Pipeline's fit does.
 
     ``route`` is the step's :class:`~gpunets.models.Resolved` on a GPU (its estimator is the one fitted),
-    None on the CPU.
+    None on the CPU; ``X`` is the training rows, or the previous step's :class:`Stage`.
     """
     from sklearn.base import clone
 
+    if isinstance(X, Stage):
+        X = X.train
     if isinstance(X, Failed):
         return X, X, 0.0
+    X, y = aligned(X, y)
+    fit_params = dict(zip(fit_params, aligned(*fit_params.values())))
     start = time.perf_counter()
     est = clone(est if route is None else route.estimator)  # the fitted copy is dropped once no score needs it
     try:
@@ -114,10 +141,6 @@ def fitted(step: tuple[Any, Any, float]) -> Any:
     return step[0]
 
 
-def transformed(step: tuple[Any, Any, float]) -> Any:
-    return step[1]
-
-
 def seconds(step: tuple[Any, Any, float]) -> float:
     return step[2]
 
@@ -132,6 +155,20 @@ def transform(est: Any, X: Any, route: Any = None) -> Any:
             return est.transform(*moved(route, X))
     except Exception as e:  # noqa: BLE001
         return Failed(e, traceback.format_exc())
+
+
+def fit_stage(est: Any, route: Any, fit_params: dict[str, Any], score: bool, y: Any, X: Any, X_test: Any = None,
+              X_score: Any = None) -> Stage:
+    """Fit an upstream step and transform the test rows (and, if ``score``, the training rows to score) in
+    one task.  ``X`` is the fold's training rows (then ``X_test``, ``X_score`` are given) or the previous
+    step's :class:`Stage`."""
+    secs: tuple[float, ...] = ()
+    if isinstance(X, Stage):
+        X, X_test, X_score, secs = X.train, X.test, X.score, X.seconds
+    X_test, X_score = aligned(X_test, X_score)
+    est, out, seconds = fit_step(est, route, False, fit_params, X, y)
+    return Stage(out, transform(est, X_test, route), transform(est, X_score, route) if score else None,
+                 secs + (seconds,))
 
 
 def score_on(route: Any, *args: Any) -> dict[str, Any]:
@@ -173,6 +210,40 @@ def score_one(scorer: Any, error_score: Any, train: bool, n_test: int, n_scores:
     out["score_time"] = time.perf_counter() - start
     out["fit_error"] = None
     return out
+
+
+def score_fit(route: Any, users: tuple[int, ...], head: tuple[Any, ...], step: tuple[Any, Any, float],
+              X_test: Any, y_test: Any, X_train: Any, y_train: Any, *upstream_seconds: float) -> dict[str, Any]:
+    """:func:`score_one` (:func:`score_on` on a GPU route) of a fitted last step ``step``, as :func:`fit_step`
+    returned it; ``head`` is score_one's first six arguments, the fit time the candidate's share of the
+    upstream steps' ``upstream_seconds`` and of the last step's (``users``: candidates sharing each).
+    ``X_test`` may be the previous step's :class:`Stage` (then ``X_train`` and the seconds come from it)."""
+    if isinstance(X_test, Stage):   # the previous step's: its test rows, training rows to score, fit seconds
+        X_test, X_train, upstream_seconds = X_test.test, X_test.score, X_test.seconds
+    est, _, secs = step
+    X_test, y_test, X_train, y_train = aligned(X_test, y_test, X_train, y_train)
+    if head[5] is not None:   # the scorer's sample weights, (test, train)
+        head = (*head[:5], tuple(dict(zip(p, aligned(*p.values()))) for p in head[5]))
+    args = (*head, est, X_test, y_test, X_train, y_train, share_seconds(users, *upstream_seconds, secs))
+    return score_one(*args) if route is None else score_on(route, *args)
+
+
+def fit_and_score(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: Any, users: tuple[int, ...],
+                  head: tuple[Any, ...], X_test: Any, y_test: Any, X_train: Any, y_train: Any,
+                  *upstream_seconds: float) -> dict[str, Any]:
+    """Fit the last step of one candidate and score it, in one task: :func:`fit_step` then :func:`score_fit`.
+
+    ``X`` is the fold's training rows, or the previous step's :class:`Stage` (which then also gives the
+    test rows, the training rows to score and the upstream fit seconds)."""
+    step = fit_step(est, route, True, fit_params, X, y)
+    if isinstance(X, Stage):
+        X_test = X
+    return score_fit(route, users, head, step, X_test, y_test, X_train, y_train, *upstream_seconds)
+
+
+def constant(value: Any) -> Any:
+    """``value`` itself: a node holding a fold's parameters, so that tasks share it instead of each embedding it."""
+    return value
 
 
 def share_seconds(users: tuple[int, ...], *seconds: float) -> float:
@@ -251,6 +322,7 @@ def fit_model(est: Any, *values: Any, keywords: tuple[str, ...] = ()) -> tuple[A
 
     start = time.perf_counter()
     try:
+        values = aligned(*values)
         n = len(values) - len(keywords)
         return clone(est).fit(*values[:n], **dict(zip(keywords, values[n:]))), None, time.perf_counter() - start
     except Exception as e:  # noqa: BLE001 - reported by candidate
@@ -264,7 +336,7 @@ def apply_op(op: str, est: Any, *values: Any) -> Any:
     if failed is not None:
         return failed
     try:
-        return apply_estimator(est, op, values)
+        return apply_estimator(est, op, aligned(*values))
     except Exception as e:  # noqa: BLE001
         return Failed(e, traceback.format_exc())
 
