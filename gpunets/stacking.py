@@ -709,6 +709,9 @@ class StackingRegressor(RegressorMixin, _BaseStacking):
 class StackingClassifier(ClassifierMixin, _BaseStacking):
     """Stack classifiers with a final classifier, as one network (same predictions as scikit-learn's).
 
+    ``y`` may be 1-D class labels or a multilabel-indicator matrix (2-D, 0/1),
+    as in scikit-learn; ``classes_`` is then a list (one array per label).
+
     Parameters
     ----------
     estimators : list of (str, estimator)
@@ -728,11 +731,6 @@ class StackingClassifier(ClassifierMixin, _BaseStacking):
         take the majority (ties: the smallest label).
     executor, device, workers
         As in :class:`StackingRegressor`.
-
-    Notes
-    -----
-    ``y`` may be 1-D class labels or a multilabel-indicator matrix (2-D, 0/1),
-    as in scikit-learn; ``classes_`` is then a list (one array per label).
 
     Examples
     --------
