@@ -434,8 +434,8 @@ class Machine:
                                   info.get("path", "sklearn"), info.get("n_rows"), hist, pending.parents)
         self._version += 1
         self.n_fits += 1
-        if previous is not None and previous.is_remote and previous.stored is not est:
-            previous.stored.release()   # retrained: the old state's copy on the workers is dropped
+        # a previous state kept remotely is released when the last reference to it goes (at once, unless a
+        # call running in another thread still uses it: that call finishes with it)
 
     def _apply(self, op: str, values: tuple[Any, ...]) -> Any:
         if self._state is None:

@@ -7,8 +7,9 @@ Evaluations add the future to their graph as a dependency, so only new data and 
 travel.  The client fetches the estimator only when asked (``mach.estimator_``, ``fitted_params``,
 ``report`` of a composite's components, pickling, ``gn.save``, another executor).
 
-The key is released when the machine retrains (:meth:`release`), when the state is garbage collected
-(a ``weakref.finalize``) or when the executor that made it closes (it fetches the estimator first, so the
+The key is released when the state is dropped: the machine retrains (the old state goes with its last
+reference, at once unless a call running in another thread still uses it), or is garbage collected
+(a ``weakref.finalize``), or when the executor that made it closes (it fetches the estimator first, so the
 machine stays usable).  A worker that dies with the key: Dask recomputes it from the fit's inputs, which
 the state keeps on the cluster; if those died too, the state is rebuilt from its *recipe* (the fit's part
 of the graph, with the client's copies of its source data, sent again) under a new key, or, if the client
@@ -234,7 +235,7 @@ class DaskState(RemoteEstimator):
         self.release()
 
     def _lost_message(self) -> str:
-        why = ("it was released when its Dask executor closed or the machine retrained" if self._released
+        why = ("it was released when its Dask executor closed" if self._released
                else "it was lost on the Dask cluster (its worker died, or the client closed)")
         return (f"The fitted state of machine {self.label}, kept on a Dask worker ({self.key}), is no longer "
                 f"available: {why}. Fit the network again: this machine retrains.")
