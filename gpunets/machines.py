@@ -195,6 +195,8 @@ class Machine:
 
     #: names of the trailing ``args`` that ``fit`` takes as keywords (``sample_weight=w``); see :mod:`gpunets.weights`
     fit_keywords: tuple[str, ...] = ()
+    #: how :func:`gpunets.nodes.node` recognises a machine argument without importing this module
+    _gn_is_machine = True
 
     def __init__(self, model: Any, *args: Any, device: Any = None, name: str | None = None,
                  warm: Any = "auto", cache: bool | None = None, **fit_keywords: Any) -> None:

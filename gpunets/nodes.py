@@ -391,10 +391,9 @@ def node(fn: Callable[..., Any], *args: Any, name: str | None = None, device: An
     >>> float(total())
     10.0
     """
-    from .machines import Machine  # lazy: machines.py builds on this module's classes (same layer)
-
-    args = tuple(Node(MACHINE_VALUE, (), machine=a, device=a.device) if isinstance(a, Machine) else a
-                 for a in args)
+    # a machine (machines.py builds on this module, so it is recognised by its class's marker, not imported)
+    args = tuple(Node(MACHINE_VALUE, (), machine=a, device=a.device) if getattr(type(a), "_gn_is_machine", False)
+                 else a for a in args)
     return Node(fn, args, name=name, device=device)
 
 
