@@ -103,8 +103,8 @@ def test_demo_trace_holds_the_stacks_fold_fits(tmp_path, capsys):
                  "--no-progress", "--repeat", "1"]) == 0
     events = json.loads((tmp_path / "fastest_fit_trace.json").read_text())["traceEvents"]
     inner = [e for e in events if e.get("cat") == "fit" and e["args"].get("parent") == "stack"]
-    assert len(inner) == 4 * (5 + 1) + 1                       # 4 models x (5 folds + full refit) + final
-    assert "the 25 fits inside the stack" in capsys.readouterr().out
+    assert len(inner) == 4 * (5 + 1) + 2          # 4 models x (5 folds + full refit) + final + the cv report
+    assert "the 26 fits inside the stack" in capsys.readouterr().out
 
 
 def test_progress_bar_counts_the_stacks_inner_fits(monkeypatch):
@@ -133,7 +133,7 @@ def test_progress_bar_counts_the_stacks_inner_fits(monkeypatch):
     out, _ = build_network(X, y, executor="threads")
     out.fit(progress=True, executor="threads")
     assert len(bars) == 1                                   # one bar: the stack's fits count on it
-    assert bars[0].total == bars[0].n == 6 + 25             # 6 machines + the stack's 25 fits
+    assert bars[0].total == bars[0].n == 6 + 26             # 6 machines + the stack's 26 fits (cv report included)
 
 
 def test_progress_bar_is_the_text_bar_without_ipywidgets(monkeypatch):

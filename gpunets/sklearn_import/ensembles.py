@@ -17,6 +17,7 @@ import numpy as np
 from sklearn.preprocessing import LabelEncoder
 
 from .. import ops, stacking
+from ..data import array_namespace, device_of, to_device
 from ..graph import upstream_machines
 from ..machines import machine
 from ..nodes import Source, node
@@ -41,25 +42,43 @@ def _members(est: Any, path: str) -> tuple[list[str], list[Any], list[float] | N
 
 # --- node operations ----------------------------------------------------------------------------------------
 
+def _xp(*values: Any) -> Any:
+    """The array namespace of the values (NumPy for host data, CuPy's where the members predicted on a GPU)."""
+    return array_namespace(values[0])
+
+
+def _concat(xp: Any, parts: list[Any], axis: int) -> Any:
+    concat = getattr(xp, "concat", None) or xp.concatenate
+    return concat(parts, axis=axis)
+
+
 def columns_of(*preds: Any) -> Any:
-    """Predictions side by side, one column per member (``_predict``'s ``np.asarray(...).T``)."""
-    return np.asarray([np.asarray(p) for p in preds]).T
+    """Predictions side by side, one column per member (``_predict``'s ``np.asarray(...).T``), on their device."""
+    xp = _xp(*preds)
+    return xp.stack([xp.asarray(p) for p in preds], axis=1)
 
 
 def weighted_vote(weights: tuple[float, ...], *preds: Any) -> Any:
-    """Weighted majority of encoded labels; ties go to the smallest label (scikit-learn's rule)."""
-    P = np.asarray([np.asarray(p) for p in preds]).T
-    return np.apply_along_axis(lambda x: np.argmax(np.bincount(x, weights=weights)), axis=1, arr=P)
+    """Weighted majority of encoded labels; ties go to the smallest label (scikit-learn's rule).
+
+    Computed on the host (NumPy's ``bincount``), returned on the members' device.
+    """
+    P = np.asarray([np.asarray(to_device(p, "cpu")) for p in preds]).T
+    voted = np.apply_along_axis(lambda x: np.argmax(np.bincount(x, weights=weights)), axis=1, arr=P)
+    return to_device(voted, device_of(preds[0]))
 
 
 def argmax_rows(P: Any) -> Any:
-    """Index of the largest column per row."""
-    return np.argmax(np.asarray(P), axis=1)
+    """Index of the largest column per row (on the device of ``P``)."""
+    xp = _xp(P)
+    return xp.argmax(xp.asarray(P), axis=1)
 
 
 def hstack_arrays(*parts: Any) -> Any:
-    """``np.hstack`` of the parts."""
-    return np.hstack([np.asarray(p) for p in parts])
+    """``np.hstack`` of the parts, on their device."""
+    xp = _xp(*parts)
+    arrays = [xp.asarray(p) for p in parts]
+    return _concat(xp, arrays, axis=1 if arrays[0].ndim > 1 else 0)
 
 
 # --- voting -------------------------------------------------------------------------------------------------
@@ -105,7 +124,8 @@ def build_voting_classifier(est: Any, X: Any, y: Any, path: str, ctx: Context) -
 
 
 def _stack_probas(*probas: Any) -> Any:
-    return np.asarray([np.asarray(p) for p in probas])
+    xp = _xp(*probas)
+    return xp.stack([xp.asarray(p) for p in probas], axis=0)
 
 
 # --- stacking -------------------------------------------------------------------------------------------------
