@@ -34,7 +34,7 @@ from .config import get_config
 from .data import check_placeable, device_of, installed, n_rows, take_rows, to_device
 from .value_types import host_only
 from .devices import CPU, Device, check_available, is_host_only, placement_override, resolve, same_device
-from .estimators import (apply_estimator, fit_estimator, fit_transform_estimator, partial_fit_estimator,
+from .estimators import (apply_estimator, fit_estimator, fit_transform_estimator, is_frozen_estimator, partial_fit_estimator,
                          static_estimator)
 from .exceptions import NetworkError, NotFittedError
 from .fingerprint import scope
@@ -519,8 +519,9 @@ def _resolve_fit(b: "_Builder", m: "Machine", pending: Any, deps: Sequence[int] 
     """
     what = f"machine {m.label}"
     dev = b.placed(m.device, what, owner=m)
-    if dev.is_cuda and _placed_by_default(m.device) and any(host_only(s._data) for s in _raw_sources(m)):
-        dev = CPU
+    if dev.is_cuda and _placed_by_default(m.device) and (
+            any(host_only(s._data) for s in _raw_sources(m)) or is_frozen_estimator(pending.estimator)):
+        dev = CPU   # host-only data, or a FrozenEstimator: its fitted state is the host object it wraps
     if dev.is_cpu and not is_cuml_estimator(pending.estimator):
         return None, dev, "sklearn"
     r = keywords_fallback(resolve_estimator(pending.estimator, dev, what=what), pending.estimator,

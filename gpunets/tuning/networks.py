@@ -63,7 +63,8 @@ class StepsFold:
         self.score_params, self.device = score_params, device
         # parameters cut to the fold's rows (sample weights...): one node each, so that a graph sent to Dask
         # holds them once per fold, not once per task that reads them
-        self.fp = {name: node(tasks.constant, p, name=f"{name} fit parameters") if p else p
+        # host data held by a node placed on the host, so that a step on a GPU gets them moved there
+        self.fp = {name: node(tasks.constant, p, name=f"{name} fit parameters", device="cpu") if p else p
                    for name, p in fit_params.items()}
         self.Xtr, self.Xte, self.ytr, self.yte, self.n_test = folds
         self.shared: dict[Any, tuple[Any, ...]] = {}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from sklearn.model_selection._validation import _score
@@ -30,13 +30,16 @@ class Failed:
         self.error, self.tb, self.seconds = error, tb, seconds
 
 
-class Stage:
+class Stage(NamedTuple):
     """What a fitted upstream step passes on, in one value: its transforms of the fold's training rows,
     test rows and (with train scores) training rows to score, and the fit seconds of every step so far.
-    The fitted step itself is not kept: nothing downstream needs it."""
+    The fitted step itself is not kept: nothing downstream needs it.  A named tuple, so a move to
+    another device moves its arrays (:func:`gpunets.data.to_device` moves tuples item by item)."""
 
-    def __init__(self, train: Any, test: Any, score: Any, seconds: tuple[float, ...]) -> None:
-        self.train, self.test, self.score, self.seconds = train, test, score, seconds
+    train: Any
+    test: Any
+    score: Any
+    seconds: tuple[float, ...]
 
 
 def aligned(*values: Any) -> tuple[Any, ...]:
