@@ -60,6 +60,7 @@ from .devices import Device, current_placement
 from .estimators import apply_estimator, fresh_estimator, is_stateless
 from .exceptions import NotFittedError
 from .fingerprint import fingerprint
+from .fitted_machine import learned_attributes
 from .graph import Upstream
 from .nodes import AbstractNode, Node, Source, as_node, is_node
 from .weights import keyword_nodes
@@ -446,16 +447,9 @@ class Machine:
 
     # --- what it learned -----------------------------------------------------------------
     def fitted_params(self) -> dict[str, Any]:
-        """The learned attributes of the fitted estimator (scikit-learn's trailing ``_``)."""
-        est = self.estimator_
-        out: dict[str, Any] = {}
-        for k in sorted(vars(est)) if hasattr(est, "__dict__") else []:
-            if k.endswith("_") and not k.startswith("_") and not k.endswith("__"):
-                out[k] = getattr(est, k)
-        extra = getattr(est, "fitted_params_", None)   # a composite: its components' (as report() has them)
-        if isinstance(extra, dict):
-            out["components"] = extra
-        return out
+        """The learned attributes of the fitted estimator (scikit-learn's trailing ``_``; a composite's
+        components' under ``"components"``)."""
+        return learned_attributes(self.estimator_)
 
     def report(self) -> dict[str, Any]:
         """What happened when this machine last trained: action, time, rows, device."""
