@@ -31,6 +31,7 @@ from .devices import override_placement
 from .machines import Machine
 from .network import evaluate
 from .nodes import AbstractNode, is_node, node
+from .saved import saved_operation
 
 __all__ = ["EXTRA_KEYS", "Outputs", "check_extra", "check_extra_names", "extra_nodes", "evaluate_extras"]
 
@@ -84,6 +85,7 @@ def extra_nodes(extras: dict[str, dict[str, AbstractNode]]) -> list[AbstractNode
     return [n for nodes in extras.values() for n in nodes.values()]
 
 
+@saved_operation
 def _collect(*values: Any) -> tuple[Any, ...]:
     return values
 

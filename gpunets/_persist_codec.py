@@ -12,7 +12,8 @@
 * GPU values (CuPy arrays, cuDF objects) are copied to the host as :class:`HostValue`, fitted cuML
   estimators are stored as their scikit-learn twins (cuML's ``as_sklearn()``);
 * executors are stored as what they were made from (a Dask executor as the name ``"dask"``);
-* anything else that holds one of these is copied shallowly with its attributes encoded.
+* anything else that holds one of these is copied shallowly with its attributes encoded; attributes its class
+  names in ``_gn_unsaved`` (training data kept for a rebuild, e.g. a conversion's context) are written as None.
 
 :class:`Decoder` builds it back: graph objects with new identities (their ``__setstate__``, as a copy gets),
 and values saved from a GPU on that GPU where it exists here, else on the host with the fallback policy's
@@ -259,7 +260,8 @@ class Encoder:
         items = dict(x) if isinstance(x, dict) else None
         if not isinstance(attrs, dict) and items is None:
             return x
-        enc_attrs = {k: self.value(v) for k, v in (attrs or {}).items()}
+        unsaved = getattr(type(x), "_gn_unsaved", ())   # attributes that hold training data: written as None
+        enc_attrs = {k: None if k in unsaved else self.value(v) for k, v in (attrs or {}).items()}
         enc_items = {k: self.value(v) for k, v in (items or {}).items()}
         if all(enc_attrs[k] is v for k, v in (attrs or {}).items()) and all(
                 enc_items[k] is v for k, v in (items or {}).items()):

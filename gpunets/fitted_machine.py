@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from .data import to_device
+from .saved import saved_operation
 
 __all__ = ["MACHINE_VALUE", "FittedMachine", "learned_attributes"]
 
@@ -134,6 +135,7 @@ def view_of_fit(label: str, model: Any, action: str, fitted: tuple[Any, ...]) ->
     return FittedMachine(label, model, est, _report_of(action, info))
 
 
+@saved_operation
 def view_of_estimator(label: str, model: Any, est: Any) -> FittedMachine:
     """The snapshot of a machine a search trained (its fit's estimator only)."""
     return FittedMachine(label, model, est, {"action": "train"})

@@ -24,8 +24,10 @@ from typing import Any, Sequence
 from . import _gpulibs
 from .data import is_cupy_array
 from .nodes import Node, is_node
+from .saved import saved_operation
 
 __all__ = ["mean", "weighted_sum", "vote", "hstack", "sum", "min", "max", "var", "combine"]
+
 
 
 def _branches(nodes: Sequence[Any], fname: str) -> tuple[Any, ...]:
@@ -85,6 +87,7 @@ def _common_dtype(arrays: list[Any], target: str) -> list[Any]:
     return [a if a.dtype == dt else a.astype(dt) for a in arrays]
 
 
+@saved_operation
 def combine(kernel: str, *values: Any, **kw: Any) -> Any:
     """Apply kernel ``kernel`` of :mod:`gpunets.kernels` to branch values (not nodes)."""
     from . import kernels  # lazy: the kernels import numba

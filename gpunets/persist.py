@@ -46,13 +46,17 @@ True
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import io
 import json
 import os
 import pickle
 import platform
 import re
+import tempfile
 import zipfile
+import zlib
 from importlib import metadata
 from typing import Any, Iterable, Sequence
 
@@ -92,6 +96,9 @@ TRUSTED_TYPES: tuple[str, ...] = (
     "gpunets.stacking.enforce_order_partial",
     "functools.partial",
     "sklearn.utils._bunch.Bunch",
+    # a search's scorers: they hold a metric (a public function of sklearn.metrics, trusted below) and its kwargs
+    "sklearn.metrics._scorer._PassthroughScorer", "sklearn.metrics._scorer._Scorer",
+    "sklearn.metrics._scorer._MultimetricScorer",
     *(f"_operator.{op}" for op in ("add", "sub", "mul", "truediv", "pow", "matmul", "neg", "abs", "getitem")),
     # scikit-learn's cross-validation splitters (a stack's cv=): plain parameter holders, like its estimators
     *(f"sklearn.model_selection._split.{name}" for name in (
@@ -213,15 +220,39 @@ def save(obj: Any, path: str | os.PathLike[str], *, format: str = "pickle") -> s
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         zf.writestr(_META, json.dumps(meta, indent=1))
         zf.writestr(_PAYLOAD[format], payload)
-    partial = f"{path}.partial-{os.getpid()}"   # written whole, then renamed: a failed write leaves `path` as it was
-    try:
-        with open(partial, "wb") as f:
-            f.write(buf.getvalue())
-        os.replace(partial, path)
-    finally:
-        if os.path.exists(partial):
-            os.remove(partial)
+    _write_atomically(path, buf.getvalue())
     return path
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all.
+
+    The bytes go to a temporary file of its own in the same folder (unique to this call, so two threads or
+    processes saving to one path never share it), are flushed to disk, and replace ``path`` in one
+    ``os.replace``: a reader sees the old file or a complete new one, and the last complete save wins.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".partial", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)   # mkstemp makes it private (0o600); a saved file gets open()'s mode
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def _read_umask() -> int:
+    mask = os.umask(0)   # the only way to read it; done once, at import, not while other threads save
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
 
 
 # ----------------------------------------------------------------- loading
@@ -233,14 +264,15 @@ def _series(version: str) -> tuple[str, ...]:
 
 
 def _read_meta(zf: zipfile.ZipFile, path: str) -> dict[str, Any]:
+    if _META not in zf.namelist():
+        raise _foreign(path, f"it is a zip archive without {_META}")
+    raw = _read(zf, _META, path)
     try:
-        meta = json.loads(zf.read(_META))
-    except (KeyError, ValueError) as exc:
-        msg = f"{path!r} was not written by gn.save (it has no readable {_META}); gn.load reads only gn.save's files."
-        raise PersistenceError(msg) from exc
+        meta = json.loads(raw)
+    except ValueError as exc:
+        raise _damaged(path, f"its {_META} is not readable JSON") from exc
     if not isinstance(meta, dict) or meta.get("magic") != _MAGIC:
-        msg = f"{path!r} was not written by gn.save ({_META} is not gpunets'); gn.load reads only gn.save's files."
-        raise PersistenceError(msg)
+        raise _foreign(path, f"its {_META} is not gpunets'")
     theirs, fv = str(meta.get("gpunets", "?")), meta.get("format_version")
     if fv != FORMAT_VERSION or _series(theirs) != _series(__version__):
         msg = (f"{path!r} was written by gpunets {theirs} (file format {fv}); this is gpunets {__version__} "
@@ -249,8 +281,7 @@ def _read_meta(zf: zipfile.ZipFile, path: str) -> dict[str, Any]:
                f"with this version and save it anew.")
         raise PersistenceError(msg)
     if meta.get("format") not in FORMATS or _PAYLOAD[meta["format"]] not in zf.namelist():
-        msg = f"{path!r}: the file is damaged (format {meta.get('format')!r} without its payload)."
-        raise PersistenceError(msg)
+        raise _damaged(path, f"its format {meta.get('format')!r} comes without its payload")
     return meta
 
 
@@ -267,10 +298,72 @@ def _type_names(trusted: Iterable[Any]) -> list[str]:
     return out
 
 
+def _resolve(name: str) -> Any:
+    """The object a full dotted name refers to (the longest importable module, then attributes), or None."""
+    parts = name.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[i:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return None
+        return obj
+    return None
+
+
+#: What a pickle of NumPy arrays, scikit-learn estimators and gpunets' objects refers to besides classes.
+_PICKLE_HELPERS = frozenset({
+    "copyreg._reconstructor", "copyreg.__newobj__", "builtins.object", "builtins.set", "builtins.frozenset",
+    "builtins.slice", "builtins.complex", "builtins.bytearray", "builtins.range", "builtins.dict",
+    "builtins.list", "builtins.tuple", "collections.OrderedDict", "collections.defaultdict",
+    "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct",
+    "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar", "numpy.dtype", "numpy.ndarray",
+    "numpy.core.numeric._frombuffer", "numpy._core.numeric._frombuffer",
+    "numpy.random._pickle.__bit_generator_ctor", "numpy.random._pickle.__generator_ctor",
+    "numpy.random._pickle.__randomstate_ctor",
+})
+
+#: Classes of the trusted packages that are still not trusted by default (skops' own exceptions: a tree's node
+#: indices are not checked when it is built, so a crafted file could read memory out of bounds).
+_NOT_BY_DEFAULT = frozenset({"sklearn.tree._tree.Tree"})
+
+
+def _trusted_by_default(name: str, packages: tuple[str, ...] = ("gpunets",)) -> bool:
+    """The functions on :data:`TRUSTED_TYPES` and the classes of ``packages`` (types, not functions).
+
+    skops trusts NumPy's and scikit-learn's types itself, so its files add gpunets' classes only; a pickle loaded
+    with ``trusted=`` has no such list, and trusts gpunets', NumPy's and scikit-learn's classes here.
+    """
+    if name in TRUSTED_TYPES:
+        return True
+    if name.split(".")[0] not in packages or name in _NOT_BY_DEFAULT:
+        return False
+    obj = _resolve(name)   # a class: loading builds data; a function is called when the network runs, so only
+    return isinstance(obj, type) or getattr(obj, "__gn_saved_operation__", False) is True   # those gpunets marks
+
+
+def _is_metric(name: str) -> bool:
+    """A public metric of ``sklearn.metrics`` (what a search's scorer calls)."""
+    if not name.startswith("sklearn.metrics."):
+        return False
+    import sklearn.metrics
+
+    obj = _resolve(name)
+    return callable(obj) and getattr(sklearn.metrics, getattr(obj, "__name__", ""), None) is obj
+
+
 def _load_skops(payload: bytes, trusted: Sequence[Any] | None, path: str) -> Any:
     sio = _skops_io()
-    allowed = list(TRUSTED_TYPES) + _type_names(trusted or ())
-    untrusted = sorted(set(sio.get_untrusted_types(data=payload)) - set(allowed))
+    named = _type_names(trusted or ())
+    try:
+        found = set(sio.get_untrusted_types(data=payload))
+    except Exception as exc:  # noqa: BLE001 - skops raises many kinds on a damaged payload
+        raise _damaged(path, f"its skops payload cannot be read ({type(exc).__name__}: {exc})") from exc
+    untrusted = sorted(t for t in found if t not in named and not _trusted_by_default(t) and not _is_metric(t))
     if untrusted:
         from skops.io.exceptions import UNTRUSTED_TYPE_REASONS  # lazy: skops is optional
 
@@ -279,10 +372,63 @@ def _load_skops(payload: bytes, trusted: Sequence[Any] | None, path: str) -> Any
                f"code, so gn.load builds nothing until you trust them: if you trust where the file comes from and "
                f"these types, load it with gn.load(path, trusted={untrusted!r}).{notes}")
         raise UntrustedTypesError(msg)
-    return sio.loads(payload, trusted=allowed)
+    try:
+        return sio.loads(payload, trusted=sorted(found))
+    except UntrustedTypesError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a payload that skops cannot rebuild
+        raise _damaged(path, f"its skops payload cannot be rebuilt ({type(exc).__name__}: {exc})") from exc
 
 
-def load(path: str | os.PathLike[str], *, trusted: Sequence[Any] | None = None) -> Any:
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Unpickles only trusted globals: what ``trusted=`` allows for a pickle file (the pickle docs' recipe)."""
+
+    def __init__(self, data: bytes, named: set[str], path: str) -> None:
+        super().__init__(io.BytesIO(data))
+        self.named, self.path = named, path
+
+    def find_class(self, module: str, name: str) -> Any:
+        full = f"{module}.{name}"
+        if (full in self.named or full in _PICKLE_HELPERS or _is_metric(full)
+                or _trusted_by_default(full, ("gpunets", "numpy", "sklearn"))):
+            return super().find_class(module, name)
+        msg = (f"gn.load: {self.path!r} (a pickle file) refers to {full!r}, which is not trusted: a pickle calls "
+               f"what it names while it loads. Trust it by name if you trust where the file comes from: "
+               f"gn.load(path, trusted=[{full!r}]) (or allow_pickle=True to trust the whole file).")
+        raise UntrustedTypesError(msg)
+
+
+def _damaged(path: str, why: str) -> PersistenceError:
+    return PersistenceError(f"{path!r} is damaged: it was written by gn.save but {why}. Save it again from the "
+                            f"fitted object, or restore the file from a copy.")
+
+
+def _foreign(path: str, why: str) -> PersistenceError:
+    return PersistenceError(f"{path!r} is foreign: it was not written by gn.save ({why}); gn.load reads only "
+                            f"gn.save's files.")
+
+
+def _open_archive(path: str) -> zipfile.ZipFile:
+    try:
+        return zipfile.ZipFile(path)
+    except zipfile.BadZipFile as exc:
+        with open(path, "rb") as f:
+            head = f.read(512)
+        # a gn.save file begins with the local header of its metadata member: cut short or overwritten after it
+        if head.startswith(b"PK\x03\x04") and _META.encode() in head:
+            raise _damaged(path, "it is not a complete zip archive (truncated or overwritten)") from exc
+        raise _foreign(path, "it is not a zip archive") from exc
+
+
+def _read(zf: zipfile.ZipFile, name: str, path: str) -> bytes:
+    try:
+        return zf.read(name)
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:   # bad CRC, bad deflate stream, cut short
+        raise _damaged(path, f"its member {name!r} cannot be read ({type(exc).__name__}: {exc})") from exc
+
+
+def load(path: str | os.PathLike[str], *, allow_pickle: bool = False,
+         trusted: Sequence[Any] | None = None) -> Any:
     """Load what :func:`save` wrote: the network, machine or estimator, fitted, without training data.
 
     Sources come back without data: call a loaded node on new data (``yhat(Xnew)`` or ``yhat(X=Xnew)``), or
@@ -290,13 +436,22 @@ def load(path: str | os.PathLike[str], *, trusted: Sequence[Any] | None = None) 
     where it exists here; elsewhere they stay on the host and their machines run on the CPU, with a
     :class:`~gpunets.DeviceFallbackWarning` (``gn.config(fallback="raise")`` makes it an error).
 
+    As NumPy's ``np.load`` does, a pickle is loaded only when the caller asks: the file does not choose.
+    ``format="skops"`` files load by default (they build only trusted types); a ``format="pickle"`` file needs
+    ``allow_pickle=True`` (you trust the file: loading it may run any code it names) or ``trusted=[...]``
+    (it is unpickled with only gpunets', NumPy's and scikit-learn's classes and the names you list).
+
     Parameters
     ----------
     path : str or path-like
         A file written by :func:`save`.
+    allow_pickle : bool, default False
+        Load a ``format="pickle"`` file as it is.  Only for files you trust: unpickling runs code chosen by
+        whoever wrote the file.
     trusted : list of str or type, optional
-        For ``format="skops"`` files only: types (or functions) to trust beyond gpunets', NumPy's and
-        scikit-learn's, by their full name as the error lists them (``"mymodule.MyComposite"``).
+        Types (or functions) to trust beyond gpunets', NumPy's and scikit-learn's classes, by their full name
+        as the error lists them (``"mymodule.MyComposite"``).  For a pickle file, loading with ``trusted=``
+        refuses any other global the pickle names.
 
     Returns
     -------
@@ -306,12 +461,11 @@ def load(path: str | os.PathLike[str], *, trusted: Sequence[Any] | None = None) 
     Raises
     ------
     PersistenceError
-        A ``ValueError``: the file was not written by :func:`save`, or by a gpunets version that is not
-        compatible with this one (both versions are named).
+        A ``ValueError``: the file is *foreign* (not written by :func:`save`), *damaged* (written by it, then
+        cut short or altered), written by an incompatible gpunets version (both versions are named), or a
+        pickle file loaded without ``allow_pickle=True`` or ``trusted=``.
     UntrustedTypesError
-        A ``TypeError``: a skops file holds types that are not trusted; the message names them.
-    ValueError
-        ``trusted=`` given for a pickle file (whose loading runs code whatever is trusted).
+        A ``TypeError``: the file holds types that are not trusted; the message names them.
 
     Examples
     --------
@@ -322,35 +476,44 @@ def load(path: str | os.PathLike[str], *, trusted: Sequence[Any] | None = None) 
     >>> gn.load(path)
     Traceback (most recent call last):
     ...
-    gpunets.persist.PersistenceError: '...not-mine.zip' was not written by gn.save ...
+    gpunets.persist.PersistenceError: '...not-mine.zip' is foreign: it was not written by gn.save ...
     """
     path = os.fspath(path)
     if trusted is not None and (isinstance(trusted, (str, bytes)) or not isinstance(trusted, (list, tuple, set))):
         msg = (f"gn.load: trusted= takes a list of type names or types, e.g. trusted=['mymodule.MyComposite']; "
                f"got {trusted!r}.")
         raise TypeError(msg)
-    try:
-        zf = zipfile.ZipFile(path)
-    except zipfile.BadZipFile as exc:
-        msg = f"{path!r} was not written by gn.save (it is not a zip archive); gn.load reads only gn.save's files."
-        raise PersistenceError(msg) from exc
-    with zf:
+    if not isinstance(allow_pickle, bool):
+        msg = f"gn.load: allow_pickle= takes True or False; got {allow_pickle!r}."
+        raise TypeError(msg)
+    named = _type_names(trusted or ())
+    with _open_archive(path) as zf:
         meta = _read_meta(zf, path)
         fmt = meta["format"]
-        if fmt == "pickle" and trusted is not None:
-            msg = (f"gn.load: {path!r} is a pickle file, and loading a pickle runs code whatever trusted= says; "
-                   f"trusted= applies to format='skops' files only. Load it with gn.load(path) only if you trust "
-                   f"where it comes from; ask for a format='skops' file otherwise.")
-            raise ValueError(msg)
-        payload = zf.read(_PAYLOAD[fmt])
-    archive = pickle.loads(payload) if fmt == "pickle" else _load_skops(payload, trusted, path)
+        if fmt == "pickle" and not allow_pickle and trusted is None:
+            msg = (f"gn.load: {path!r} is a pickle file, and loading a pickle runs code chosen by whoever wrote "
+                   f"it, so gn.load does not unpickle unless asked (as np.load's allow_pickle). If you trust the "
+                   f"file, load it with gn.load(path, allow_pickle=True); to trust only gpunets', NumPy's and "
+                   f"scikit-learn's classes, gn.load(path, trusted=[]); for files from elsewhere, ask for one "
+                   f"saved with gn.save(obj, path, format='skops').")
+            raise PersistenceError(msg)
+        payload = _read(zf, _PAYLOAD[fmt], path)
+    if fmt == "skops":
+        archive = _load_skops(payload, named, path)
+    else:
+        try:
+            archive = (pickle.loads(payload) if allow_pickle
+                       else _RestrictedUnpickler(payload, set(named), path).load())
+        except UntrustedTypesError:
+            raise
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError,
+                IndexError, KeyError, MemoryError) as exc:
+            raise _damaged(path, f"its pickle payload cannot be read ({type(exc).__name__}: {exc})") from exc
     if not isinstance(archive, Archive):
-        msg = f"{path!r}: the file is damaged (its payload is a {type(archive).__name__}, not a gpunets archive)."
-        raise PersistenceError(msg)
+        raise _damaged(path, f"its payload is a {type(archive).__name__}, not a gpunets archive")
     try:
         return Decoder(archive, path).run()
     except DamagedFile as exc:
-        raise PersistenceError(f"{path!r}: {exc}") from exc
+        raise _damaged(path, str(exc)) from exc
     except (KeyError, AttributeError, IndexError) as exc:   # a payload that gn.save did not write
-        msg = f"{path!r}: the file is damaged ({type(exc).__name__}: {exc} while rebuilding the network)."
-        raise PersistenceError(msg) from exc
+        raise _damaged(path, f"{type(exc).__name__}: {exc} while rebuilding the network") from exc

@@ -23,7 +23,13 @@ OPS = ("predict", "predict_proba", "predict_log_proba", "decision_function", "tr
 
 @dataclass
 class Context:
-    """What a conversion records: every part by path (kind, notes) and the leaf estimators."""
+    """What a conversion records: every part by path (kind, notes) and the leaf estimators.
+
+    ``data`` (the training X, read when columns are selected) is never saved: ``gn.save`` writes it as None
+    (``_gn_unsaved``), and a loaded conversion rebuilds its context at its next fit.
+    """
+
+    _gn_unsaved = ("data",)
 
     parts: dict[str, dict[str, Any]] = field(default_factory=dict)
     leaves: dict[str, Any] = field(default_factory=dict)     # machine name -> the user's estimator

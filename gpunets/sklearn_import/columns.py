@@ -20,12 +20,14 @@ from sklearn.base import BaseEstimator
 from ..machines import machine
 from ..nodes import node
 from ._base import Context, build, is_drop, is_passthrough, join
+from ..saved import saved_operation
 
 __all__ = ["ColumnStack", "build_column_transformer", "build_feature_union", "scale", "select_columns"]
 
 
 # --- node operations (module level so networks pickle) ------------------------------------------------------
 
+@saved_operation
 def select_columns(X: Any, key: Any, labels: Any) -> Any:
     """Columns ``key`` of ``X``; by ``labels`` (names seen at fit) when ``X`` is a DataFrame."""
     from sklearn.utils._indexing import _safe_indexing
@@ -35,11 +37,13 @@ def select_columns(X: Any, key: Any, labels: Any) -> Any:
     return _safe_indexing(X, key, axis=1)
 
 
+@saved_operation
 def scale(weight: float, X: Any) -> Any:
     """``X * weight`` (a transformer weight)."""
     return X * weight
 
 
+@saved_operation
 def no_columns(X: Any) -> Any:
     """An empty ``(n_samples, 0)`` array: every part of the ColumnTransformer is dropped."""
     from sklearn.utils.validation import _num_samples

@@ -22,6 +22,7 @@ from ..graph import upstream_machines
 from ..machines import machine
 from ..nodes import Source, node
 from ._base import Context, build, is_drop, join, leaf
+from ..saved import saved_operation
 
 __all__ = ["build_stacking", "build_voting_classifier", "build_voting_regressor"]
 
@@ -52,12 +53,14 @@ def _concat(xp: Any, parts: list[Any], axis: int) -> Any:
     return concat(parts, axis=axis)
 
 
+@saved_operation
 def columns_of(*preds: Any) -> Any:
     """Predictions side by side, one column per member (``_predict``'s ``np.asarray(...).T``), on their device."""
     xp = _xp(*preds)
     return xp.stack([xp.asarray(p) for p in preds], axis=1)
 
 
+@saved_operation
 def weighted_vote(weights: tuple[float, ...], *preds: Any) -> Any:
     """Weighted majority of encoded labels; ties go to the smallest label (scikit-learn's rule).
 
@@ -68,12 +71,14 @@ def weighted_vote(weights: tuple[float, ...], *preds: Any) -> Any:
     return to_device(voted, device_of(preds[0]))
 
 
+@saved_operation
 def argmax_rows(P: Any) -> Any:
     """Index of the largest column per row (on the device of ``P``)."""
     xp = _xp(P)
     return xp.argmax(xp.asarray(P), axis=1)
 
 
+@saved_operation
 def hstack_arrays(*parts: Any) -> Any:
     """``np.hstack`` of the parts, on their device."""
     xp = _xp(*parts)
@@ -123,6 +128,7 @@ def build_voting_classifier(est: Any, X: Any, y: Any, path: str, ctx: Context) -
     return out
 
 
+@saved_operation
 def _stack_probas(*probas: Any) -> Any:
     xp = _xp(*probas)
     return xp.stack([xp.asarray(p) for p in probas], axis=0)

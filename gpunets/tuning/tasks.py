@@ -17,6 +17,7 @@ from ..data import check_placeable, take_rows
 from ..estimators import apply_estimator
 from ..nodes import source
 from ..models import fit_context, prepare_inputs
+from ..saved import saved_operation
 
 __all__ = ["Failed", "Replay", "Stage", "fn_key", "step_key"]
 
@@ -56,6 +57,7 @@ def aligned(*values: Any) -> tuple[Any, ...]:
     return tuple(v.copy() if isinstance(v, np.ndarray) and not v.flags.aligned else v for v in values)
 
 
+@saved_operation
 def take(value: Any, rows: np.ndarray) -> Any:
     """``value`` at ``rows``: gpunets' type-aware selection, scikit-learn's for lists and the like."""
     if value is None:
@@ -68,6 +70,7 @@ def take(value: Any, rows: np.ndarray) -> Any:
         return _safe_indexing(value, rows)
 
 
+@saved_operation
 def take_pairwise(value: Any, rows: np.ndarray, columns: np.ndarray) -> Any:
     """Rows of a precomputed kernel, restricted to the training columns (scikit-learn's ``_safe_split``)."""
     return take(value, rows)[:, columns]
@@ -102,6 +105,7 @@ def moved(route: Any, *values: Any) -> tuple[Any, ...]:
     return tuple(v if k else o for k, v, o in zip(keep, values, out))
 
 
+@saved_operation
 def fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: Any,
              y: Any) -> tuple[Any, Any, float]:
     """Fit one step: ``(fitted, transformed training rows or None, seconds)``, as Pipeline's fit does.
@@ -148,6 +152,7 @@ def seconds(step: tuple[Any, Any, float]) -> float:
     return step[2]
 
 
+@saved_operation
 def transform(est: Any, X: Any, route: Any = None) -> Any:
     if isinstance(est, Failed):
         return est
@@ -160,6 +165,7 @@ def transform(est: Any, X: Any, route: Any = None) -> Any:
         return Failed(e, traceback.format_exc())
 
 
+@saved_operation
 def fit_stage(est: Any, route: Any, fit_params: dict[str, Any], score: bool, y: Any, X: Any, X_test: Any = None,
               X_score: Any = None) -> Stage:
     """Fit an upstream step and transform the test rows (and, if ``score``, the training rows to score) in
@@ -182,6 +188,7 @@ def score_on(route: Any, *args: Any) -> dict[str, Any]:
         return score_one(*values)
 
 
+@saved_operation
 def score_one(scorer: Any, error_score: Any, train: bool, n_test: int, n_scores: tuple[str, ...] | None,
               score_params: tuple[dict[str, Any], dict[str, Any]] | None, est: Any, X_test: Any, y_test: Any,
               X_train: Any, y_train: Any, *seconds: float) -> dict[str, Any]:
@@ -215,6 +222,7 @@ def score_one(scorer: Any, error_score: Any, train: bool, n_test: int, n_scores:
     return out
 
 
+@saved_operation
 def score_fit(route: Any, users: tuple[int, ...], head: tuple[Any, ...], step: tuple[Any, Any, float],
               X_test: Any, y_test: Any, X_train: Any, y_train: Any, *upstream_seconds: float) -> dict[str, Any]:
     """:func:`score_one` (:func:`score_on` on a GPU route) of a fitted last step ``step``, as :func:`fit_step`
@@ -231,6 +239,7 @@ def score_fit(route: Any, users: tuple[int, ...], head: tuple[Any, ...], step: t
     return score_one(*args) if route is None else score_on(route, *args)
 
 
+@saved_operation
 def fit_and_score(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: Any, users: tuple[int, ...],
                   head: tuple[Any, ...], X_test: Any, y_test: Any, X_train: Any, y_train: Any,
                   *upstream_seconds: float) -> dict[str, Any]:
@@ -244,11 +253,13 @@ def fit_and_score(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: A
     return score_fit(route, users, head, step, X_test, y_test, X_train, y_train, *upstream_seconds)
 
 
+@saved_operation
 def constant(value: Any) -> Any:
     """``value`` itself: a node holding a fold's parameters, so that tasks share it instead of each embedding it."""
     return value
 
 
+@saved_operation
 def share_seconds(users: tuple[int, ...], *seconds: float) -> float:
     """A candidate's fit time: each fit it needed, divided among the candidates of the fold that share it.
 
@@ -258,6 +269,7 @@ def share_seconds(users: tuple[int, ...], *seconds: float) -> float:
     return float(sum(s / n for s, n in zip(seconds, users)))
 
 
+@saved_operation
 def collect(*outs: dict[str, Any]) -> list[dict[str, Any]]:
     return list(outs)
 
@@ -314,6 +326,7 @@ def _first_failed(values: tuple[Any, ...]) -> Any:
     return next((v for v in values if isinstance(v, Failed)), None)
 
 
+@saved_operation
 def fit_model(est: Any, *values: Any, keywords: tuple[str, ...] = ()) -> tuple[Any, None, float]:
     """Fit one machine of a composite's network (a fresh clone of its model): ``(fitted, None, seconds)``.
 
@@ -333,6 +346,7 @@ def fit_model(est: Any, *values: Any, keywords: tuple[str, ...] = ()) -> tuple[A
         return failed, None, failed.seconds
 
 
+@saved_operation
 def apply_op(op: str, est: Any, *values: Any) -> Any:
     """A machine operation (``predict``, ``transform``...) of a fitted model."""
     failed = _first_failed((est, *values))
@@ -344,6 +358,7 @@ def apply_op(op: str, est: Any, *values: Any) -> Any:
         return Failed(e, traceback.format_exc())
 
 
+@saved_operation
 def call_fn(fn: Any, *values: Any) -> Any:
     """A plain node of a composite's network (``gn.node(fn, ...)``, ``gn.mean``...)."""
     failed = _first_failed(values)
@@ -387,6 +402,7 @@ class Replay:
         return type(self._spec).score(self, X, y, sample_weight=sample_weight)
 
 
+@saved_operation
 def score_replay(spec: Any, ops: tuple[str, ...], scorer: Any, error_score: Any, train: bool, n_test: int,
                  n_scores: tuple[str, ...] | None, fit_seconds: float, y_test: Any, y_train: Any,
                  *values: Any) -> dict[str, Any]:
