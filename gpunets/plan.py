@@ -29,9 +29,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from .cache import CACHE, digest, machine_caches, operation_key, token, value_key
 from .config import get_config
-from .data import check_placeable, device_of, installed, n_rows, take_rows, to_device
+from .data import check_placeable, device_of, installed, is_cupy_array, n_rows, take_rows, to_device
 from .value_types import host_only
 from .devices import CPU, Device, check_available, is_host_only, placement_override, resolve, same_device
 from .estimators import (apply_estimator, fit_estimator, fit_transform_estimator, is_frozen_estimator, partial_fit_estimator,
@@ -241,18 +243,21 @@ class _Builder:
         if m is not None and x.operation == MACHINE_VALUE:
             return self._machine_value(x, m, fk, st, dev)
         deps: list[int] = []
-        spec: list[tuple[bool, Any]] = []
+        spec: list[tuple[bool, Any]] = []    # what the cache keys read: the constants as the user gave them
+        run: list[tuple[bool, Any]] = []     # what the task gets: array constants moved to the node's device
         plain = True                  # every argument a node, in order: call the operation as it is
         memo, moved = self.memo, self.moved
         for a in x._args:
             if isinstance(a, AbstractNode):
                 spec.append((True, len(deps)))
+                run.append(spec[-1])
                 deps.append(moved(memo[a._uid], dev, frames))
             else:
                 plain = False
                 spec.append((False, a))
+                run.append((False, _constant_on(a, dev)))
         if m is None:
-            fn = x.operation if plain else partial(_call_with_constants, x.operation, tuple(spec))
+            fn = x.operation if plain else partial(_call_with_constants, x.operation, tuple(run))
             recipe = (tuple(deps), partial(_function_head, x.operation, tuple(spec))) if self.cache else None
             return self.add(kind="eval", fn=fn, deps=tuple(deps), node=x, cost=1.0, device=dev, recipe=recipe)
         ck, owner, recipe = None, 0, None
@@ -275,9 +280,9 @@ class _Builder:
             return self.add(kind="eval", fn=fn, deps=(fk,), node=x, machine=m, cost=1.0, device=dev, recipe=recipe)
         if fk is not None:
             deps.append(fk)  # the fitted estimator arrives as the last input
-            fn = partial(_apply_fitted, x.operation, tuple(spec))
+            fn = partial(_apply_fitted, x.operation, tuple(run))
         else:
-            fn = partial(_apply_state, x.operation, tuple(spec), st)   # st.estimator: fetched only where it runs
+            fn = partial(_apply_state, x.operation, tuple(run), st)   # st.estimator: fetched only where it runs
         if ck is not None:
             fn = partial(_store, ck, owner, self.budget, fn)
         return self.add(kind="eval", fn=fn, deps=tuple(deps), node=x, machine=m, cost=2.0, device=dev,
@@ -486,6 +491,17 @@ def _cached(value: Any) -> Any:
 def _store(key: bytes, owner: int, budget: int, fn: Callable[..., Any], *values: Any) -> Any:
     value = fn(*values)
     CACHE.put(key, value, budget=budget, owner=owner)
+    return value
+
+
+def _constant_on(value: Any, dev: Any) -> Any:
+    """An array constant of an operation node (``W @ np.ones(2)``), moved once per plan to where the node runs.
+
+    CuPy refuses NumPy operands in device operations, so weights, masks or offsets given as NumPy arrays go to the
+    node's device with the node's other inputs; other constants (numbers, strings, slices) are used as they are.
+    """
+    if (isinstance(value, np.ndarray) or is_cupy_array(value)) and not same_device(device_of(value), dev):
+        return to_device(value, dev, frames="array")
     return value
 
 

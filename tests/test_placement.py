@@ -127,3 +127,17 @@ def test_assert_same_results_cpu_and_cuda(data):
         out = gn.mean(a, b)
     res = gn.testing.assert_same_results(out, devices=["cpu", "cuda"], executors=["serial", "streams"], rtol=1e-6)
     assert ("cuda:0", "streams") in res or ("cuda", "streams") in res
+
+
+def test_array_constants_of_operation_nodes_go_where_the_node_runs(data, executor):
+    """``W @ np.ones(3)`` with W on a GPU: the NumPy constant moves to the node's device (CuPy refuses it as
+    it is); on the CPU it is used as it is. Same answers on every device present."""
+    X, y = data
+    Xs = gn.source(X, name="X")
+    W = gn.machine(StandardScaler(), Xs).transform(Xs)
+    out = (W @ np.ones(3)) * np.linspace(1.0, 2.0, 50) + np.float64(0.5)
+    expected = StandardScaler().fit_transform(X) @ np.ones(3) * np.linspace(1.0, 2.0, 50) + 0.5
+    for dev in gn.testing.devices_present():
+        out.fit(force=True, device=dev, executor=executor)
+        with gn.device(dev):
+            np.testing.assert_allclose(gn.testing._to_numpy(out()), expected, rtol=1e-12)
