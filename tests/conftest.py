@@ -21,3 +21,34 @@ pytest_plugins = ["gpunets.testing"]
 def executor(gn_executor):
     """Alias: each test that takes ``executor`` runs once per executor present."""
     return gn_executor
+
+
+# --- host-only tests: the few whose behaviour cannot exist on a GPU (docs/testing.md lists every one) -------------
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "host_only(reason): a behaviour that exists only on the host; skipped in the fake-GPU lane, "
+                   "with its reason (docs/testing.md lists every such test)")
+
+
+def host_only_reason(item):
+    """The reason of ``item``'s ``host_only`` marker; None without one. A bare marker is a usage error."""
+    mark = item.get_closest_marker("host_only")
+    if mark is None:
+        return None
+    reason = mark.args[0] if mark.args else mark.kwargs.get("reason")
+    if not isinstance(reason, str) or not reason.strip():
+        msg = (f"{item.nodeid}: @pytest.mark.host_only needs a reason, e.g. "
+               f"@pytest.mark.host_only('sparse input: no GPU array holds it'); got {mark.args or mark.kwargs}.")
+        raise pytest.UsageError(msg)
+    return reason
+
+
+def pytest_collection_modifyitems(config, items):
+    from gpunets._gpulibs import fake_gpu_count
+
+    lane = bool(fake_gpu_count())
+    for item in items:
+        reason = host_only_reason(item)
+        if reason is not None and lane:
+            item.add_marker(pytest.mark.skip(reason=f"host-only: {reason}"))

@@ -219,6 +219,28 @@ def test_unknown_parameter_lists_valid_ones(reg_data):
     assert FITS["scale"] == 0
 
 
+class _NoSplits:
+    """A splitter that says it has 3 splits and yields none."""
+
+    def get_n_splits(self, X=None, y=None, groups=None):
+        return 3
+
+    def split(self, X, y=None, groups=None):
+        return iter(())
+
+
+@pytest.mark.parametrize("cv", [[], _NoSplits()])
+def test_an_empty_cv_iterator_is_refused_as_scikit_learn_refuses_it(cv, reg_data):
+    from sklearn.model_selection import GridSearchCV
+
+    X, y = reg_data
+    with pytest.raises(ValueError) as theirs:
+        GridSearchCV(Ridge(), {"alpha": [1.0]}, cv=cv).fit(X, y)
+    with pytest.raises(type(theirs.value)) as ours:
+        gn.GridSearchCV(Ridge(), {"alpha": [1.0]}, cv=cv).fit(X, y)
+    assert str(ours.value).startswith(str(theirs.value))
+
+
 @pytest.mark.parametrize("make, match", [
     (lambda: gn.GridSearchCV(Ridge(), []), "grid is empty"),
     (lambda: gn.GridSearchCV(Ridge(), {"alpha": []}), "non-empty sequence"),
@@ -226,8 +248,13 @@ def test_unknown_parameter_lists_valid_ones(reg_data):
     (lambda: gn.RandomizedSearchCV(Ridge(), {"alpha": [1.0]}, n_iter=0), "n_iter"),
     (lambda: gn.GridSearchCV(Ridge(), {"alpha": [1.0]}, scoring="accuracyy"), "scoring"),
     (lambda: gn.GridSearchCV(Ridge(), {"alpha": [1.0]}, executor="bogus"), "not an executor"),
+    # a splitter that yields no split: scikit-learn's message (issue 23 item 16), not an IndexError
+    (lambda: gn.GridSearchCV(Ridge(), {"alpha": [1.0]}, cv=[]), "No fits were performed. Was the CV iterator empty"),
+    (lambda: gn.GridSearchCV(Ridge(), {"alpha": [1.0]}, cv=_NoSplits()), "inconsistent results. Expected 3"),
 ])
 def test_bad_input_before_any_fit(make, match, reg_data):
+    """Refused as scikit-learn refuses, with the same exception class (checked against GridSearchCV where
+    scikit-learn has the same refusal)."""
     X, y = reg_data
     with pytest.raises((ValueError, TypeError), match=match):
         make().fit(X, y)

@@ -137,6 +137,11 @@ class _NetworkSearch(BaseSearchCV):
             msg = (f"cv.split and cv.get_n_splits return inconsistent results. Expected {self.n_splits_} "
                    f"splits, got {len(splits)}")
             raise ValueError(msg)
+        if not splits:   # scikit-learn's words (BaseSearchCV.fit), before anything is built
+            msg = (f"No fits were performed. Was the CV iterator empty? Were there no candidates? "
+                   f"(cv={self.cv!r} yielded no train/test split. Hint: pass cv=5, a splitter whose split() "
+                   f"yields pairs, or a list of (train, test) index arrays.)")
+            raise ValueError(msg)
 
         device = self.device
         if device is not None and device != "auto":
