@@ -45,6 +45,7 @@ from sklearn.utils.metadata_routing import MethodMapping, process_routing
 from sklearn.utils.metaestimators import _BaseComposition, available_if
 from sklearn.utils.multiclass import check_classification_targets, type_of_target
 from sklearn.utils.validation import _check_feature_names_in, check_is_fitted, validate_data
+from sklearn.utils._param_validation import validate_parameter_constraints
 
 from .composite import Composite, NetworkState, _has_operation, _is_pandas
 from .data import take_rows as _take
@@ -287,10 +288,10 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
             msg = (f"{cls}: estimator names must be unique; {dup} appear more than once in {names}. "
                    "Hint: give each base estimator its own name, e.g. ('ridge_a', ...), ('ridge_b', ...).")
             raise ValueError(msg)
-        params = set(self.get_params(deep=False)) - set(names)
-        clash = sorted(set(names) & params)
+        clash = sorted(set(names) & set(self._get_param_names()))   # the constructor's own parameters
         if clash:
-            msg = f"{cls}: estimator names {clash} conflict with constructor arguments; rename them."
+            msg = (f"Estimator names conflict with constructor arguments: {clash!r} ({cls}: rename those members, "
+                   f"e.g. ('{clash[0]}_model', ...)).")
             raise ValueError(msg)
         bad = [n for n in names if "__" in n]
         if bad:
@@ -365,6 +366,9 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
         self._validate_final()
         self._validate_cv()
         self._validate_devices()
+        # scikit-learn's own check and error class (InvalidParameterError): "False" is not False
+        validate_parameter_constraints({"passthrough": ["boolean"]}, {"passthrough": self.passthrough},
+                                       caller_name=type(self).__name__)
         if self.stack_method not in ("auto", "predict_proba", "decision_function", "predict"):
             msg = (f"{type(self).__name__}: stack_method={self.stack_method!r}; expected one of "
                    "'auto', 'predict_proba', 'decision_function', 'predict'.")

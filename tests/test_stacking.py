@@ -276,3 +276,33 @@ def test_non_thread_safe_members_give_the_serial_and_sklearn_result(reg_data, ex
             for _ in range(2):
                 other = gn.StackingRegressor(_liblinear_estimators(), cv=4, executor=ex, workers=2).fit(X, y)
                 np.testing.assert_allclose(other.predict(X), serial, rtol=1e-12, err_msg=str(ex))
+
+
+@pytest.mark.parametrize("kind", ["regressor", "classifier"])
+@pytest.mark.parametrize("change", [
+    {"passthrough": "False"}, {"passthrough": 1}, {"estimators": [("cv", None)]},
+    {"estimators": [("final_estimator", None)]}, {"estimators": [("passthrough", None)]},
+    {"estimators": [("stack_method", None)]},
+])
+def test_bad_passthrough_and_names_clashing_with_parameters_are_refused_as_scikit_learn_does(kind, change):
+    """issue 23 item 13: the same exception class and message as scikit-learn, before any fit, and a stack
+    fitted before keeps its fitted state."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 3))
+    y = X.sum(axis=1) if kind == "regressor" else (X[:, 0] > 0).astype(int)
+    model = Ridge() if kind == "regressor" else LogisticRegression()
+    theirs_cls = ske.StackingRegressor if kind == "regressor" else ske.StackingClassifier
+    ours_cls = gn.StackingRegressor if kind == "regressor" else gn.StackingClassifier
+    if "estimators" in change:
+        change = {"estimators": [(change["estimators"][0][0], model)]}
+    if kind == "regressor" and change.get("estimators", [("",)])[0][0] == "stack_method":
+        return   # a regressor stack has no stack_method parameter: the name is free there (and here)
+    ours = ours_cls([("m", model)], cv=3).fit(X, y)
+    before = ours.predict(X)
+    with pytest.raises(Exception) as theirs:
+        theirs_cls([("m", model)], cv=3).set_params(**change).fit(X, y)
+    ours.set_params(**change)
+    with pytest.raises(type(theirs.value)) as got:
+        ours.fit(X, y)
+    assert str(got.value).startswith(str(theirs.value))
+    np.testing.assert_array_equal(ours.predict(X), before)   # nothing already trained is lost
