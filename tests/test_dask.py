@@ -757,6 +757,19 @@ def test_closed_or_unreachable_client_is_a_clear_error():
         (X + 1)(executor=ex)
 
 
+def test_an_executor_given_a_client_closed_before_names_its_address():
+    """issue 23 item 18: a client made from an address and closed before the executor saw it."""
+    X = gn.source(np.ones(3), name="X")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address="127.0.0.1:0") as cluster:
+        address = cluster.scheduler_address
+        client = distributed.Client(address, set_as_default=False)
+        client.close()
+        ex = DaskExecutor(client)
+        with pytest.raises(ConnectionError, match=f"scheduler at {address} is closed"):
+            (X + 1)(executor=ex)
+
+
 def test_cuda_cluster_without_dask_cuda_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "dask_cuda", None)
     ex = DaskExecutor(cluster="cuda", rmm_pool_size="1GB")

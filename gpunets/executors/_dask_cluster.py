@@ -78,10 +78,18 @@ def _address_of(client: Any) -> str:
 
 
 def _address_or_none(client: Any) -> str | None:
+    """The scheduler's address, also for a closed client (from what it was made with); None if unknown."""
     try:
         return _address_of(client)
     except Exception:  # noqa: BLE001 - a closed client has no scheduler any more
-        return None
+        pass
+    for where in (getattr(client, "_start_arg", None),   # Client("tcp://host:port"): the address it was given
+                  getattr(getattr(client, "cluster", None), "scheduler_address", None),
+                  (getattr(client, "_scheduler_identity", None) or {}).get("address"),
+                  getattr(client, "scheduler_file", None)):
+        if isinstance(where, str) and where:
+            return where
+    return None
 
 
 def _check_security(security: Any, distributed: Any) -> None:
@@ -131,8 +139,7 @@ def _import_dask_cuda() -> Any:
 def _check_open(client: Any, address: str | None = None) -> None:
     """A ConnectionError naming the scheduler (``address``, known from before) if ``client`` is closed."""
     if getattr(client, "status", "running") in ("closed", "closing", "closed-failed"):
-        where = (address or (getattr(client, "_scheduler_identity", None) or {}).get("address")
-                 or getattr(getattr(client, "cluster", None), "scheduler_address", None) or "an unknown address")
+        where = address or _address_or_none(client) or "an unknown address"
         msg = (f"DaskExecutor's client of the scheduler at {where} is closed ({client.status}); "
                "pass an open distributed.Client, or none (a cluster is started for the run).")
         raise ConnectionError(msg)
