@@ -1,5 +1,7 @@
 """gn.from_sklearn: scikit-learn compositions as networks, same answers and parameters as the original."""
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -429,3 +431,32 @@ _EXPECTED = {"check_dtype_object": "X mutated in place between fits: the composi
                          expected_failed_checks=lambda est: _EXPECTED)
 def test_sklearn_estimator_checks(estimator, check):
     check(estimator)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Pipeline([]),
+    lambda: Pipeline([("a", StandardScaler()), ("a", Ridge())]),
+    lambda: Pipeline([("a__b", StandardScaler()), ("r", Ridge())]),
+    lambda: Pipeline([("memory", StandardScaler()), ("r", Ridge())]),
+    lambda: Pipeline([("r1", Ridge()), ("r", Ridge())]),                       # a regressor in the middle
+    lambda: make_pipeline(Pipeline([("a", StandardScaler()), ("a", StandardScaler())]), Ridge()),   # nested
+    lambda: make_pipeline(StandardScaler(), Pipeline([("r1", Ridge()), ("r", Ridge())])),
+], ids=["empty", "duplicate-names", "dunder-name", "name-is-a-parameter", "regressor-in-the-middle",
+        "nested-duplicates", "nested-regressor-in-the-middle"])
+def test_invalid_pipelines_get_scikit_learns_errors_before_any_fit(make, executor):
+    """issue 23 item 14: scikit-learn's own validation, its exception class and message, and a composite
+    fitted before keeps its fitted state."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 3))
+    y = X.sum(axis=1)
+    with pytest.raises(Exception) as theirs:
+        make().fit(X, y)
+    model = gn.from_sklearn(make_pipeline(StandardScaler(), Ridge()), executor=executor).fit(X, y)
+    before = model.predict(X)
+    model.set_params(sklearn_estimator=make())
+    with pytest.raises(type(theirs.value)) as ours:
+        model.fit(X, y)
+    assert str(ours.value) == str(theirs.value)
+    np.testing.assert_array_equal(model.predict(X), before)
+    with pytest.raises(type(theirs.value), match="^" + re.escape(str(theirs.value)) + "$"):
+        gn.from_sklearn(make(), executor=executor).fit(X, y)

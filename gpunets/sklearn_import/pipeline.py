@@ -15,6 +15,11 @@ __all__ = ["build_pipeline"]
 
 
 def build_pipeline(est: Any, X: Any, y: Any, path: str, ctx: Context) -> dict[str, Any]:
+    # scikit-learn's own checks, as Pipeline.fit runs them, before any machine is built: its parameters
+    # (steps a list...), then its steps (not empty; unique names without "__" that are not parameters;
+    # intermediate steps that transform, a last step that fits), with its exception classes and messages
+    est._validate_params()
+    est._validate_steps()
     ctx.note(path, "pipeline", est)
     if est.memory is not None:
         ctx.note(path, "pipeline", est, "memory is ignored: gpunets keeps fitted steps itself and refits only "
