@@ -460,3 +460,77 @@ def test_invalid_pipelines_get_scikit_learns_errors_before_any_fit(make, executo
     np.testing.assert_array_equal(model.predict(X), before)
     with pytest.raises(type(theirs.value), match="^" + re.escape(str(theirs.value)) + "$"):
         gn.from_sklearn(make(), executor=executor).fit(X, y)
+
+
+# --- issue 23 item 1: a user's subclass keeps its own methods -------------------------------------------------
+
+
+class ClippedPipeline(Pipeline):
+    """A user's Pipeline whose predict clips (its network would lose the override)."""
+
+    def predict(self, X, **params):
+        return np.clip(super().predict(X, **params), -1.0, 1.0)
+
+
+class ScaledVoting(VotingRegressor):
+    def predict(self, X):
+        return 10.0 * super().predict(X)
+
+
+class NamedPipeline(Pipeline):
+    """A subclass that adds no method: converted as a Pipeline."""
+
+
+@pytest.mark.parametrize("make, opaque", [
+    (lambda: ClippedPipeline([("s", StandardScaler()), ("r", Ridge())]), ""),
+    (lambda: make_pipeline(StandardScaler(), ClippedPipeline([("p", PCA(2)), ("r", Ridge())])), "clippedpipeline"),
+    (lambda: ScaledVoting([("a", Ridge()), ("b", Ridge(alpha=5.0))]), ""),
+    (lambda: VotingRegressor([("a", ClippedPipeline([("s", StandardScaler()), ("r", Ridge())])),
+                              ("b", Ridge())]), "a"),
+], ids=["pipeline", "nested-pipeline", "voting", "voting-member"])
+def test_a_subclass_that_overrides_methods_runs_as_one_opaque_machine(make, opaque, executor):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 4))
+    y = X @ np.array([1.0, 2.0, -1.0, 0.5])
+    expected = make().fit(X, y).predict(X)
+    model = gn.from_sklearn(make(), executor=executor).fit(X, y)
+    np.testing.assert_allclose(model.predict(X), expected, rtol=1e-12)
+    part = model.conversion_[opaque or "(root)"] if opaque or "(root)" in model.conversion_ else None
+    part = part or next(v for k, v in model.conversion_.items() if v["kind"] == "opaque")
+    assert part["kind"] == "opaque"
+    assert any("overrides ['predict']" in n and "opaque machine" in n for n in part["notes"])
+
+
+def test_a_subclass_adding_no_method_is_converted_as_its_base():
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(40, 3)), rng.normal(size=40)
+    model = gn.from_sklearn(NamedPipeline([("s", StandardScaler()), ("r", Ridge())])).fit(X, y)
+    assert set(model.machines_) == {"s", "r"}
+    np.testing.assert_allclose(model.predict(X), NamedPipeline([("s", StandardScaler()), ("r", Ridge())])
+                               .fit(X, y).predict(X), rtol=1e-12)
+
+
+# --- issue 23 item 5: ensembles' feature names, at every depth -------------------------------------------------
+
+
+@pytest.mark.parametrize("make, target", [
+    (lambda: VotingRegressor([("a", Ridge()), ("b", Ridge(alpha=2.0))]), "reg"),
+    (lambda: VotingClassifier([("a", LogisticRegression()), ("b", DecisionTreeClassifier(random_state=0))]), "clf"),
+    (lambda: VotingClassifier([("a", LogisticRegression()), ("b", GaussianNB())], voting="soft"), "clf"),
+    (lambda: StackingRegressor([("a", Ridge()), ("b", Ridge(alpha=2.0))]), "reg"),
+    (lambda: StackingRegressor([("a", Ridge()), ("b", Ridge(alpha=2.0))], passthrough=True), "reg"),
+    (lambda: StackingClassifier([("a", LogisticRegression()), ("b", GaussianNB())]), "clf"),
+    (lambda: make_pipeline(StandardScaler(), VotingRegressor([("a", Ridge()), ("b", Ridge(alpha=2.0))])), "reg"),
+    (lambda: make_union(StandardScaler(), StackingClassifier([("a", LogisticRegression()), ("b", GaussianNB())])),
+     "clf"),
+    (lambda: make_pipeline(make_union(PCA(2), VotingRegressor([("v", Ridge())])), StackingRegressor(
+        [("a", Ridge())], passthrough=True)), "reg"),
+], ids=["voting-reg", "voting-hard", "voting-soft", "stack-reg", "stack-passthrough", "stack-clf",
+        "pipeline-voting", "union-stack", "deep"])
+def test_ensembles_feature_names_equal_scikit_learns(make, target):
+    rng = np.random.default_rng(0)
+    X = pd.DataFrame(rng.normal(size=(60, 3)), columns=["a", "b", "c"])
+    y = X.sum(axis=1) if target == "reg" else (X["a"] > 0).astype(int) + (X["b"] > 0)
+    expected = make().fit(X, y).get_feature_names_out()
+    got = gn.from_sklearn(make()).fit(X, y).get_feature_names_out()
+    np.testing.assert_array_equal(got, expected)

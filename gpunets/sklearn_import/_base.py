@@ -15,7 +15,7 @@ from typing import Any
 
 from ..machines import machine
 
-__all__ = ["OPS", "Context", "build", "is_drop", "is_passthrough", "join", "leaf"]
+__all__ = ["OPS", "Context", "build", "converts_as", "is_drop", "is_passthrough", "join", "leaf", "overridden"]
 
 #: the operations a converted composition may expose, in the order they are built
 OPS = ("predict", "predict_proba", "predict_log_proba", "decision_function", "transform")
@@ -73,6 +73,24 @@ def leaf(est: Any, X: Any, y: Any, path: str, ctx: Context, kind: str = "leaf", 
     return {op: getattr(m, op)(X) for op in OPS if hasattr(est, op)}
 
 
+def overridden(est: Any, base: type) -> list[str]:
+    """The methods ``type(est)`` defines over ``base`` (empty when it is ``base`` or adds no behaviour)."""
+    out: list[str] = []
+    for cls in type(est).__mro__:
+        if cls is base or not issubclass(cls, base):
+            break
+        out.extend(k for k, v in vars(cls).items()
+                   if callable(v) or isinstance(v, (property, staticmethod, classmethod)))
+    return sorted(set(out))
+
+
+def converts_as(est: Any, *bases: type) -> bool:
+    """Whether ``est`` is converted as one of ``bases``: of that exact type, or of a subclass that overrides none
+    of its methods (a user's ``Pipeline`` subclass whose ``predict`` clips is not a ``Pipeline``: its network
+    would lose the override, so it runs as one opaque machine instead; see :func:`build`)."""
+    return any(isinstance(est, b) and not overridden(est, b) for b in bases)
+
+
 def _known() -> list[tuple[Callable[[Any], bool], Callable[..., dict[str, Any]]]]:
     from sklearn.compose import ColumnTransformer, TransformedTargetRegressor
     from sklearn.ensemble import (
@@ -86,15 +104,38 @@ def _known() -> list[tuple[Callable[[Any], bool], Callable[..., dict[str, Any]]]
     from . import columns, ensembles, forests, pipeline, target  # lazy: the builders import this module
 
     return [
-        (lambda e: isinstance(e, Pipeline), pipeline.build_pipeline),
-        (lambda e: isinstance(e, ColumnTransformer), columns.build_column_transformer),
-        (lambda e: isinstance(e, FeatureUnion), columns.build_feature_union),
-        (lambda e: isinstance(e, VotingRegressor), ensembles.build_voting_regressor),
-        (lambda e: isinstance(e, VotingClassifier), ensembles.build_voting_classifier),
-        (lambda e: isinstance(e, (StackingRegressor, StackingClassifier)), ensembles.build_stacking),
-        (lambda e: isinstance(e, TransformedTargetRegressor), target.build_transformed_target),
+        (lambda e: converts_as(e, Pipeline), pipeline.build_pipeline),
+        (lambda e: converts_as(e, ColumnTransformer), columns.build_column_transformer),
+        (lambda e: converts_as(e, FeatureUnion), columns.build_feature_union),
+        (lambda e: converts_as(e, VotingRegressor), ensembles.build_voting_regressor),
+        (lambda e: converts_as(e, VotingClassifier), ensembles.build_voting_classifier),
+        (lambda e: converts_as(e, StackingRegressor, StackingClassifier), ensembles.build_stacking),
+        (lambda e: converts_as(e, TransformedTargetRegressor), target.build_transformed_target),
         (forests.is_forest, forests.build_forest),
     ]
+
+
+def _known_base(est: Any) -> type | None:
+    """The composition class gpunets converts that ``est`` subclasses with overrides (None: not one)."""
+    from sklearn.compose import ColumnTransformer, TransformedTargetRegressor
+    from sklearn.ensemble import (
+        ExtraTreesClassifier,
+        ExtraTreesRegressor,
+        RandomForestClassifier,
+        RandomForestRegressor,
+        StackingClassifier,
+        StackingRegressor,
+        VotingClassifier,
+        VotingRegressor,
+    )
+    from sklearn.pipeline import FeatureUnion, Pipeline
+
+    for base in (Pipeline, ColumnTransformer, FeatureUnion, VotingRegressor, VotingClassifier, StackingRegressor,
+                 StackingClassifier, TransformedTargetRegressor, RandomForestRegressor, RandomForestClassifier,
+                 ExtraTreesRegressor, ExtraTreesClassifier):
+        if isinstance(est, base):
+            return base
+    return None
 
 
 def is_meta(est: Any) -> bool:
@@ -119,6 +160,13 @@ def build(est: Any, X: Any, y: Any, path: str, ctx: Context) -> dict[str, Any]:
     for test, builder in _known():
         if test(est):
             return builder(est, X, y, path, ctx)
+    base = _known_base(est)
+    if base is not None:   # a subclass that overrides methods: converting it as its base would lose them
+        methods = overridden(est, base)
+        return leaf(est, X, y, path, ctx, kind="opaque",
+                    note=f"{type(est).__name__} subclasses {base.__name__} and overrides {methods}: it runs as one "
+                         f"opaque machine (its own methods, as written; a {base.__name__} is converted to a network "
+                         f"only when its type is exactly {base.__name__} or a subclass adding no methods).")
     if is_meta(est):
         return leaf(est, X, y, path, ctx, kind="opaque",
                     note=f"{type(est).__name__} is a meta-estimator gpunets does not convert: it runs as one "
@@ -132,11 +180,11 @@ def operations(est: Any) -> tuple[str, ...]:
     from sklearn.ensemble import StackingClassifier, StackingRegressor
     from sklearn.pipeline import Pipeline
 
-    if isinstance(est, Pipeline) and est.steps:
+    if converts_as(est, Pipeline) and est.steps:
         last = est.steps[-1][1]
         return ("transform",) if is_passthrough(last) else operations(last)
 
-    if isinstance(est, (StackingRegressor, StackingClassifier)) and est.final_estimator is None:
+    if converts_as(est, StackingRegressor, StackingClassifier) and est.final_estimator is None:
         from sklearn.linear_model import LogisticRegression, RidgeCV
 
         probe = LogisticRegression() if is_classifier(est) else RidgeCV()
@@ -148,7 +196,7 @@ def first_part(est: Any) -> Any:
     """The estimator that receives the input first (through leading pipeline steps)."""
     from sklearn.pipeline import Pipeline
 
-    while isinstance(est, Pipeline):
+    while converts_as(est, Pipeline):
         steps = [s for _, s in est.steps if not is_passthrough(s)]
         if not steps:
             return None

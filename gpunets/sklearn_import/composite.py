@@ -19,7 +19,7 @@ from sklearn.utils.validation import check_is_fitted
 from ..composite import COMPOSITE_OPERATIONS, Composite
 from ..graph import upstream_machines
 from ..routing import routing_enabled
-from ._base import Context, build, first_part, operations
+from ._base import Context, build, converts_as, first_part, operations
 from .fit_params import route_fit_params
 from .names import feature_names_out
 from .reuse import adopt
@@ -127,7 +127,7 @@ class _FromSklearn(Composite):
         from sklearn.utils.validation import _check_feature_names
 
         X = _as_input(X)
-        if not isinstance(first_part(self.sklearn_estimator), ColumnTransformer):  # it selects by name itself
+        if not converts_as(first_part(self.sklearn_estimator), ColumnTransformer):  # it selects by name itself
             _check_feature_names(self, X, reset=False)
         return X
 

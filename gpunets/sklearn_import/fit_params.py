@@ -24,7 +24,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from ._base import is_drop, is_passthrough, join, root_name
+from ._base import converts_as, is_drop, is_passthrough, join, root_name
 
 __all__ = ["route_fit_params"]
 
@@ -70,7 +70,7 @@ def route_fit_params(est: Any, params: dict[str, Any], path: str = "") -> dict[s
         for k, v in routed.items():
             out.setdefault(k, {}).update(v)
 
-    if isinstance(est, Pipeline):
+    if converts_as(est, Pipeline):
         steps = dict(est.steps)
         per_step: dict[str, dict[str, Any]] = {}
         for key, value in params.items():
@@ -89,26 +89,26 @@ def route_fit_params(est: Any, params: dict[str, Any], path: str = "") -> dict[s
             if not is_passthrough(steps[step]):   # scikit-learn ignores parameters of passthrough steps
                 merge(route_fit_params(steps[step], sub, join(path, step)))
         return out
-    if isinstance(est, (VotingRegressor, VotingClassifier)):
+    if converts_as(est, VotingRegressor, VotingClassifier):
         _only_weights(est, params, path)
         for name, member in est.estimators:
             if not is_drop(member):
                 merge(route_fit_params(member, params, join(path, name)))
         return out
-    if isinstance(est, (StackingRegressor, StackingClassifier)):
+    if converts_as(est, StackingRegressor, StackingClassifier):
         _only_weights(est, params, path)
         return {path: dict(params)}      # the stack routes its weights itself (per fold, to the final estimator)
-    if isinstance(est, FeatureUnion):
+    if converts_as(est, FeatureUnion):
         for name, trans in est.transformer_list:
             if not is_drop(trans) and not is_passthrough(trans):
                 merge(route_fit_params(trans, params, join(path, name)))
         return out
-    if isinstance(est, TransformedTargetRegressor):
+    if converts_as(est, TransformedTargetRegressor):
         from sklearn.linear_model import LinearRegression
 
         reg = est.regressor if est.regressor is not None else LinearRegression()
         return route_fit_params(reg, params, join(path, "regressor"))
-    if isinstance(est, ColumnTransformer):
+    if converts_as(est, ColumnTransformer):
         msg = (f"ColumnTransformer.fit (at {path or 'the top'!r}) got {sorted(params)}: scikit-learn's "
                "ColumnTransformer takes fit parameters only with metadata routing, which from_sklearn composites "
                "do not offer yet. Hint: set them as estimator parameters of the transformers.")

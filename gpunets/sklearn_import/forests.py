@@ -46,8 +46,9 @@ def is_forest(est: Any) -> bool:
         RandomForestRegressor,
     )
 
-    return isinstance(est, (RandomForestRegressor, RandomForestClassifier, ExtraTreesRegressor,
-                            ExtraTreesClassifier))
+    from ._base import converts_as  # lazy: _base's dispatch imports this module
+
+    return converts_as(est, RandomForestRegressor, RandomForestClassifier, ExtraTreesRegressor, ExtraTreesClassifier)
 
 
 def why_not_split(est: Any) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..graph import machine_parents
 from ..machines import FittedState, _equal, snapshot_params
-from ._base import is_drop, root_name
+from ._base import converts_as, is_drop, root_name
 from .columns import ColumnStack
 from .target import TargetTransformer
 
@@ -65,16 +65,16 @@ def counterpart(original: Any, name: str) -> tuple[Any, str]:
     from sklearn.ensemble import VotingClassifier, VotingRegressor
     from sklearn.pipeline import FeatureUnion, Pipeline
 
-    if name == root_name(original) and not isinstance(original, (Pipeline, ColumnTransformer, FeatureUnion)):
+    if name == root_name(original) and not converts_as(original, Pipeline, ColumnTransformer, FeatureUnion):
         return original, ""
     est = original
     segs = name.split("__")
     for i, seg in enumerate(segs):
         last = i == len(segs) - 1
         try:
-            if isinstance(est, Pipeline):
+            if converts_as(est, Pipeline):
                 est = est.named_steps[seg]
-            elif isinstance(est, ColumnTransformer):
+            elif converts_as(est, ColumnTransformer):
                 if seg == "<stack>":
                     from sklearn.compose._column_transformer import _is_empty_column_selection
 
@@ -85,7 +85,7 @@ def counterpart(original: Any, name: str) -> tuple[Any, str]:
                     cs.sparse_output_ = est.sparse_output_
                     return cs, ""
                 est = est.named_transformers_[seg]
-            elif isinstance(est, FeatureUnion):
+            elif converts_as(est, FeatureUnion):
                 if seg == "<stack>":
                     names = tuple(n for n, t in est.transformer_list if not is_drop(t))
                     cs = ColumnStack(None, names, getattr(est, "verbose_feature_names_out", True),
@@ -93,11 +93,11 @@ def counterpart(original: Any, name: str) -> tuple[Any, str]:
                     cs.sparse_output_ = False
                     return cs, ""
                 est = dict(est.transformer_list)[seg]
-            elif isinstance(est, (VotingRegressor, VotingClassifier)):
+            elif converts_as(est, VotingRegressor, VotingClassifier):
                 if seg == "<labels>":
                     return est.le_, ""
                 est = est.named_estimators_[seg]
-            elif isinstance(est, TransformedTargetRegressor):
+            elif converts_as(est, TransformedTargetRegressor):
                 if seg == "transformer" and last:
                     tt = TargetTransformer(est.transformer, est.func, est.inverse_func, est.check_inverse)
                     tt.transformer_ = est.transformer_
