@@ -94,7 +94,7 @@ from .network import evaluate
 from .network import fit as gn_fit
 from .nodes import AbstractNode, Node, Source, is_node
 from .ops import combine
-from .report import ActionMap
+from .report import ActionMap, asked_device
 from .routing import check_fit_metadata, composite_members, members_router, route_to_members, routed_names
 
 __all__ = ["Composite", "CompositeRegressor", "CompositeClassifier", "CompositeTransformer", "COMPOSITE_OPERATIONS"]
@@ -534,10 +534,15 @@ class Composite(BaseEstimator):
     # --- reports -------------------------------------------------------------------------------------
     @property
     def report_(self) -> dict[str, dict[str, Any]]:
-        """``{component name: machine report}`` of the fitted network, and the values of its report nodes."""
+        """``{component name: machine report}`` of the fitted network, and the values of its report nodes.
+
+        Each machine's report says where it ran (``device``) and what was asked (``asked``: the composite's
+        ``device``, or the machine's own placement), so a fallback to the CPU shows.
+        """
         check_is_fitted(self, "fit_report_")
         st = self._gn_state
-        return {**{st.names[id(m)]: m.report() for m in st.machines}, **st.extras.get("report", {})}
+        return {**{st.names[id(m)]: {**m.report(), "asked": asked_device(m)} for m in st.machines},
+                **st.extras.get("report", {})}
 
     @property
     def fitted_params_(self) -> dict[str, dict[str, Any]]:

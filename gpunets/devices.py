@@ -420,7 +420,7 @@ def check_available(dev: Union[str, Device], *, what: str, fallback: Union[str, 
         if composite is not None:   # inside a composite's own network: name the user's estimator
             inner = re.sub(r"\[fold \d+\]", "", what) if what.startswith("machine ") else "an operation"
             what = f"{type(composite).__name__} ({inner} in its network)"
-            owner = type(composite)
+            owner = composite   # once per (machine, reason) per network: this composite, as long as it lives
         msg = (f"{what} is placed on {dev!s}, but {why}; running it on the CPU instead. "
                f"Place it on 'cpu' to silence this, or use gn.config(fallback='raise') to make it an error.")
         if owner is None:

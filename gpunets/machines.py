@@ -150,6 +150,7 @@ class FittedState:
     # the nearest upstream machines (by object, so a copied network's states name the copies) and the
     # versions this state was trained on: what a call checks so that it never mixes two fits' states
     parents: tuple[tuple["Machine", int], ...] = field(default=())
+    asked: str = "auto"              # the placement asked for when it was fitted (its own, a block's, the config's)
 
     @property
     def estimator(self) -> Any:
@@ -434,7 +435,8 @@ class Machine:
         hist = ((previous.history if previous else ()) + (pending.action,))[-HISTORY_LENGTH:]
         self._state = FittedState(est, pending.params, pending.rows_key, pending.upstream, self._version + 1,
                                   pending.action, info.get("seconds", 0.0), info.get("device", "cpu"),
-                                  info.get("path", "sklearn"), info.get("n_rows"), hist, pending.parents)
+                                  info.get("path", "sklearn"), info.get("n_rows"), hist, pending.parents,
+                                  info.get("asked", "auto"))
         self._version += 1
         self.n_fits += 1
         # a previous state kept remotely is released when the last reference to it goes (at once, unless a

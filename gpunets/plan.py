@@ -35,7 +35,8 @@ from .cache import CACHE, digest, machine_caches, operation_key, token, value_ke
 from .config import get_config
 from .data import check_placeable, device_of, installed, is_cupy_array, n_rows, take_rows, to_device
 from .value_types import host_only
-from .devices import CPU, Device, check_available, is_host_only, placement_override, resolve, same_device
+from .devices import (CPU, Device, check_available, current_placement, device_exists, is_host_only, placement_override,
+                      resolve, same_device)
 from .estimators import (apply_estimator, fit_estimator, fit_transform_estimator, is_frozen_estimator, partial_fit_estimator,
                          static_estimator)
 from .exceptions import NetworkError, NotFittedError
@@ -169,10 +170,9 @@ class _Builder:
         key = spec if spec is None or spec.__class__ is str else str(spec)
         dev = self._placed.get(key)
         if dev is None:
-            dev = resolve(spec)
-            if dev.is_cuda:
-                dev = check_available(dev, what=what() if callable(what) else what, owner=owner)
-            self._placed[key] = dev
+            dev = self._placed[key] = resolve(spec)
+        if dev.is_cuda and not device_exists(dev):   # each machine or node placed there is named (warned once each)
+            dev = check_available(dev, what=what() if callable(what) else what, owner=owner)
         return dev
 
     def moved(self, key: int, dev: Any, frames: str = "auto") -> int:
@@ -628,8 +628,17 @@ def _training_output(fitted: tuple[Any, ...]) -> Any:
     return fitted[2]
 
 
-def _commit_fit(m: "Machine", pending: Any, est: Any, info: dict[str, Any], *output: Any) -> None:
-    m._commit(pending, est, info)
+def _commit_fit(m: "Machine", pending: Any, asked: str, est: Any, info: dict[str, Any], *output: Any) -> None:
+    m._commit(pending, est, {**info, "asked": asked})
+
+
+def _asked(spec: Any) -> str:
+    """The placement asked for a machine: its own ``device=``, else a block's (a composite's ``device``
+    included), else the configured one; ``"auto"`` when none asks (the report's ``asked`` column)."""
+    for level in (spec, placement_override(), current_placement(), get_config().get("device")):
+        if level is not None and not (isinstance(level, str) and level.strip().lower() == "auto"):
+            return str(level if isinstance(level, str) else level)
+    return "auto"
 
 
 def _rows_key(rows: Any, n: int | None = None) -> Any:
@@ -755,7 +764,7 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
         else:
             fn = partial(_fit_task, est, len(deps), resolved, **_fit_keywords(m))
         key = b.add(kind="fit", label=f"fit {m.label}", fn=fn,
-                    deps=tuple(deps), machine=m, cost=10.0, commit=partial(_commit_fit, m, pending), device=dev)
+                    deps=tuple(deps), machine=m, cost=10.0, commit=partial(_commit_fit, m, pending, _asked(m.device)), device=dev)
         b.fit_key[m._uid] = key
     if b.n_hits:
         remap = b.prune(tuple(b.fit_key.values()))

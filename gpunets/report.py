@@ -87,9 +87,13 @@ def explain(plan: "Plan", rows: Any = None, force: bool = False) -> dict["Machin
 
 
 def asked_device(m: "Machine") -> str:
-    """Where the user placed ``m`` ("auto" when nowhere in particular)."""
+    """Where the user placed ``m``: its own ``device=``, else what its last fit was asked under (a ``gn.device``
+    block, a composite's or ``from_sklearn``'s ``device``, the config); "auto" when nowhere in particular."""
     d = m.device
-    return "auto" if d is None or d == "auto" else str(d)
+    if d is None or d == "auto":
+        st = m._state
+        return st.asked if st is not None else "auto"
+    return str(d)
 
 
 def _plural(n: int, word: str) -> str:

@@ -248,15 +248,22 @@ def test_composite_fallback_names_the_users_estimator(no_gpu):
 
     rng = np.random.default_rng(0)
     X, y = rng.normal(size=(40, 3)), rng.normal(size=40)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        for _ in range(2):
-            s = MyStack([("r", Ridge()), ("l", LinearRegression())], cv=3, device="cuda", executor="threads")
-            s.fit(X, y).predict(X)
-    falls = [x for x in w if issubclass(x.category, gn.DeviceFallbackWarning)]
+    def fallbacks(stack):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                stack.fit(X, y).predict(X)
+        return [x for x in w if issubclass(x.category, gn.DeviceFallbackWarning)]
+
+    falls = fallbacks(MyStack([("r", Ridge()), ("l", LinearRegression())], cv=3, device="cuda", executor="threads"))
     assert falls
     for x in falls:
         msg = str(x.message)
         assert msg.startswith("MyStack (") and "[fold" not in msg and "X_meta" not in msg
         assert x.filename == __file__
-    assert len(falls) == len({str(x.message) for x in falls})   # no repeats across fits
+    assert len(falls) == len({str(x.message) for x in falls})   # no repeats across fits of one network
+    assert {"machine r in its network", "machine l in its network"} <= {
+        m for x in falls for m in ("machine r in its network", "machine l in its network") if m in str(x.message)}
+    # another network (a new stack) is another owner: its machines are named again, once each
+    again = fallbacks(MyStack([("r", Ridge()), ("l", LinearRegression())], cv=3, device="cuda", executor="threads"))
+    assert sorted(str(x.message) for x in again) == sorted(str(x.message) for x in falls)

@@ -534,3 +534,46 @@ def test_ensembles_feature_names_equal_scikit_learns(make, target):
     expected = make().fit(X, y).get_feature_names_out()
     got = gn.from_sklearn(make()).fit(X, y).get_feature_names_out()
     np.testing.assert_array_equal(got, expected)
+
+
+# --- issue 23 item 17: what was asked, what ran, one warning per machine -------------------------------------
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """No GPU here, even in the fake-GPU lane (the fake is switched off for the test)."""
+    from gpunets.devices import _gpu_probe, gpu_available
+
+    monkeypatch.delenv("GPUNETS_FAKE_GPU", raising=False)
+    _gpu_probe.cache_clear()
+    if gpu_available():
+        pytest.skip("a real GPU is present; this test is about a machine without one")
+    yield
+    _gpu_probe.cache_clear()
+
+
+def test_cuda_without_a_gpu_reports_what_was_asked_and_warns_once_per_machine(no_gpu, executor):
+    import warnings
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 3))
+    y = X.sum(axis=1)
+    est = make_pipeline(StandardScaler(), VotingRegressor([("a", Ridge()), ("b", Ridge(alpha=3.0))]))
+    model = gn.from_sklearn(est, device="cuda", executor=executor)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(X, y)
+    fallbacks = [str(w.message) for w in caught if issubclass(w.category, gn.DeviceFallbackWarning)]
+    named = sorted(m for m in model.machines_ if any(f"machine {m} in its network" in msg for msg in fallbacks))
+    assert named == sorted(model.machines_) == ["standardscaler", "votingregressor__a", "votingregressor__b"]
+    assert len(fallbacks) == 3                                    # once per (machine, reason)
+    for rep in model.report_.values():
+        assert (rep["asked"], rep["device"]) == ("cuda:0", "cpu")
+    rows = model.fit_report_.rows()
+    assert all((r["asked"], r["device"]) == ("cuda:0", "cpu") for r in rows)
+    assert "cpu (asked cuda:0)" in str(model.fit_report_)
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        model.set_params(votingregressor__a__alpha=2.0).fit(X, y)
+    assert not [w for w in again if issubclass(w.category, gn.DeviceFallbackWarning)]   # not at every fit
+    np.testing.assert_allclose(model.predict(X), est.set_params(votingregressor__a__alpha=2.0).fit(X, y).predict(X))
