@@ -56,6 +56,7 @@ import functools
 import itertools
 import os
 import threading
+import time
 import types
 from typing import Any, Callable
 
@@ -246,9 +247,12 @@ class Event:
     def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False) -> None:
         self._snapshot: dict[int, int] | None = None
         self.device_id = _current_device()
+        self._timing = not disable_timing
+        self._time: float | None = None   # when it was recorded (host clock: the fake runs work at once)
 
     def record(self, stream: Stream | None = None) -> None:
         stream = stream if stream is not None else get_current_stream()
+        self._time = time.perf_counter()
         with _lock:
             snap = dict(_waited[stream.key])
             snap[stream.key] = _seq[stream.key]
@@ -266,6 +270,22 @@ class Event:
 
     def synchronize(self) -> None:
         _ = self.done
+
+
+def get_elapsed_time(start_event: Event, end_event: Event) -> float:
+    """``cupy.cuda.get_elapsed_time``: milliseconds between two recorded timing events.
+
+    As CUDA's ``cudaEventElapsedTime``: an event made with ``disable_timing=True`` is an invalid handle for it,
+    and an event never recorded is not ready; both raise :class:`CUDARuntimeError`.
+    """
+    for ev in (start_event, end_event):
+        if not ev._timing:
+            raise CUDARuntimeError("cudaErrorInvalidResourceHandle: invalid resource handle "
+                                   "(an Event(disable_timing=True) cannot be timed)")
+        if ev._time is None:
+            raise CUDARuntimeError("cudaErrorNotReady: device not ready (the event was never recorded)")
+        ev.synchronize()
+    return (end_event._time - start_event._time) * 1e3  # type: ignore[operator]
 
 
 _NULL_READY = False
@@ -714,7 +734,7 @@ def _build(count: int) -> Any:
     runtime = types.ModuleType("gpunets.fakegpu.cuda.runtime")
     runtime.getDeviceCount = lambda: _state.count  # type: ignore[attr-defined]
     runtime.CUDARuntimeError = CUDARuntimeError  # type: ignore[attr-defined]
-    cuda.__dict__.update(Device=Device, Stream=Stream, Event=Event, runtime=runtime,
+    cuda.__dict__.update(Device=Device, Stream=Stream, Event=Event, runtime=runtime, get_elapsed_time=get_elapsed_time,
                          get_current_stream=get_current_stream, is_available=lambda: _state.count > 0,
                          CUDARuntimeError=CUDARuntimeError)
     shared = dict(ndarray=ndarray, cuda=cuda, asnumpy=asnumpy, is_available=lambda: _state.count > 0,
