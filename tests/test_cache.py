@@ -98,12 +98,16 @@ def test_a_value_changed_in_place_by_its_reader_is_dropped_not_served():
     W = scale.transform(X)
     W.fit(executor="serial")
     value = W(executor="serial")         # computed (a miss) and kept
-    assert value is W(executor="serial")  # taken from the cache
+    again = W(executor="serial")         # taken from the cache
     assert (gn.cache_info().misses, gn.cache_info().hits) == (1, 1)
-    value += 100.0                       # a consumer writes into the cached array
+    on_gpu = scale.report()["device"] != "cpu"
+    # on the CPU the cached array itself is served; on a GPU the cache keeps the device value and each call
+    # gets its own host copy, which a consumer may write into without reaching the cache
+    assert (again is value) is not on_gpu
+    value += 100.0                       # a consumer writes into what it was given
     fresh = W(executor="serial")
     assert fresh is not value and float(np.abs(fresh).max()) < 2.0
-    assert gn.cache_info().misses == 2
+    assert gn.cache_info().misses == (1 if on_gpu else 2)   # the changed entry is dropped, never served
 
 
 def test_machine_setting_wins_over_the_global_setting():

@@ -943,3 +943,30 @@ def test_composites_with_executor_objects_clone_and_pickle(ex):
     np.testing.assert_array_equal(clone(stack).fit(X, y).predict(X), fitted.predict(X))
     s = pickle.loads(pickle.dumps(gn.StreamsExecutor(workers=3, delays=(0.0, 0.002), seed=5, check=True)))
     assert (s.workers, s.delays, s.seed, s.check) == (3, (0.0, 0.002), 5, True)
+
+
+class _Tracked(Ridge):
+    """A Ridge whose fitted instances can be watched with weak references."""
+
+
+def test_nothing_a_run_made_outlives_it_except_what_the_user_holds(executor):
+    """issue 24 item 1: idle pool workers keep no job, so a retrained machine's old fitted estimator and an
+    output the caller dropped are freed (on a GPU: their device memory), on every executor."""
+    import gc
+    import weakref
+
+    rng = np.random.default_rng(0)
+    X, y = gn.source(rng.normal(size=(50, 3)), name="X"), gn.source(rng.normal(size=50), name="y")
+    m1 = gn.machine(_Tracked(alpha=1.0), X, y)
+    m2 = gn.machine(_Tracked(alpha=2.0), X, y)
+    yhat = gn.mean(m1.predict(X), m2.predict(X))
+    yhat.fit(executor=executor)
+    out = yhat(executor=executor)
+    old_states = [weakref.ref(m._state.estimator) for m in (m1, m2)]
+    dropped = weakref.ref(out)
+    del out
+    yhat.fit(executor=executor, force=True)       # both machines retrain: their old states are replaced
+    gc.collect()
+    assert [r() for r in old_states] == [None, None]
+    assert dropped() is None
+    assert pool.busy_workers() == []

@@ -65,8 +65,12 @@ class Worker:
             except BaseException as e:  # noqa: BLE001 - a job reports its own errors; keep the worker alive
                 job.error = e
             finally:
+                # an idle worker keeps nothing of its last run: the job's closure holds the run (outputs, data,
+                # old fitted states, GPU memory), which must go when the run's caller lets it go
+                item = fn = None
                 _give_back(self)
                 job.done.set()
+                job = None
 
 
 class Job:
