@@ -185,19 +185,21 @@ def test_auto_learns_measured_costs():
 
 
 def test_auto_for_fits_unknown_then_measured(data_xy):
-    X, y = data_xy
-    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
-    out = gn.mean(*[gn.machine(Ridge(alpha=a), Xs, ys).predict(Xs) for a in (1.0, 2.0, 3.0)])
-    first = out.fit(workers=2)
-    assert first.executor == "threads" and "auto: 3 tasks" in first.executor_reason  # untrained: assumed long
-    for m in out.machines:   # pretend the last fits were fast: now measured as trivial
-        m._state = type(m._state)(**{**m._state.__dict__, "seconds": 1e-5})
-    again = out.fit(force=True, workers=2)
-    assert again.executor == "serial" and "too short" in again.executor_reason
-    for m in out.machines:   # and slow ones: threads again
-        m._state = type(m._state)(**{**m._state.__dict__, "seconds": 0.5})
-    name, why = explain_auto(compile_fit([out], force=True, max_lanes=2))
-    assert name == "threads" and "3 tasks" in why
+    """The CPU pool's choice from measured fit times (on a GPU, "auto" takes streams for any CUDA task)."""
+    with gn.config(device="cpu"):
+        X, y = data_xy
+        Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+        out = gn.mean(*[gn.machine(Ridge(alpha=a), Xs, ys).predict(Xs) for a in (1.0, 2.0, 3.0)])
+        first = out.fit(workers=2)
+        assert first.executor == "threads" and "auto: 3 tasks" in first.executor_reason  # untrained: assumed long
+        for m in out.machines:   # pretend the last fits were fast: now measured as trivial
+            m._state = type(m._state)(**{**m._state.__dict__, "seconds": 1e-5})
+        again = out.fit(force=True, workers=2)
+        assert again.executor == "serial" and "too short" in again.executor_reason
+        for m in out.machines:   # and slow ones: threads again
+            m._state = type(m._state)(**{**m._state.__dict__, "seconds": 0.5})
+        name, why = explain_auto(compile_fit([out], force=True, max_lanes=2))
+        assert name == "threads" and "3 tasks" in why
 
 
 @pytest.fixture
