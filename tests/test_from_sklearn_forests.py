@@ -45,12 +45,21 @@ FORESTS = [
 ]
 
 
+def on_cpu_only(model):
+    """Whether every machine of the converted model ran on the CPU (then results equal scikit-learn's bit for
+    bit; parts run on a GPU, such as the array-API twins in the fake-GPU lane, differ in the last bits)."""
+    return all(rep.get("device", "cpu") == "cpu" for rep in model.report_.values())
+
+
 def assert_same(model, ref, data):
     for op in ("predict", "predict_proba", "predict_log_proba"):
         if hasattr(ref, op):
             a, b = np.asarray(getattr(model, op)(data)), np.asarray(getattr(ref, op)(data))
             assert a.shape == b.shape, op
-            np.testing.assert_array_equal(a, b, err_msg=op)
+            if on_cpu_only(model) or a.dtype.kind not in "fc":
+                np.testing.assert_array_equal(a, b, err_msg=op)
+            else:
+                np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14, err_msg=op)
 
 
 @pytest.mark.parametrize("case", FORESTS, ids=[c[0] for c in FORESTS])
@@ -137,7 +146,7 @@ def test_params_keep_the_original_names_and_retrain_only_the_forest(executor):
     assert {acts[f"votingregressor__rf[chunk {i}/2]"] for i in (1, 2)} == {"update"}
     assert acts["votingregressor__rf"] in ("train", "update")
     ref = clone(est).set_params(votingregressor__rf__n_estimators=5).fit(X, y)
-    np.testing.assert_array_equal(model.predict(X), ref.predict(X))
+    assert_same(model, ref, X)
     assert len(model.machines_["votingregressor__rf"].estimator_.estimators_) == 5
     acts = model.set_params(votingregressor__r__alpha=3.0).fit(X, y).fit_report_.actions.by_label()
     assert {a for n, a in acts.items() if n.startswith("votingregressor__rf")} == {"skip"}
