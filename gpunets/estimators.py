@@ -7,6 +7,8 @@ module only clones, fits and applies.
 
 from __future__ import annotations
 
+import functools
+
 import time
 from typing import Any
 
@@ -135,12 +137,15 @@ def fit_transform_estimator(est: Any, values: tuple[Any, ...],
     return est, info, info.pop("output")
 
 
-def apply_estimator(est: Any, op: str, values: tuple[Any, ...], path: str = "sklearn") -> Any:
-    """Call operation ``op`` of the fitted estimator ``est`` on ``values``."""
+def apply_estimator(est: Any, op: str, values: tuple[Any, ...], path: str = "sklearn",
+                    params: dict[str, Any] | None = None) -> Any:
+    """Call operation ``op`` of the fitted estimator ``est`` on ``values`` (and keyword ``params``)."""
     method = getattr(est, op, None)
     if method is None:
         msg = f"The fitted {type(est).__name__} has no method {op!r}."
         raise AttributeError(msg)
+    if params:
+        method = functools.partial(method, **params)
     groups = unsafe_groups(est, calls=True)
     if groups:   # declared not thread-safe by the user: its calls run one at a time too
         with serialized(groups):

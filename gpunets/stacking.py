@@ -49,7 +49,9 @@ from sklearn.utils._param_validation import validate_parameter_constraints
 
 from .composite import Composite, NetworkState, _has_operation, _is_pandas
 from .data import take_rows as _take
-from .devices import host_only
+from .data import to_device
+from .devices import CPU, Device, host_only
+from .estimators import apply_estimator
 from .fingerprint import fingerprint
 from .machines import machine
 from .nodes import Source, node
@@ -601,7 +603,15 @@ class _BaseStacking(TransformerMixin, _BaseComposition, Composite):
                        "Hint: pass only what the final estimator's predict takes, e.g. return_std=True for "
                        "BayesianRidge or GaussianProcessRegressor.")
                 raise TypeError(msg)
-        y_pred = final.predict(self._gn_call("transform", X), **predict_params)
+        # the final estimator runs where it was fitted (on a GPU: the meta-features go there), as in the network
+        st = self.machines_["final_estimator"]._state
+        meta = self._gn_call("transform", X)
+        dev = Device.parse(st.device)
+        if dev.is_cuda:
+            meta = to_device(meta, dev, frames="array" if st.path == "array_api" else "auto")
+        y_pred = apply_estimator(final, "predict", (meta,), st.path, params=predict_params)
+        if dev.is_cuda:   # back where the caller's results are: the host
+            y_pred = tuple(to_device(v, CPU) for v in y_pred) if isinstance(y_pred, tuple) else to_device(y_pred, CPU)
         return self._decode(y_pred)
 
     def _decode(self, y_pred: Any) -> Any:
