@@ -345,10 +345,24 @@ class Decoder:
             else:
                 obj.__setstate__(self.value(rec.fields["attrs"]))
         root = self.value(self.archive.root)
+        self._settle()
         if self.converted:   # fitted attributes naming the network's estimators (a stack's estimators_)
             for comp in self.composites:
                 comp._gn_after_fit(comp._gn_state)
         return root
+
+    def _settle(self) -> None:
+        """Wait for the copies to the GPUs to finish: they were issued on this thread's current stream, and the
+        loaded values are read later by runs on other streams, which have no event to wait for."""
+        cuda = [d for d in self.targets.values() if d.is_cuda]
+        if not cuda:
+            return
+        cp = loaded_cupy()
+        if cp is None:
+            return
+        for d in cuda:
+            with cp.cuda.Device(local_ordinal(d.index or 0)):
+                cp.cuda.get_current_stream().synchronize()
 
     def target(self, dev: str) -> Device:
         """Where values saved on ``dev`` go: there if it exists here, else the CPU (warned once per load)."""
