@@ -7,10 +7,11 @@ module only clones, fits and applies.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import time
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from sklearn.base import clone
 from sklearn.utils.validation import check_is_fitted
@@ -20,7 +21,8 @@ from .models import call_context, fit_context
 from .threadsafety import serialized, unsafe_groups
 
 __all__ = ["fresh_estimator", "fit_estimator", "fit_transform_estimator", "apply_estimator", "is_stateless",
-           "static_estimator", "partial_fit_estimator", "is_frozen_estimator"]
+           "static_estimator", "partial_fit_estimator", "is_frozen_estimator", "sklearn_config_delta",
+           "sklearn_config", "under_sklearn_config"]
 
 
 def fresh_estimator(model: Any) -> Any:
@@ -162,3 +164,40 @@ def _apply(method: Any, values: tuple[Any, ...], path: str) -> Any:
         with call_context(path, dev):
             return method(*values)
     return method(*values)
+
+
+def sklearn_config_delta() -> dict[str, Any] | None:
+    """scikit-learn's configuration in this thread where it differs from a new thread's (None: it does not).
+
+    ``sklearn.set_config`` and ``config_context`` are per thread, so a task run on a worker thread (or a Dask
+    worker) would not see the caller's ``transform_output``, ``enable_metadata_routing``... A run captures the
+    difference where it is planned, and :func:`sklearn_config` applies it around its tasks, as scikit-learn's own
+    ``Parallel`` does.
+    """
+    import sklearn
+
+    try:
+        from sklearn._config import _global_config as defaults   # what a new thread starts from
+    except ImportError:  # pragma: no cover - a scikit-learn without it: carry everything
+        defaults = {}
+    current = sklearn.get_config()
+    delta = {k: v for k, v in current.items() if k not in defaults or defaults[k] != v}
+    return delta or None
+
+
+@contextlib.contextmanager
+def sklearn_config(delta: dict[str, Any] | None) -> Iterator[None]:
+    """scikit-learn's ``config_context`` with the caller's configuration ``delta`` (nothing when None)."""
+    if not delta:
+        yield
+        return
+    import sklearn
+
+    with sklearn.config_context(**delta):
+        yield
+
+
+def under_sklearn_config(delta: dict[str, Any] | None, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` under the caller's scikit-learn configuration (a task sent to another process)."""
+    with sklearn_config(delta):
+        return fn(*args)

@@ -330,7 +330,13 @@ def supports_array_api(model: Any) -> tuple[bool, str]:
         return False, f"{model!r} does not support array-API dispatch"
     check = _ARRAY_API_CONDITIONS.get(path)
     problem = check(model.get_params(deep=False)) if check else ""
-    frames = (getattr(model, "_sklearn_output_config", None) or {}).get("transform", "default")
+    # scikit-learn's rule (sklearn.utils._set_output._get_output_config): the estimator's own set_output, else the
+    # global transform_output (sklearn.set_config / config_context in this thread, where the plan is made)
+    frames = (getattr(model, "_sklearn_output_config", None) or {}).get("transform")
+    if frames is None:
+        import sklearn
+
+        frames = sklearn.get_config()["transform_output"]
     if not problem and frames not in ("default", None):
         # set_output(transform="pandas"/"polars") builds host frames from the transform's (GPU) array
         problem = f"set_output(transform={frames!r}) builds host data frames"

@@ -38,7 +38,7 @@ from .value_types import host_only
 from .devices import (CPU, Device, check_available, current_placement, device_exists, is_host_only, placement_override,
                       resolve, same_device)
 from .estimators import (apply_estimator, fit_estimator, fit_transform_estimator, is_frozen_estimator, partial_fit_estimator,
-                         static_estimator)
+                         sklearn_config_delta, static_estimator)
 from .exceptions import NetworkError, NotFittedError
 from .fingerprint import scope
 from .fitted_machine import MACHINE_VALUE, FittedMachine, state_report, view_of_fit
@@ -89,6 +89,9 @@ class Plan:
     consumers: list[list[int]] = field(default_factory=list)
     _n_lanes: int = -1                  # -1: lanes not assigned yet
     executor_reason: str = ""           # why the executor that ran it was chosen (set by get_executor)
+    # scikit-learn's configuration where the plan was made, where it differs from a new thread's (None: same):
+    # the executors run the tasks under it, as scikit-learn's Parallel does (its configuration is per thread)
+    sklearn_config: dict[str, Any] | None = None
 
     @property
     def n_lanes(self) -> int:
@@ -769,7 +772,7 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
     if b.n_hits:
         remap = b.prune(tuple(b.fit_key.values()))
         b.fit_key = {u: remap[k] for u, k in b.fit_key.items()}
-    return Plan("fit", b.tasks, tuple(b.fit_key.values()), actions, max_lanes)
+    return Plan("fit", b.tasks, tuple(b.fit_key.values()), actions, max_lanes, sklearn_config=sklearn_config_delta())
 
 
 def compile_call(targets: Sequence[AbstractNode], bindings: dict[int, Any], *, rows: Any = None,
@@ -789,7 +792,7 @@ def compile_call(targets: Sequence[AbstractNode], bindings: dict[int, Any], *, r
     if b.n_hits:
         remap = b.prune(outputs)
         outputs = tuple(remap[k] for k in outputs)
-    return Plan("call", b.tasks, outputs, max_lanes=max_lanes)
+    return Plan("call", b.tasks, outputs, max_lanes=max_lanes, sklearn_config=sklearn_config_delta())
 
 
 # How many lanes a task's clock remembers; with more lanes it keeps the latest ancestors (see assign_lanes).

@@ -35,6 +35,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from .estimators import sklearn_config
 from .exceptions import EvaluationError, FitError, GpunetsError, wrap_exception
 from .plan import Plan, Task
 from .trace import Trace
@@ -122,7 +123,11 @@ class Run:
         try:
             if before is not None:
                 before()
-            value = task.fn(*inputs)
+            if self.plan.sklearn_config:   # the caller's scikit-learn configuration, in this thread too
+                with sklearn_config(self.plan.sklearn_config):
+                    value = task.fn(*inputs)
+            else:
+                value = task.fn(*inputs)
         except BaseException as e:  # noqa: BLE001 - re-raised by raise_error
             self._record(task, lane, start, time.perf_counter(), device, failed=True)
             self.fail(key, e)
@@ -176,6 +181,14 @@ class Run:
         return nxt
 
     def work(self, lane: Any, block: bool = False) -> None:
+        """:meth:`_work` under the caller's scikit-learn configuration (it is per thread)."""
+        if self.plan.sklearn_config:
+            with sklearn_config(self.plan.sklearn_config):
+                self._work(lane, block)
+        else:
+            self._work(lane, block)
+
+    def _work(self, lane: Any, block: bool = False) -> None:
         """Run ready tasks in this thread until none is left (``block=False``) or the run is over.
 
         The loop of the serial executor and of each thread of the threads

@@ -173,14 +173,34 @@ def test_set_output_pandas_is_reproduced(case, executor):
     pd.testing.assert_frame_equal(out, ref)
 
 
-def test_global_transform_output_is_followed():
+def test_global_transform_output_is_followed(executor):
+    """scikit-learn's global transform_output, followed as scikit-learn follows it: on every executor (its
+    configuration is per thread: the caller's reaches the workers) and on a GPU (the leaves then run on the
+    host, where frames are built, as with an estimator's own set_output) (issue 24 item 6)."""
     import sklearn
 
     data = df[["a", "b", "c", "d"]]
     with sklearn.config_context(transform_output="pandas"):
         ref = make_union(StandardScaler(), PCA(2)).fit(data).transform(data)
-        out = gn.from_sklearn(make_union(StandardScaler(), PCA(2)), executor="serial").fit(data).transform(data)
+        out = gn.from_sklearn(make_union(StandardScaler(), PCA(2)), executor=executor).fit(data).transform(data)
     pd.testing.assert_frame_equal(out, ref)
+
+
+def test_the_callers_scikit_learn_configuration_reaches_the_tasks(executor):
+    """A plain network: a machine's transform runs on a worker thread (or process) under the caller's
+    scikit-learn configuration, as scikit-learn's Parallel runs its jobs."""
+    import sklearn
+
+    data = df[["a", "b", "c", "d"]]
+    X = gn.source(data, name="X")
+    W = gn.hstack(gn.machine(StandardScaler(), X).transform(X), gn.machine(MinMaxScaler(), X).transform(X))
+    with sklearn.config_context(transform_output="pandas"):
+        W.fit(executor=executor, force=True)
+        parts = [m(executor=executor) for m in (W.args[0], W.args[1])]
+    for part, ref in zip(parts, (StandardScaler(), MinMaxScaler())):
+        with sklearn.config_context(transform_output="pandas"):
+            expected = ref.fit_transform(data)
+        pd.testing.assert_frame_equal(part, expected)
 
 
 w = rng.uniform(0.1, 3.0, 80)

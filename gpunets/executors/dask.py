@@ -48,6 +48,7 @@ import weakref
 from functools import partial
 from typing import Any, Callable
 
+from ..estimators import under_sklearn_config
 from ..exceptions import EvaluationError, FitError, NotFittedError, wrap_exception
 from ..plan import _apply_fitted, _apply_state, _training_output
 from ..scheduler import Run
@@ -359,6 +360,8 @@ class DaskExecutor(Executor):
             fn = t.fn
             if t.key in states:
                 fn = partial(_apply_fitted, fn.args[0], fn.args[1])
+            if run.plan.sklearn_config:   # scikit-learn's configuration is per thread: the caller's goes along
+                fn = partial(under_sklearn_config, run.plan.sklearn_config, fn)
             try:
                 payloads[t.key] = cloudpickle.dumps(fn)
             except Exception as e:  # noqa: BLE001 - any pickling failure, reported naming the task
