@@ -154,6 +154,7 @@ class _Builder:
         self.fit_action: dict[int, str] = {}         # machine uid -> "train" / "update" in this plan
         self.moves: dict[tuple[int, Any, str], int] = {}
         self._placed: dict[Any, Any] = {}
+        self.floating: set[int] = set()   # tasks of input-less nodes placed by default: they follow their consumers
         self._names: dict[Any, str] = {}             # Device -> its string, computed once
         self.states: dict[int, Any] = {}             # machine uid -> the fitted state this plan uses
         self.stale: list[tuple[Any, list[Any]]] = []  # (machine, upstream machines it is out of step with)
@@ -419,9 +420,14 @@ class _Builder:
         explicit = spec is not None and not (spec.__class__ is str and spec.strip().lower() == "auto")
         if not explicit and placement_override() is None:
             found = None
+            inputs = False
             for a in x._args:
                 if isinstance(a, AbstractNode):
-                    d = self.dev[self.memo[a._uid]]
+                    inputs = True
+                    k = self.memo[a._uid]
+                    if k in self.floating:   # a constant follows its consumers: it has no say in where they run
+                        continue
+                    d = self.dev[k]
                     if found is None:
                         found = d
                     elif not same_device(found, d):
@@ -429,6 +435,11 @@ class _Builder:
                         break
             if found is not None:
                 return found
+            if not inputs and current_placement() is None:
+                # an input-less node (a constant, a search's parameters) is made on the host, and moved once to
+                # each consumer's device; placed on "auto" it would drag its CPU consumers to a GPU
+                self.floating.add(len(self.tasks))
+                return CPU
         return self.placed(spec, lambda: f"node {x._short()}", owner=x)
 
     def _source_value(self, s: Source) -> Any:

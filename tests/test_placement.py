@@ -9,6 +9,7 @@ from sklearn.linear_model import LinearRegression, Ridge
 from sklearn.preprocessing import StandardScaler
 
 import gpunets as gn
+from gpunets._gpulibs import fake_gpu_count as gn_fake_gpus
 from gpunets.devices import gpu_available
 from gpunets.plan import compile_call, compile_fit
 
@@ -141,3 +142,48 @@ def test_array_constants_of_operation_nodes_go_where_the_node_runs(data, executo
         out.fit(force=True, device=dev, executor=executor)
         with gn.device(dev):
             np.testing.assert_allclose(gn.testing._to_numpy(out()), expected, rtol=1e-12)
+
+
+def _weights():
+    return np.array([0.5, 2.0, 1.0])
+
+
+def _host_only_sum(X, w):
+    assert isinstance(X, np.ndarray) and isinstance(w, np.ndarray), (type(X), type(w))   # no device array
+    return X @ w
+
+
+def test_an_input_less_node_follows_its_consumers(data, executor):
+    """issue 24 item 3: a node without inputs (a constant) is made on the host and moved once to each
+    consumer's device; it never drags a CPU consumer to a GPU, where one is present (here, a fake one)."""
+    X, _ = data
+    lane = gn_fake_gpus()   # Dask's workers see the fake GPU only in the lane (set before they started)
+    with gn.testing.fake_gpu(1):
+        Xs = gn.source(X, name="X")
+        w = gn.node(_weights, name="weights")
+        host = gn.node(_host_only_sum, Xs, w)                          # its inputs are on the host: it runs there
+        on_gpu = gn.node(np.multiply, gn.hstack(Xs, device="cuda"), w)  # a GPU consumer gets w on its device
+        plan = compile_call([host, on_gpu], {})
+        where = {t.label: t.device for t in plan.tasks if t.kind == "eval"}
+        assert where["weights()"] == "cpu" and where["_host_only_sum(X, weights)"] == "cpu"
+        assert where["multiply(hstack(X), weights)"] == "cuda:0"
+        np.testing.assert_allclose(host(executor=executor), X @ _weights())
+        if executor.name != "dask" or lane:
+            got = on_gpu(executor=executor)
+            np.testing.assert_allclose(gn.testing._to_numpy(got), X * _weights())
+
+
+def test_a_cpu_search_with_fit_parameters_stays_on_the_cpu_where_a_gpu_is(data, executor):
+    """issue 24 item 3: the search's own input-less nodes (its score parameters) go where its steps run."""
+    import sklearn.model_selection as skms
+
+    X, y = data
+    w = np.random.default_rng(1).uniform(0.1, 3.0, size=len(y))
+    theirs = skms.GridSearchCV(Ridge(), {"alpha": [0.1, 1.0]}, cv=3).fit(X, y, sample_weight=w)
+    with gn.testing.fake_gpu(1) as cp:
+        cp.reset_log()
+        ours = gn.GridSearchCV(Ridge(), {"alpha": [0.1, 1.0]}, cv=3, device="cpu", executor=executor).fit(
+            X, y, sample_weight=w)
+        assert cp.implicit_conversions() == []
+    np.testing.assert_allclose(ours.cv_results_["mean_test_score"], theirs.cv_results_["mean_test_score"],
+                               rtol=1e-12)
