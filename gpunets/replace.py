@@ -24,7 +24,8 @@ copy does with it:
   machines downstream of a replacement are new and untrained.  Nothing is shared
   with the original but the operations (functions) and constants of its nodes.
 
-New machines are never frozen; their ``name`` and ``device`` are the originals'.
+New machines are never frozen; their ``name``, ``device``, ``warm`` and ``cache`` settings and their keyword
+training arguments (``sample_weight=w``) are the originals'.
 
 >>> import numpy as np, gpunets as gn
 >>> from sklearn.linear_model import Ridge
@@ -263,7 +264,11 @@ class _Copier:
                 self.changed.add(m._uid)
                 model = r.models[id(m.model)] if replaced else (
                     copy.deepcopy(m.model, self.memo) if self.deep else m.model)
-                nm = Machine(model, *args, device="auto", name=m.name)
+                # the original's training arguments as it had them (keywords such as sample_weight= stay
+                # keywords) and its settings (warm updates, output cache)
+                k = len(args) - len(m.fit_keywords)
+                nm = Machine(model, *args[:k], device="auto", name=m.name, warm=m.warm, cache=m.cache,
+                             **dict(zip(m.fit_keywords, args[k:])))
                 nm.device = m.device
             elif self.deep:
                 nm = self._copy_machine(m, args)

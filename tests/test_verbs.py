@@ -400,3 +400,32 @@ def test_replace_bad_input(network):
         gn.replace(n["yhat"], [n["ridge"], Ridge()])
     with pytest.raises(TypeError, match=r"source 'y'"):
         gn.replace(n["yhat"], {n["y"]: [1.0, 2.0]})    # data that cannot be placed, named by its source
+
+
+@pytest.mark.parametrize("copy_unchanged", [False, True])
+def test_replace_keeps_keyword_training_arguments_and_machine_settings(executor, data, copy_unchanged):
+    """issue 23 item 3: a machine rebuilt downstream of a replacement keeps ``sample_weight=w`` as a keyword
+    (not as ``y``), and its ``warm`` and ``cache`` settings; the copy trains weighted, as a network built
+    by hand does."""
+    from sklearn.ensemble import RandomForestRegressor
+
+    X, y = data
+    w = np.random.default_rng(3).uniform(0.1, 3.0, size=len(y))
+    Xs, ys, ws = gn.source(X, name="X"), gn.source(y, name="y"), gn.source(w, name="w")
+    scaler = StandardScaler()
+    W = gn.machine(scaler, Xs).transform(Xs)
+    forest = gn.machine(RandomForestRegressor(n_estimators=5, random_state=0), W, ys, sample_weight=ws,
+                        warm=False, cache=True, name="forest")
+    yhat = forest.predict(W)
+    yhat.fit(executor=executor)
+    copy_ = gn.replace(yhat, {scaler: StandardScaler(with_mean=False)}, copy_unchanged=copy_unchanged)
+    (new,) = [m for m in copy_.machines if m.name == "forest"]
+    assert new is not forest and new.fit_keywords == ("sample_weight",)
+    assert (new.warm, new.cache) == (False, True)
+    copy_.fit(executor=executor)
+    # by hand: the same network, weighted
+    hand_W = gn.machine(StandardScaler(with_mean=False), Xs).transform(Xs)
+    hand = gn.machine(RandomForestRegressor(n_estimators=5, random_state=0), hand_W, ys, sample_weight=ws)
+    by_hand = hand.predict(hand_W)
+    by_hand.fit(executor=executor)
+    assert_allclose_any(copy_(executor=executor), by_hand(executor=executor), rtol=1e-12)
