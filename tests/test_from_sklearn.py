@@ -438,6 +438,26 @@ def test_reuse_fitted_trains_what_differs_or_cannot_be_adopted():
     assert set(unfitted.fit(X, y).fit_report_.actions.by_label().values()) == {"train"}
 
 
+@pytest.mark.parametrize("make", [
+    lambda: make_pipeline(StandardScaler(), Ridge()),
+    lambda: make_pipeline(ColumnTransformer([("s", StandardScaler(), [0, 1])], remainder="passthrough"), Ridge()),
+    lambda: VotingRegressor([("a", Ridge()), ("b", make_pipeline(StandardScaler(), Ridge()))]),
+], ids=["pipeline", "columns", "voting"])
+def test_reuse_fitted_parts_fitted_on_another_number_of_features_are_retrained_and_said(make, executor):
+    """issue 23 item 12: a fitted original whose parts saw another number of features is not adopted there
+    (fit would succeed and every predict fail): those parts train, and the conversion says why."""
+    rng = np.random.default_rng(0)
+    X5, X3 = rng.normal(size=(50, 5)), rng.normal(size=(50, 3))
+    target = X3 @ np.array([1.0, -1.0, 0.5])
+    original = make().fit(X5, rng.normal(size=50))
+    model = gn.from_sklearn(original, reuse_fitted=True, executor=executor).fit(X3, target)
+    notes = [n for part in model.conversion_.values() for n in part["notes"]]
+    assert any("fitted on 5 features, and the data it is given here have 3" in n for n in notes)
+    assert model.predict(X3).shape == (50,)       # before: fit succeeded and every predict failed
+    if not any(n.endswith("adopted") for n in notes):   # nothing could be adopted: a plain fit
+        np.testing.assert_allclose(model.predict(X3), make().fit(X3, target).predict(X3), rtol=1e-12)
+
+
 # check_dtype_object mutates X in place between two fits; a composite treats the same array object as the
 # same data (gpunets.composite), so its second fit skips. check_estimators_nan_inf: StandardScaler lets NaN
 # through, as scikit-learn's own Pipeline does (it fails that check too).

@@ -17,6 +17,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import numpy as np
+
 from ..graph import machine_parents
 from ..machines import FittedState, _equal, snapshot_params
 from ._base import converts_as, is_drop, root_name
@@ -132,9 +134,26 @@ def adopt(machines: tuple[Any, ...], original: Any) -> dict[str, str]:
         if not _is_fitted(fitted):
             out[name] = "trained: the original's part is not fitted"
             continue
+        n_in = getattr(fitted, "n_features_in_", None)
+        # the width of what it will be given: its input evaluated on the data (through the parts adopted so far)
+        width = _width(m.args[0]) if isinstance(n_in, (int, np.integer)) and m.args else None
+        if width is not None and int(n_in) != width:  # type: ignore[arg-type]
+            out[name] = (f"trained: the original's part was fitted on {int(n_in)} features, and the data it is "
+                         f"given here have {width}")
+            continue
         m._state = FittedState(copy.deepcopy(fitted), snapshot_params(m.model), None, m._upstream_versions(),
                                m._version + 1, "adopt", 0.0, history=("adopt",))
         m._version += 1
         adopted.add(m._uid)
         out[name] = "adopted"
     return out
+
+
+def _width(x: Any) -> int | None:
+    """The number of columns of the training input ``x`` (a node over the sources: evaluated), None if unknown."""
+    try:
+        value = x()
+    except Exception:  # noqa: BLE001 - unknown width: the fitted part is checked by its own predict
+        return None
+    shape = getattr(value, "shape", None)
+    return int(shape[1]) if shape is not None and len(shape) == 2 else None
