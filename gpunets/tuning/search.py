@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -61,7 +62,7 @@ from sklearn.model_selection._validation import (
     _warn_or_raise_about_fit_failures,
 )
 from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
-from sklearn.utils.validation import _check_method_params, indexable
+from sklearn.utils.validation import _check_method_params, _num_samples, indexable
 
 from ..config import config
 from ..data import device_of
@@ -133,6 +134,11 @@ class _NetworkSearch(BaseSearchCV):
         cv = check_cv(self.cv, y, classifier=is_classifier(self.estimator))
         self.n_splits_ = cv.get_n_splits(X, y, groups)
         splits = list(cv.split(X, y, groups))
+        if not splits:  # scikit-learn's message (BaseSearchCV.evaluate_candidates)
+            msg = ("No fits were performed. Was the CV iterator empty? Were there no candidates? "
+                   f"(the splitter {cv!r} yielded no (train, test) split for {_num_samples(X)} rows; "
+                   "hint: give a splitter or an int cv that yields at least one split)")
+            raise ValueError(msg)
         if len(splits) != self.n_splits_:
             msg = (f"cv.split and cv.get_n_splits return inconsistent results. Expected {self.n_splits_} "
                    f"splits, got {len(splits)}")
@@ -145,12 +151,19 @@ class _NetworkSearch(BaseSearchCV):
         else:
             outs, report = self._run_network(specs, X, y, splits, scorers, params)
         self.search_report_ = report
-        if self.error_score == "raise":
-            first = next((o for o in outs if o.get("_error") is not None), None)
-            if first is not None:
-                raise first["_error"]
+        # scikit-learn's accounting, in its order (candidate-major): a fit failure raises with
+        # error_score="raise"; a scoring error scikit-learn lets through raises whatever error_score
+        for o in outs:
+            if o.get("_raise") is not None:
+                raise o["_raise"]
+            if self.error_score == "raise" and o.get("_error") is not None:
+                raise o["_error"]
+        for o in outs:   # "Scoring failed" warnings, issued here (their tasks may have run elsewhere)
+            for msg in o.pop("_warnings", ()):
+                warnings.warn(msg, UserWarning, stacklevel=2)
         for i, o in enumerate(outs):
             o.pop("_error", None)
+            o.pop("_raise", None)
             c = i // self.n_splits_
             if o["fit_error"] is not None and c not in report.errors:
                 report.errors[c] = (candidates[c], o["fit_error"].strip().splitlines()[-1])
