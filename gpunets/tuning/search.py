@@ -67,6 +67,7 @@ from sklearn.utils.validation import _check_method_params, _num_samples, indexab
 from ..config import config
 from ..data import device_of
 from ..devices import Device, override_placement
+from ..devices import device as device_block
 from ..executors import check_executor_spec
 from ..network import evaluate, last_trace
 from ..nodes import node
@@ -230,6 +231,29 @@ class _NetworkSearch(BaseSearchCV):
         n_scores = tuple(scorers._scorers) if isinstance(scorers, _MultimetricScorer) else None
         score_args = (scorers, self.error_score, n_scores)
         train_score = bool(self.return_train_score)
+        # the search's own nodes (rows taken, fold parameters, scores) go where its steps run: the search's
+        # GPU, else the host (an input-less node on "auto" would take a GPU and drag the folds there)
+        with device_block(str(gpu) if gpu is not None else "cpu"):
+            score_nodes = self._fold_nodes(X, y, splits, specs, steps, composite, by_step, params, weights,
+                                           score_args, train_score, report, gpu)
+        # scikit-learn's order: candidate-major, fold-minor
+        ordered = [score_nodes[f][c] for c in range(len(specs)) for f in range(len(splits))]
+        target = node(tasks.collect, *ordered, device=str(gpu) if gpu is not None else "cpu")
+        opts = {"executor": None if self.executor == "auto" else self.executor, "workers": self.workers}
+        start = time.perf_counter()
+        outs = evaluate(target, output="device", **opts)
+        report.seconds = time.perf_counter() - start
+        trace = last_trace()
+        report.read_trace(() if trace is None else trace.records)   # the fits that ran, and where
+        return outs, report
+
+    def _fold_nodes(self, X: Any, y: Any, splits: list[tuple[np.ndarray, np.ndarray]], specs: list[Any],
+                    steps: Any, composite: bool, by_step: Any, params: dict[str, Any], weights: bool,
+                    score_args: tuple[Any, ...], train_score: bool, report: SearchReport,
+                    gpu: Any) -> list[list[Any]]:
+        """Per fold, the score node of every candidate."""
+        from sklearn.utils import get_tags
+
         Xs, ys = tasks.as_node(X, "X"), tasks.as_node(y, "y")
         pairwise = get_tags(self.estimator).input_tags.pairwise
         score_nodes = []
@@ -253,16 +277,7 @@ class _NetworkSearch(BaseSearchCV):
             for s in (specs if composite else steps):
                 fold.candidate(s)
             score_nodes.append(fold.scores())
-        # scikit-learn's order: candidate-major, fold-minor
-        ordered = [score_nodes[f][c] for c in range(len(specs)) for f in range(len(splits))]
-        target = node(tasks.collect, *ordered)
-        opts = {"executor": None if self.executor == "auto" else self.executor, "workers": self.workers}
-        start = time.perf_counter()
-        outs = evaluate(target, output="device", **opts)
-        report.seconds = time.perf_counter() - start
-        trace = last_trace()
-        report.read_trace(() if trace is None else trace.records)   # the fits that ran, and where
-        return outs, report
+        return score_nodes
 
 
 @contextlib.contextmanager
