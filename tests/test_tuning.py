@@ -545,3 +545,34 @@ def test_cpu_search_with_fit_params_stays_on_the_host(executor, device, shape, r
     trace = gn.last_trace()
     if trace is not None and trace.records:
         assert {r.device for r in trace.records} == {"cpu"}
+
+
+# --- issue 23 item 2: frozen components of a searched composite -------------------------------------------------
+
+class Encoded(gn.CompositeRegressor):
+    def __init__(self, encoder=None, model=None, freeze=(), executor="serial"):
+        self.encoder, self.model, self.freeze, self.executor = encoder, model, freeze, executor
+
+    def network(self, X, y):
+        W = gn.machine(self.encoder if self.encoder is not None else CountingScaler("frozen"), X).transform(X)
+        return gn.machine(self.model if self.model is not None else Ridge(), W, y).predict(W)
+
+
+@pytest.mark.parametrize("how", ["freeze=", "machines_.freeze()"])
+def test_search_keeps_frozen_components_like_sklearn(executor, how, reg_data):
+    """The encoder fitted on other rows and frozen: every fold and the refit keep it (scikit-learn's clone does)."""
+    X, y = reg_data
+    X0 = X[:30] * 3.0 + 1.0   # other rows: a frozen encoder that differs from a per-fold refit
+    if how == "freeze=":
+        comp = Encoded(CountingScaler("frozen"), Ridge(), freeze=("encoder",)).fit(X0, y[:30])
+    else:
+        comp = Encoded(CountingScaler("frozen"), Ridge()).fit(X0, y[:30])
+        comp.machines_["encoder"].freeze()
+    grid = {"model__alpha": [0.1, 10.0]}
+    theirs = skms.GridSearchCV(comp, grid, cv=3, return_train_score=True).fit(X, y)
+    FITS.clear()
+    ours = gn.GridSearchCV(comp, grid, cv=3, executor=executor, return_train_score=True).fit(X, y)
+    assert_same_search(ours, theirs)
+    assert FITS["frozen"] == 0 or executor == "dask"   # never refitted (on Dask the fits ran elsewhere)
+    assert "encoder" not in {k for k, v in ours.search_report_.fits.items() if v}
+    np.testing.assert_allclose(ours.predict(X[:5]), theirs.predict(X[:5]), rtol=0, atol=1e-12)

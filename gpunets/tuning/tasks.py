@@ -405,6 +405,11 @@ def fit_model(est: Any, *values: Any, keywords: tuple[str, ...] = ()) -> tuple[A
         return failed, None, failed.seconds
 
 
+def frozen_model(est: Any) -> tuple[Any, None, float]:
+    """A frozen component of a composite: its fitted estimator as is, as :func:`fit_model` returns a fit."""
+    return est, None, 0.0
+
+
 def apply_op(op: str, est: Any, *values: Any) -> Any:
     """A machine operation (``predict``, ``transform``...) of a fitted model."""
     failed = _first_failed((est, *values))
