@@ -453,3 +453,153 @@ def test_fit_time_is_shared_out_among_candidates(shape, reg_data, monkeypatch):
     s = gn.GridSearchCV(est, grid, cv=3, executor="serial", refit=False).fit(X, y)
     np.testing.assert_allclose(s.cv_results_["mean_fit_time"], 1.0 / 4 + 2.0)
     np.testing.assert_allclose(s.cv_results_["std_fit_time"], 0.0, atol=1e-12)
+
+
+# --- issue 23 items 6 and 16, issue 24 item 3 ------------------------------------------------------------------
+
+class NoSplits:
+    """A splitter that yields nothing."""
+
+    def get_n_splits(self, X=None, y=None, groups=None):
+        return 0
+
+    def split(self, X, y=None, groups=None):
+        return iter(())
+
+
+def test_empty_cv_iterator_says_so_like_sklearn(executor, reg_data):
+    X, y = reg_data
+    with pytest.raises(ValueError, match="iterator was empty|Was the CV iterator empty") as theirs:
+        skms.GridSearchCV(Ridge(), {"alpha": [1.0]}, cv=NoSplits()).fit(X, y)
+    FITS.clear()
+    est = make_pipeline(CountingScaler(), Ridge())
+    with pytest.raises(ValueError, match="Was the CV iterator empty") as ours:
+        gn.GridSearchCV(est, {"ridge__alpha": [1.0]}, cv=NoSplits(), executor=executor).fit(X, y)
+    assert str(theirs.value) in str(ours.value)
+    assert not FITS    # refused before any fit
+
+
+def _recorded(fn):
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        out = fn()
+    return out, w
+
+
+def _categories():
+    X = np.array([["a"]] * 10 + [["b"]] * 10 + [["c"]] * 10, dtype=object)
+    return X, np.arange(30.0)
+
+
+@pytest.mark.parametrize("scoring", [None, ["r2", "neg_mean_absolute_error"]])
+def test_unseen_test_category_is_a_score_failure_like_sklearn(executor, scoring):
+    """A shared step that cannot transform a fold's test rows: NaN scores and "Scoring failed", not a fit failure."""
+    from sklearn.preprocessing import OneHotEncoder
+
+    X, y = _categories()
+    est = make_pipeline(OneHotEncoder(handle_unknown="error"), Ridge())
+    grid = {"ridge__alpha": [0.1, 1.0]}
+    kw = {"cv": KFold(3), "return_train_score": True, "scoring": scoring, "refit": "r2" if scoring else True}
+    theirs, tw = _recorded(lambda: skms.GridSearchCV(est, grid, **kw).fit(X, y))
+    ours, ow = _recorded(lambda: gn.GridSearchCV(est, grid, executor=executor, **kw).fit(X, y))
+    for k, v in theirs.cv_results_.items():
+        if "score" in k and "time" not in k:
+            np.testing.assert_array_equal(ours.cv_results_[k], v, err_msg=k)
+    def kinds(w):
+        return collections.Counter((x.category, str(x.message).split(".")[0]) for x in w)
+    assert kinds(ow) == kinds(tw)
+    assert not any(issubclass(x.category, FitFailedWarning) for x in ow)
+    assert kinds(ow)[(UserWarning, "Scoring failed")] == 2 * 3 * (2 if scoring else 1)
+    assert not ours.search_report_.errors
+    with pytest.raises(ValueError, match="unknown categor"):
+        gn.GridSearchCV(est, grid, executor=executor, cv=KFold(3), error_score="raise").fit(X, y)
+
+
+class EmptyTestFold:
+    """Two folds, the second with no test rows."""
+
+    def get_n_splits(self, X=None, y=None, groups=None):
+        return 2
+
+    def split(self, X, y=None, groups=None):
+        n = len(X)
+        yield np.arange(n // 2), np.arange(n // 2, n)
+        yield np.arange(n), np.arange(0)
+
+
+def test_empty_test_fold_is_a_score_failure_like_sklearn(executor, reg_data):
+    X, y = reg_data
+    est = make_pipeline(StandardScaler(), Ridge())
+    grid = {"ridge__alpha": [0.1, 1.0]}
+    theirs, tw = _recorded(lambda: skms.GridSearchCV(est, grid, cv=EmptyTestFold()).fit(X, y))
+    ours, ow = _recorded(lambda: gn.GridSearchCV(est, grid, cv=EmptyTestFold(), executor=executor).fit(X, y))
+    for k, v in theirs.cv_results_.items():
+        if "score" in k and "time" not in k:
+            np.testing.assert_array_equal(ours.cv_results_[k], v, err_msg=k)
+    assert ([str(x.message).split(".")[0] for x in ow if x.category is UserWarning]
+            == [str(x.message).split(".")[0] for x in tw if x.category is UserWarning])
+    assert not any(issubclass(x.category, FitFailedWarning) for x in ow)
+
+
+def test_scorer_returning_a_non_number_stops_the_search_like_sklearn(executor, reg_data):
+    X, y = reg_data
+
+    def bad(est, X, y):
+        return "high"
+
+    with pytest.raises(ValueError, match="scoring must return a number") as theirs:
+        skms.GridSearchCV(Ridge(), {"alpha": [1.0]}, cv=3, scoring=bad).fit(X, y)
+    with pytest.raises(ValueError, match="scoring must return a number") as ours:
+        gn.GridSearchCV(Ridge(), {"alpha": [1.0]}, cv=3, scoring=bad, executor=executor).fit(X, y)
+    assert str(ours.value).split(" at 0x")[0] == str(theirs.value).split(" at 0x")[0]   # a dask copy: other address
+
+
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+@pytest.mark.parametrize("shape", ["plain", "pipeline"])
+def test_cpu_search_with_fit_params_stays_on_the_host(executor, device, shape, reg_data):
+    """On a machine with a GPU (the fake-GPU lane), a search of NumPy data keeps its own nodes (rows, fit and score
+    parameters) and every fold on the host: scikit-learn gets NumPy, scores equal scikit-learn's."""
+    X, y = reg_data
+    w = np.random.default_rng(1).uniform(0.1, 3.0, size=len(y))
+    if shape == "plain":
+        est, grid, params = Ridge(), {"alpha": [0.1, 1.0]}, {"sample_weight": w}
+    else:
+        est, grid, params = (make_pipeline(StandardScaler(), Ridge()), {"ridge__alpha": [0.1, 1.0]},
+                             {"ridge__sample_weight": w})
+    theirs = skms.GridSearchCV(est, grid, cv=3).fit(X, y, **params)
+    ours = gn.GridSearchCV(est, grid, cv=3, executor=executor, device=device).fit(X, y, **params)
+    assert_same_search(ours, theirs)
+    trace = gn.last_trace()
+    if trace is not None and trace.records:
+        assert {r.device for r in trace.records} == {"cpu"}
+
+
+# --- issue 23 item 2: frozen components of a searched composite -------------------------------------------------
+
+class Encoded(gn.CompositeRegressor):
+    def __init__(self, encoder=None, model=None, freeze=(), executor="serial"):
+        self.encoder, self.model, self.freeze, self.executor = encoder, model, freeze, executor
+
+    def network(self, X, y):
+        W = gn.machine(self.encoder if self.encoder is not None else CountingScaler("frozen"), X).transform(X)
+        return gn.machine(self.model if self.model is not None else Ridge(), W, y).predict(W)
+
+
+@pytest.mark.parametrize("how", ["freeze=", "machines_.freeze()"])
+def test_search_keeps_frozen_components_like_sklearn(executor, how, reg_data):
+    """The encoder fitted on other rows and frozen: every fold and the refit keep it (scikit-learn's clone does)."""
+    X, y = reg_data
+    X0 = X[:30] * 3.0 + 1.0   # other rows: a frozen encoder that differs from a per-fold refit
+    if how == "freeze=":
+        comp = Encoded(CountingScaler("frozen"), Ridge(), freeze=("encoder",)).fit(X0, y[:30])
+    else:
+        comp = Encoded(CountingScaler("frozen"), Ridge()).fit(X0, y[:30])
+        comp.machines_["encoder"].freeze()
+    grid = {"model__alpha": [0.1, 10.0]}
+    theirs = skms.GridSearchCV(comp, grid, cv=3, return_train_score=True).fit(X, y)
+    FITS.clear()
+    ours = gn.GridSearchCV(comp, grid, cv=3, executor=executor, return_train_score=True).fit(X, y)
+    assert_same_search(ours, theirs)
+    assert FITS["frozen"] == 0 or executor == "dask"   # never refitted (on Dask the fits ran elsewhere)
+    assert "encoder" not in {k for k, v in ours.search_report_.fits.items() if v}
+    np.testing.assert_allclose(ours.predict(X[:5]), theirs.predict(X[:5]), rtol=0, atol=1e-12)

@@ -159,6 +159,7 @@ class CompositeFold:
         self.pending: list[Any] = []               # per candidate: its score's arguments and machine keys
         self.users: dict[Any, int] = {}            # machine key -> candidates of this fold that use it
         self.needed: set[Any] = set()              # machine keys the candidate being copied uses
+        self.frozen: dict[int, Any] = {}           # id of a machine of that candidate -> its frozen machine
 
     def _sources(self, spec: Any) -> tuple[Source, Source, Source]:
         spec._gn_check_params(self.Xtr, self.ytr)
@@ -184,8 +185,15 @@ class CompositeFold:
             self.pending.append(node(tasks.score_one, scorer, error_score, self.train_score, len(self.yte),
                                      n_scores, None, failed, None, None, None, None))
             return
-        for m in upstream_machines(list(outputs.values())):
+        machines = upstream_machines(list(outputs.values()))
+        for m in machines:
             self.report.naive[m.label] = self.report.naive.get(m.label, 0) + 1
+        # components frozen in the searched composite (``freeze=``, ``machines_[name].freeze()``) come with
+        # the candidate (a clone carries them, as scikit-learn's clone of a FrozenEstimator): kept, never refitted
+        carried = spec._gn_frozen_components()
+        names = spec._gn_names(machines) if carried else {}
+        self.frozen = {id(m): carried[names[id(m)]] for m in machines
+                       if names.get(id(m)) in carried and carried[names[id(m)]].is_fitted}
         ops = tuple(op for op in tasks.Replay._OPS if op in outputs and op != "inverse_transform")
         test_env = {sx._uid: ste}
         self.needed = set()
@@ -257,6 +265,13 @@ class CompositeFold:
         return self.copies[ckey]
 
     def _machine(self, m: Any) -> AbstractNode:
+        frozen = self.frozen.get(id(m))
+        if frozen is not None:   # its fitted state, as the candidate carries it: no fit, no fit time
+            key = ("frozen", frozen._uid, id(frozen))
+            self.needed.add(key)
+            fit = self._intern(key, tasks.frozen_model, frozen.estimator_, name=fit_name(m.label))
+            self._intern(("seconds", key), tasks.seconds, fit)
+            return self._intern(("fitted", key), tasks.fitted, fit)
         keys: list[Any] = []
         args = [self._arg(a, {}, keys) for a in m.args]
         key = ("machine", tasks.step_key(m.model), tuple(keys), m.fit_keywords)

@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -66,6 +67,7 @@ from sklearn.utils.validation import _check_method_params, indexable
 from ..config import config
 from ..data import device_of
 from ..devices import Device, override_placement
+from ..devices import device as device_block
 from ..executors import check_executor_spec
 from ..network import evaluate, last_trace
 from ..nodes import node
@@ -150,12 +152,19 @@ class _NetworkSearch(BaseSearchCV):
         else:
             outs, report = self._run_network(specs, X, y, splits, scorers, params)
         self.search_report_ = report
-        if self.error_score == "raise":
-            first = next((o for o in outs if o.get("_error") is not None), None)
-            if first is not None:
-                raise first["_error"]
+        # scikit-learn's accounting, in its order (candidate-major): a fit failure raises with
+        # error_score="raise"; a scoring error scikit-learn lets through raises whatever error_score
+        for o in outs:
+            if o.get("_raise") is not None:
+                raise o["_raise"]
+            if self.error_score == "raise" and o.get("_error") is not None:
+                raise o["_error"]
+        for o in outs:   # "Scoring failed" warnings, issued here (their tasks may have run elsewhere)
+            for msg in o.pop("_warnings", ()):
+                warnings.warn(msg, UserWarning, stacklevel=2)
         for i, o in enumerate(outs):
             o.pop("_error", None)
+            o.pop("_raise", None)
             c = i // self.n_splits_
             if o["fit_error"] is not None and c not in report.errors:
                 report.errors[c] = (candidates[c], o["fit_error"].strip().splitlines()[-1])
@@ -194,7 +203,6 @@ class _NetworkSearch(BaseSearchCV):
     def _run_network(self, specs: list[Any], X: Any, y: Any, splits: list[tuple[np.ndarray, np.ndarray]],
                      scorers: Any, params: dict[str, Any]) -> tuple[list[dict[str, Any]], SearchReport]:
         from sklearn.metrics._scorer import _MultimetricScorer
-        from sklearn.utils import get_tags
 
         composite = not params and all(is_composite(s) for s in specs)
         steps: Any = None if composite else [pipeline_steps(s) for s in specs]
@@ -222,6 +230,29 @@ class _NetworkSearch(BaseSearchCV):
         n_scores = tuple(scorers._scorers) if isinstance(scorers, _MultimetricScorer) else None
         score_args = (scorers, self.error_score, n_scores)
         train_score = bool(self.return_train_score)
+        # the search's own nodes (rows taken, fold parameters, scores) go where its steps run: the search's
+        # GPU, else the host (an input-less node on "auto" would take a GPU and drag the folds there)
+        with device_block(str(gpu) if gpu is not None else "cpu"):
+            score_nodes = self._fold_nodes(X, y, splits, specs, steps, composite, by_step, params, weights,
+                                           score_args, train_score, report, gpu)
+        # scikit-learn's order: candidate-major, fold-minor
+        ordered = [score_nodes[f][c] for c in range(len(specs)) for f in range(len(splits))]
+        target = node(tasks.collect, *ordered, device=str(gpu) if gpu is not None else "cpu")
+        opts = {"executor": None if self.executor == "auto" else self.executor, "workers": self.workers}
+        start = time.perf_counter()
+        outs = evaluate(target, output="device", **opts)
+        report.seconds = time.perf_counter() - start
+        trace = last_trace()
+        report.read_trace(() if trace is None else trace.records)   # the fits that ran, and where
+        return outs, report
+
+    def _fold_nodes(self, X: Any, y: Any, splits: list[tuple[np.ndarray, np.ndarray]], specs: list[Any],
+                    steps: Any, composite: bool, by_step: Any, params: dict[str, Any], weights: bool,
+                    score_args: tuple[Any, ...], train_score: bool, report: SearchReport,
+                    gpu: Any) -> list[list[Any]]:
+        """Per fold, the score node of every candidate."""
+        from sklearn.utils import get_tags
+
         Xs, ys = tasks.as_node(X, "X"), tasks.as_node(y, "y")
         pairwise = get_tags(self.estimator).input_tags.pairwise
         score_nodes = []
@@ -245,16 +276,7 @@ class _NetworkSearch(BaseSearchCV):
             for s in (specs if composite else steps):
                 fold.candidate(s)
             score_nodes.append(fold.scores())
-        # scikit-learn's order: candidate-major, fold-minor
-        ordered = [score_nodes[f][c] for c in range(len(specs)) for f in range(len(splits))]
-        target = node(tasks.collect, *ordered)
-        opts = {"executor": None if self.executor == "auto" else self.executor, "workers": self.workers}
-        start = time.perf_counter()
-        outs = evaluate(target, output="device", **opts)
-        report.seconds = time.perf_counter() - start
-        trace = last_trace()
-        report.read_trace(() if trace is None else trace.records)   # the fits that ran, and where
-        return outs, report
+        return score_nodes
 
 
 @contextlib.contextmanager

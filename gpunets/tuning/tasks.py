@@ -11,7 +11,6 @@ import traceback
 from typing import Any, NamedTuple
 
 import numpy as np
-from sklearn.model_selection._validation import _score
 
 from ..data import check_placeable, take_rows
 from ..estimators import apply_estimator
@@ -25,10 +24,19 @@ __all__ = ["Failed", "Replay", "Stage", "fn_key", "step_key"]
 # --- the values flowing through the search network (module level, so they pickle for Dask) -------------
 
 class Failed:
-    """A fit or a score that raised: the exception and its traceback, passed downstream instead of a value."""
+    """A fit or a score that raised: the exception and its traceback, passed downstream instead of a value.
 
-    def __init__(self, error: BaseException, tb: str, seconds: float = 0.0) -> None:
-        self.error, self.tb, self.seconds = error, tb, seconds
+
+    ``fit`` tells a failed fit (of a step, or its transform of the training rows: a *fit failure*)
+    from a failed transform or prediction of rows to score (a *score failure*, as scikit-learn counts).
+    """
+
+    def __init__(self, error: BaseException, tb: str, seconds: float = 0.0, fit: bool = True) -> None:
+        self.error, self.tb, self.seconds, self.fit = error, tb, seconds, fit
+
+    def as_fit(self) -> Failed:
+        """This failure, counted as a fit failure (it reached a fit's inputs)."""
+        return self if self.fit else Failed(self.error, self.tb, self.seconds, fit=True)
 
 
 class Stage(NamedTuple):
@@ -118,6 +126,7 @@ def fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: An
     if isinstance(X, Stage):
         X = X.train
     if isinstance(X, Failed):
+        X = X.as_fit()
         return X, X, 0.0
     X, y = aligned(X, y)
     fit_params = dict(zip(fit_params, aligned(*fit_params.values())))
@@ -162,7 +171,7 @@ def transform(est: Any, X: Any, route: Any = None) -> Any:
         with on_device(route):
             return est.transform(*moved(route, X))
     except Exception as e:  # noqa: BLE001
-        return Failed(e, traceback.format_exc())
+        return Failed(e, traceback.format_exc(), fit=False)
 
 
 @saved_operation
@@ -195,10 +204,17 @@ def score_one(scorer: Any, error_score: Any, train: bool, n_test: int, n_scores:
     """One entry of scikit-learn's ``_fit_and_score`` output for one (candidate, fold).
 
     ``score_params`` is ``(test, train)``: the scorer's parameters (``sample_weight``) for those rows.
+
+    Accounting as scikit-learn's: a fit that failed (any step's fit, or its transform of the training
+    rows) is a *fit failure* (``fit_error``, ``error_score``); a fitted candidate whose scoring fails
+    (its prediction, or a step's transform of the test rows, raised) is a *score failure*: the score
+    is ``error_score`` with a "Scoring failed" warning (kept in ``_warnings``, re-issued by the
+    search in the caller's thread), or the exception with ``error_score="raise"``; anything else
+    raised while scoring (a scorer returning a non-number) stops the search, as in scikit-learn.
     """
     sp_test, sp_train = score_params or ({}, {})
     fit_time = float(sum(seconds))
-    failed = next((v for v in (est, X_test, X_train) if isinstance(v, Failed)), None)
+    failed = next((v for v in (est, X_test, X_train) if isinstance(v, Failed) and v.fit), None)
     out: dict[str, Any] = {"n_test_samples": n_test, "fit_time": fit_time}
     if failed is not None:
         err = error_score if n_scores is None else {name: error_score for name in n_scores}
@@ -206,20 +222,76 @@ def score_one(scorer: Any, error_score: Any, train: bool, n_test: int, n_scores:
         if train:
             out["train_scores"] = err
         return out
+    notes: list[str] = []
     start = time.perf_counter()
     try:
-        out["test_scores"] = _score(est, X_test, y_test, scorer, sp_test, error_score)
+        out["test_scores"] = score_noting(est, X_test, y_test, scorer, sp_test, error_score, notes)
         if train:
-            out["train_scores"] = _score(est, X_train, y_train, scorer, sp_train, error_score)
-    except Exception as e:  # noqa: BLE001 - error_score="raise": raised by the search, by candidate
+            out["train_scores"] = score_noting(est, X_train, y_train, scorer, sp_train, error_score, notes)
+    except Exception as e:  # noqa: BLE001 - raised by the search (scikit-learn lets it propagate)
         err = error_score if n_scores is None else {name: error_score for name in n_scores}
-        out.update(fit_error=traceback.format_exc(), test_scores=err, score_time=0.0, _error=e)
+        out.update(fit_error=None, test_scores=err, score_time=0.0, _raise=e)
         if train:
             out["train_scores"] = err
         return out
     out["score_time"] = time.perf_counter() - start
     out["fit_error"] = None
+    if notes:
+        out["_warnings"] = notes
     return out
+
+
+def _scoring_failed(error_score: Any, details: str) -> str:
+    return ("Scoring failed. The score on this train-test partition for these parameters will be set to "
+            f"{error_score}. Details: \n{details}")
+
+
+def score_noting(est: Any, X: Any, y: Any, scorer: Any, params: dict[str, Any], error_score: Any,
+                 notes: list[str]) -> Any:
+    """scikit-learn's ``_score``, its "Scoring failed" warnings appended to ``notes`` instead of issued
+    (a task may run in another thread or process).  ``X`` may be a :class:`Failed` transform of the
+    rows to score: then scoring fails with its error, as the pipeline's ``predict`` would have."""
+    import numbers
+    from contextlib import suppress
+
+    from sklearn.metrics._scorer import _MultimetricScorer
+
+    multi = isinstance(scorer, _MultimetricScorer)
+    scores: Any
+    try:
+        if isinstance(X, Failed):
+            raise X.error
+        scores = scorer(est, X, **params) if y is None else scorer(est, X, y, **params)
+    except Exception:
+        if error_score == "raise" or (multi and scorer._raise_exc):
+            raise
+        tb = X.tb if isinstance(X, Failed) else traceback.format_exc()
+        if multi:   # each metric failed (scikit-learn's _MultimetricScorer catches per scorer)
+            scores = {name: tb for name in scorer._scorers}
+        else:
+            notes.append(_scoring_failed(error_score, tb))
+            return error_score
+    if multi:
+        for name, value in list(scores.items()):
+            if isinstance(value, str):
+                scores[name] = error_score
+                notes.append(_scoring_failed(error_score, value))
+    msg = "scoring must return a number, got %s (%s) instead. (scorer=%s)"
+    if isinstance(scores, dict):
+        for name, value in scores.items():
+            if hasattr(value, "item"):
+                with suppress(ValueError):
+                    value = value.item()
+            if not isinstance(value, numbers.Number):
+                raise ValueError(msg % (value, type(value), name))
+            scores[name] = value
+    else:
+        if hasattr(scores, "item"):
+            with suppress(ValueError):
+                scores = scores.item()
+        if not isinstance(scores, numbers.Number):
+            raise ValueError(msg % (scores, type(scores), scorer))
+    return scores
 
 
 @saved_operation
@@ -333,7 +405,7 @@ def fit_model(est: Any, *values: Any, keywords: tuple[str, ...] = ()) -> tuple[A
     The last ``len(keywords)`` values are passed by those names (the machine's ``fit_keywords``)."""
     failed = _first_failed(values)
     if failed is not None:
-        return failed, None, 0.0
+        return failed.as_fit(), None, 0.0
     from sklearn.base import clone
 
     start = time.perf_counter()
@@ -347,6 +419,12 @@ def fit_model(est: Any, *values: Any, keywords: tuple[str, ...] = ()) -> tuple[A
 
 
 @saved_operation
+def frozen_model(est: Any) -> tuple[Any, None, float]:
+    """A frozen component of a composite: its fitted estimator as is, as :func:`fit_model` returns a fit."""
+    return est, None, 0.0
+
+
+@saved_operation
 def apply_op(op: str, est: Any, *values: Any) -> Any:
     """A machine operation (``predict``, ``transform``...) of a fitted model."""
     failed = _first_failed((est, *values))
@@ -355,7 +433,7 @@ def apply_op(op: str, est: Any, *values: Any) -> Any:
     try:
         return apply_estimator(est, op, aligned(*values))
     except Exception as e:  # noqa: BLE001
-        return Failed(e, traceback.format_exc())
+        return Failed(e, traceback.format_exc(), fit=False)
 
 
 @saved_operation
@@ -367,7 +445,7 @@ def call_fn(fn: Any, *values: Any) -> Any:
     try:
         return fn(*values)
     except Exception as e:  # noqa: BLE001
-        return Failed(e, traceback.format_exc())
+        return Failed(e, traceback.format_exc(), fit=False)
 
 
 class Replay:
@@ -411,10 +489,20 @@ def score_replay(spec: Any, ops: tuple[str, ...], scorer: Any, error_score: Any,
     test = dict(zip(ops, values[:k]))
     train_values = dict(zip(ops, values[k:2 * k])) if train else {}
     failed = _first_failed(tuple(test.values()) + tuple(train_values.values()))
-    est = failed if failed is not None else Replay(spec, test)
-    out = score_one(scorer, error_score, False, n_test, n_scores, None, est, None, y_test, None, None, fit_seconds)
-    if train:
-        tr = failed if failed is not None else Replay(spec, train_values)
-        out["train_scores"] = score_one(scorer, error_score, False, n_test, n_scores, None, tr, None, y_train, None,
-                                        None)["test_scores"]
+    if failed is not None and failed.fit:   # a machine's fit failed: a fit failure
+        return score_one(scorer, error_score, train, n_test, n_scores, None, failed, None, None, None, None,
+                         fit_seconds)
+    # an operation on the rows to score failed: a score failure of those rows (see score_one)
+    bad_test, bad_train = _first_failed(tuple(test.values())), _first_failed(tuple(train_values.values()))
+    out = score_one(scorer, error_score, False, n_test, n_scores, None, Replay(spec, test),
+                    bad_test, y_test, None, None, fit_seconds)
+    if train and "_raise" not in out:
+        tr = score_one(scorer, error_score, False, n_test, n_scores, None, Replay(spec, train_values),
+                       bad_train, y_train, None, None)
+        out["train_scores"] = tr["test_scores"]
+        for key in ("_raise", "_warnings"):
+            if key in tr:
+                out[key] = out.get(key, []) + tr[key] if key == "_warnings" else tr[key]
+    elif train:
+        out["train_scores"] = out["test_scores"]
     return out
