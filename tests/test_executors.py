@@ -798,6 +798,10 @@ def test_legacy_stream_guard_warns_once_and_refuses_new_streams_with_classic_cud
         gn.StreamsExecutor(workers=1, stream="new").run(plan)
     with pytest.warns(streams.LegacyStreamWarning, match="cuDF runs on CUDA's legacy default stream"):
         gn.StreamsExecutor(workers=1).run(plan)
+    for merely_set in ("0", "true", "yes", ""):   # cuDF switches only for "1" (issue 24 item 8)
+        monkeypatch.setenv("CUDF_PER_THREAD_STREAM", merely_set)
+        with pytest.raises(gn.StreamOrderError, match="CUDF_PER_THREAD_STREAM=1"):
+            gn.StreamsExecutor(workers=1, stream="new").run(plan)
     monkeypatch.setenv("CUDF_PER_THREAD_STREAM", "1")
     monkeypatch.setenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "1")
     monkeypatch.setattr(streams, "_WARNED", set())

@@ -55,7 +55,7 @@ _WARNED: set[str] = set()
 def check_default_streams(kind: str) -> None:
     """Check, when the CUDA backend starts, that no library puts the lanes' work on the legacy default stream.
 
-    * cuDF without ``CUDF_PER_THREAD_STREAM`` (read once, when libcudf starts) runs every operation
+    * cuDF without ``CUDF_PER_THREAD_STREAM=1`` (read once, when libcudf starts) runs every operation
       on the legacy default stream.  With ``stream="new"`` (non-blocking lane streams, which the
       legacy stream does not wait for) that is a race: refused.  With ``stream="ptds"`` it is
       correct but serializes the lanes: a warning, once.
@@ -63,15 +63,17 @@ def check_default_streams(kind: str) -> None:
       issue on their own streams, but CuPy work outside them (where the sources were made, where
       the outputs are read) goes to the legacy stream: a warning, once.
     """
-    if "cudf" in sys.modules and "CUDF_PER_THREAD_STREAM" not in os.environ:
+    # cuDF switches to per-thread default streams only for the value "1" (libcudf's own test): "0", "true" or
+    # any other value leaves it on the legacy default stream
+    if "cudf" in sys.modules and os.environ.get("CUDF_PER_THREAD_STREAM") != "1":
         if kind == "new":
             msg = ("stream='new' cannot be used with cuDF on the legacy default stream: cuDF runs its work on "
-                   "the legacy default stream unless CUDF_PER_THREAD_STREAM is set, and a non-blocking lane "
+                   "the legacy default stream unless CUDF_PER_THREAD_STREAM=1, and a non-blocking lane "
                    "stream is not ordered with it, so a lane could read a cuDF result before it is written. "
                    "Set CUDF_PER_THREAD_STREAM=1 in the environment before starting Python, or use "
                    "stream='ptds'.")
             raise StreamOrderError(msg)
-        _warn_once("cudf", "cuDF runs on CUDA's legacy default stream (CUDF_PER_THREAD_STREAM is not set), a "
+        _warn_once("cudf", "cuDF runs on CUDA's legacy default stream (CUDF_PER_THREAD_STREAM is not 1), a "
                            "device-wide barrier: the GPU lanes will not overlap while cuDF works. Set "
                            "CUDF_PER_THREAD_STREAM=1 in the environment before starting Python.")
     try:
