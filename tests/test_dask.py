@@ -375,8 +375,15 @@ def test_state_lost_with_its_worker_is_rebuilt(client):
     where = client.who_has()[ms["scale"]._state.stored.key]
     client.run(_die, workers=list(where), on_error="ignore")
     assert _wait_for(lambda: not client.who_has().get(ms["scale"]._state.stored.key), 30)
+    before = {n: m._state.stored.key for n, m in ms.items()}
     np.testing.assert_allclose(yhat(executor=ex), ref)      # rebuilt on the workers, no refit on the client
     assert {n: m._version for n, m in ms.items()} == versions
+    # a rebuild computes under keys never used before (issue 23 item 11): not the old key, and not another
+    # rebuild's (states of one fit share upstream tasks: each rebuild has its own suffix)
+    rebuilt = {n: m._state.stored.key for n, m in ms.items() if m._state.stored.rebuilds}
+    assert rebuilt and all(k != before[n] for n, k in rebuilt.items())
+    suffixes = [k.rsplit("-r", 1)[1] for k in rebuilt.values()]
+    assert len(set(suffixes)) == len(suffixes)
     assert not any(m._state.stored.lost for m in ms.values())
     report = yhat.fit(executor=ex)
     assert set(report.actions.by_label().values()) == {"skip"}

@@ -22,6 +22,7 @@ No dask import here: the futures are used through their methods.
 from __future__ import annotations
 
 import threading
+import uuid
 import weakref
 from typing import Any
 
@@ -197,7 +198,9 @@ class DaskState(RemoteEstimator):
         """Compute the state again from its recipe under new keys; (its future, the inputs sent again)."""
         recipe = self.recipe
         assert recipe is not None
-        sfx = f"-r{self.rebuilds + 1}"
+        # keys never used before (Dask: a key names one task for its life; another task under an old key can
+        # fail or deadlock): unique per rebuild, not per state, since states of one fit share upstream tasks
+        sfx = f"-r{self.rebuilds + 1}-{uuid.uuid4().hex[:12]}"
         sent: list[Any] = []
 
         def arg(x: Any) -> Any:
