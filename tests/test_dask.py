@@ -470,6 +470,21 @@ def test_worker_always_killed_names_the_task_and_keeps_finished_state(client):
     assert report.actions["first"] == "skip" and report.actions["killer"] == "train"
 
 
+def test_a_quick_failure_keeps_the_fits_that_were_running(client):
+    """issue 23 item 11: as on the other executors, where running tasks finish and commit, a sibling's quick
+    failure on Dask does not discard a fit already running on a worker: it commits, and the next fit skips it."""
+    X, y = _xy()
+    slow = gn.machine(Sleepy(seconds=1.5), X, y, name="slow")
+    bad = gn.machine(_AlwaysFails(), X, y, name="bad")
+    out = gn.mean(slow.predict(X), bad.predict(X))
+    with pytest.raises(gn.FitError, match="bad"):
+        out.fit(executor=DaskExecutor(client))
+    assert slow.is_fitted and not bad.is_fitted
+    bad.model = Ridge()
+    report = out.fit(executor=DaskExecutor(client))
+    assert report.actions["slow"] == "skip" and report.actions["bad"] == "train"
+
+
 def test_exceptions_are_retried_per_retries(client, tmp_path):
     X, y = _xy()
     m = gn.machine(FailOnce(marker=str(tmp_path / "a")), X, y)

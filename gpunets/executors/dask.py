@@ -574,6 +574,40 @@ class DaskExecutor(Executor):
 
         # 3. what comes back: fits (committed on arrival) and outputs
         lost = False
+
+        def take(fut: Any, draining: bool = False) -> None:
+            k = by_key[fut.key]
+            value = fut.result()
+            if k in state_futs:   # (info, small attributes): the state stays on the workers
+                info, attrs = value
+                attrs["_path"] = info.get("path", "sklearn")
+                handle = DaskState(_describe(tasks[k]).removeprefix("Machine "), client, state_futs.pop(k),
+                                   attrs, [distributed.Future(f.key, client) for f in inputs_of[k]],
+                                   timeout=self.timeout, recipe=_recipe(layers, skeys[k], markers))
+                ctx.handles[k] = handle
+                with self._own_lock:
+                    self._states.add(handle)
+                value = (handle, info)
+            finished.add(k)
+            if run.claim(k):
+                run.complete(k, value)
+            elif draining:   # the run has failed: a fit that was running still commits (claimed as running)
+                with run.lock:
+                    run.n_running += 1
+                run.complete(k, value)
+
+        def finish_running(stopped: BaseException | None = None) -> None:
+            """After a failure (or Ctrl-C): the fits already running on a worker finish and commit, as on the
+            other executors, where running tasks finish; what has not started is released unstarted."""
+            left = [f for f in futures if by_key[f.key] not in finished and tasks[by_key[f.key]].kind == "fit"]
+            if not left:
+                return
+            started = _started(client, [keys[by_key[f.key]] for f in left])
+            for fut in _completed(distributed, client, [f for f in left if keys[by_key[f.key]] in started],
+                                  deadline):
+                if fut.status == "finished":
+                    take(fut, draining=True)
+
         try:
             for fut in _completed(distributed, client, futures, deadline):
                 k = by_key[fut.key]
@@ -587,21 +621,9 @@ class DaskExecutor(Executor):
                         failed = k
                     if run.claim(failed):
                         run.fail(failed, exc)
+                    finish_running()
                     break
-                value = fut.result()
-                if k in state_futs:   # (info, small attributes): the state stays on the workers
-                    info, attrs = value
-                    attrs["_path"] = info.get("path", "sklearn")
-                    handle = DaskState(_describe(tasks[k]).removeprefix("Machine "), client, state_futs.pop(k),
-                                       attrs, [distributed.Future(f.key, client) for f in inputs_of[k]],
-                                       timeout=self.timeout, recipe=_recipe(layers, skeys[k], markers))
-                    ctx.handles[k] = handle
-                    with self._own_lock:
-                        self._states.add(handle)
-                    value = (handle, info)
-                finished.add(k)
-                if run.claim(k):
-                    run.complete(k, value)
+                take(fut)
         except _TimeoutSignal:
             pending = [tasks[k] for k in wanted if k not in finished]
             names = ", ".join(t.label for t in pending[:5]) + (" ..." if len(pending) > 5 else "")
@@ -611,7 +633,11 @@ class DaskExecutor(Executor):
             _set_error(run, pending[0].key, msg, TimeoutError(msg))
         except _cancelled_errors(distributed):
             lost = True
-        except BaseException as e:  # KeyboardInterrupt: stop, release, re-raise
+        except BaseException as e:  # KeyboardInterrupt: the running fits commit, the rest is released; re-raise
+            try:
+                finish_running(e)
+            except BaseException:  # noqa: BLE001, S110 - a second Ctrl-C while they finish: stop at once
+                pass
             run.abort(e)
             raise
         finally:
@@ -767,6 +793,18 @@ def _source_inputs(tasks: list[Any], fits: list[int], refs: dict[int, Any], need
                 stack.extend(tasks[d].deps)
         out[k] = found
     return out
+
+
+def _started(client: Any, keys: list[str]) -> set[str]:
+    """Which of ``keys`` a worker is running or has finished (the scheduler's ``processing`` / ``memory``)."""
+    def states(dask_scheduler: Any, keys: list[str] = keys) -> list[str]:
+        return [k for k in keys if (ts := dask_scheduler.tasks.get(k)) is not None
+                and ts.state in ("processing", "memory")]
+
+    try:
+        return set(client.run_on_scheduler(states))
+    except Exception:  # noqa: BLE001 - the scheduler cannot be asked: wait for none
+        return set()
 
 
 def _completed(distributed: Any, client: Any, futures: list[Any], deadline: float | None) -> Any:
