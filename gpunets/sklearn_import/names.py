@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..stacking import SUMMARY
 from ._base import converts_as, is_drop, is_passthrough, join
 
 __all__ = ["feature_names_out"]
@@ -69,7 +70,6 @@ def _ensemble_names(est: Any, path: str, names_in: np.ndarray, fitted: Callable[
 
     from sklearn.ensemble import StackingClassifier, StackingRegressor, VotingClassifier
 
-    from ..stacking import SUMMARY
 
     view = copy.copy(est)
     view.estimators_ = [SimpleNamespace(n_features_in_=len(names_in))]   # n_features_in_ reads its first member
