@@ -134,11 +134,12 @@ def adopt(machines: tuple[Any, ...], original: Any) -> dict[str, str]:
         if not _is_fitted(fitted):
             out[name] = "trained: the original's part is not fitted"
             continue
-        n_in = getattr(fitted, "n_features_in_", None)
+        seen = getattr(fitted, "n_features_in_", None)
+        n_in = int(seen) if isinstance(seen, (int, np.integer)) else None
         # the width of what it will be given: its input evaluated on the data (through the parts adopted so far)
-        width = _width(m.args[0]) if isinstance(n_in, (int, np.integer)) and m.args else None
-        if width is not None and int(n_in) != width:  # type: ignore[arg-type]
-            out[name] = (f"trained: the original's part was fitted on {int(n_in)} features, and the data it is "
+        width = _width(m.args[0]) if n_in is not None and m.args else None
+        if width is not None and n_in != width:
+            out[name] = (f"trained: the original's part was fitted on {n_in} features, and the data it is "
                          f"given here have {width}")
             continue
         m._state = FittedState(copy.deepcopy(fitted), snapshot_params(m.model), None, m._upstream_versions(),
