@@ -14,7 +14,7 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ and not (shutil.which("nvidia-smi") 
 
 import pytest  # noqa: E402
 
-pytest_plugins = ["gpunets.testing"]
+pytest_plugins = ["gpunets.testing", "pytester"]
 
 
 @pytest.fixture
