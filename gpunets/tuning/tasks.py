@@ -239,6 +239,18 @@ def _scoring_failed(error_score: Any, details: str) -> str:
             f"{error_score}. Details: \n{details}")
 
 
+class Raising:
+    """A scorer that raises ``error`` (a copy each call): scoring refused up front, e.g. by metadata routing."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import copy
+
+        raise copy.copy(self.error)
+
+
 def score_noting(est: Any, X: Any, y: Any, scorer: Any, params: dict[str, Any], error_score: Any,
                  notes: list[str]) -> Any:
     """scikit-learn's ``_score``, its "Scoring failed" warnings appended to ``notes`` instead of issued
@@ -251,18 +263,18 @@ def score_noting(est: Any, X: Any, y: Any, scorer: Any, params: dict[str, Any], 
 
     multi = isinstance(scorer, _MultimetricScorer)
     scores: Any
-    try:
-        if isinstance(X, Failed):
-            raise X.error
-        scores = scorer(est, X, **params) if y is None else scorer(est, X, y, **params)
-    except Exception:
-        if error_score == "raise" or (multi and scorer._raise_exc):
-            raise
-        tb = X.tb if isinstance(X, Failed) else traceback.format_exc()
-        if multi:   # each metric failed (scikit-learn's _MultimetricScorer catches per scorer)
-            scores = {name: tb for name in scorer._scorers}
-        else:
-            notes.append(_scoring_failed(error_score, tb))
+    if isinstance(X, Failed) and multi and not scorer._raise_exc:
+        # the estimator's predict raised in each metric (scikit-learn's _MultimetricScorer catches per scorer)
+        scores = {name: X.tb for name in scorer._scorers}
+    else:
+        try:
+            if isinstance(X, Failed):
+                raise X.error
+            scores = scorer(est, X, **params) if y is None else scorer(est, X, y, **params)
+        except Exception:
+            if multi or error_score == "raise":   # what escapes a _MultimetricScorer propagates
+                raise
+            notes.append(_scoring_failed(error_score, X.tb if isinstance(X, Failed) else traceback.format_exc()))
             return error_score
     if multi:
         for name, value in list(scores.items()):
@@ -314,6 +326,27 @@ def fit_and_score(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: A
     if isinstance(X, Stage):
         X_test = X
     return score_fit(route, users, head, step, X_test, y_test, X_train, y_train, *upstream_seconds)
+
+
+class Configured:
+    """``fn`` run under scikit-learn's configuration ``config`` (its metadata routing...): scikit-learn's
+    configuration is per thread, and a search's tasks run on the executor's threads or workers."""
+
+    def __init__(self, fn: Any, config: dict[str, Any]) -> None:
+        self.fn, self.config = fn, config
+        self.__name__ = getattr(fn, "__name__", getattr(getattr(fn, "func", None), "__name__", "task"))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import sklearn
+
+        with sklearn.config_context(**self.config):
+            return self.fn(*args, **kwargs)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Configured) and self.fn == other.fn and self.config == other.config
+
+    def __hash__(self) -> int:
+        return hash(self.fn)
 
 
 def constant(value: Any) -> Any:
