@@ -162,9 +162,9 @@ class _NetworkSearch(BaseSearchCV):
         # error_score="raise"; a scoring error scikit-learn lets through raises whatever error_score
         for o in outs:
             if o.get("_raise") is not None:
-                raise o["_raise"]
+                raise tasks.unwrap_error(o["_raise"])
             if self.error_score == "raise" and o.get("_error") is not None:
-                raise o["_error"]
+                raise tasks.unwrap_error(o["_error"])
         for o in outs:   # "Scoring failed" warnings, issued here (their tasks may have run elsewhere)
             for msg in o.pop("_warnings", ()):
                 warnings.warn(msg, UserWarning, stacklevel=2)

@@ -33,9 +33,38 @@ class Failed:
     def __init__(self, error: BaseException, tb: str, seconds: float = 0.0, fit: bool = True) -> None:
         self.error, self.tb, self.seconds, self.fit = error, tb, seconds, fit
 
+    def __getstate__(self) -> dict[str, Any]:   # exceptions with keyword-only __init__ pickle too (Dask)
+        return {**self.__dict__, "error": Portable(self.error)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, error=unwrap_error(state["error"]))
+
     def as_fit(self) -> Failed:
         """This failure, counted as a fit failure (it reached a fit's inputs)."""
         return self if self.fit else Failed(self.error, self.tb, self.seconds, fit=True)
+
+
+def rebuild_error(cls: type, args: tuple[Any, ...], state: dict[str, Any]) -> Portable:
+    """An exception rebuilt without calling its ``__init__``, still wrapped (see :class:`Portable`)."""
+    error = BaseException.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return Portable(error)
+
+
+class Portable:
+    """An exception that pickles as itself even when its ``__init__`` takes keyword-only arguments
+    (scikit-learn's ``UnsetMetadataPassedError``), any number of times; :func:`unwrap_error` gives it."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __reduce__(self) -> Any:
+        return (rebuild_error, (type(self.error), self.error.args, dict(self.error.__dict__)))
+
+
+def unwrap_error(value: Any) -> BaseException:
+    return value.error if isinstance(value, Portable) else value
 
 
 class Stage(NamedTuple):
@@ -211,7 +240,7 @@ def score_one(scorer: Any, error_score: Any, train: bool, n_test: int, n_scores:
     out: dict[str, Any] = {"n_test_samples": n_test, "fit_time": fit_time}
     if failed is not None:
         err = error_score if n_scores is None else {name: error_score for name in n_scores}
-        out.update(fit_error=failed.tb, test_scores=err, score_time=0.0, _error=failed.error)
+        out.update(fit_error=failed.tb, test_scores=err, score_time=0.0, _error=Portable(failed.error))
         if train:
             out["train_scores"] = err
         return out
@@ -223,7 +252,7 @@ def score_one(scorer: Any, error_score: Any, train: bool, n_test: int, n_scores:
             out["train_scores"] = score_noting(est, X_train, y_train, scorer, sp_train, error_score, notes)
     except Exception as e:  # noqa: BLE001 - raised by the search (scikit-learn lets it propagate)
         err = error_score if n_scores is None else {name: error_score for name in n_scores}
-        out.update(fit_error=None, test_scores=err, score_time=0.0, _raise=e)
+        out.update(fit_error=None, test_scores=err, score_time=0.0, _raise=Portable(e))
         if train:
             out["train_scores"] = err
         return out
