@@ -603,3 +603,106 @@ def test_search_keeps_frozen_components_like_sklearn(executor, how, reg_data):
     assert FITS["frozen"] == 0 or executor == "dask"   # never refitted (on Dask the fits ran elsewhere)
     assert "encoder" not in {k for k, v in ours.search_report_.fits.items() if v}
     np.testing.assert_allclose(ours.predict(X[:5]), theirs.predict(X[:5]), rtol=0, atol=1e-12)
+
+
+# --- issue 23 item 4: metadata routing, as scikit-learn's BaseSearchCV ---------------------------------------------
+
+def _routing_cases():
+    import sklearn.metrics as skm
+
+    def r2w():
+        return skm.make_scorer(skm.r2_score).set_score_request(sample_weight=True)
+
+    def r2n():
+        return skm.make_scorer(skm.r2_score).set_score_request(sample_weight=False)
+
+    def pipe(scale, ridge):
+        s, r = WeightedScaler("routed"), Ridge()
+        if scale is not None:
+            s.set_fit_request(sample_weight=scale)
+        if ridge is not None:
+            r.set_fit_request(sample_weight=ridge)
+        return Pipeline([("scale", s), ("ridge", r)])
+
+    grid = {"ridge__alpha": [0.1, 10.0]}
+    return {
+        "scaler-takes-ridge-declines": lambda: (pipe(True, False), grid, None),
+        "scaler-declines-ridge-takes-scorer-takes": lambda: (pipe(False, True), grid, r2w()),
+        "both-take-scorer-declines": lambda: (pipe(True, True), grid, r2n()),
+        "multimetric": lambda: (pipe(False, True), grid, {"w": r2w(), "n": r2n(), "mse": "neg_mean_squared_error"}),
+        "plain-takes-scorer-takes": lambda: (Ridge().set_fit_request(sample_weight=True), {"alpha": [0.1, 10.0]},
+                                             r2w()),
+        "plain-declines-default-score": lambda: (
+            Ridge().set_fit_request(sample_weight=False).set_score_request(sample_weight=True),
+            {"alpha": [0.1, 10.0]}, None),
+        "pipeline-default-score-unset": lambda: (pipe(True, False), grid, None),
+        "unset-step": lambda: (pipe(None, True), grid, r2w()),
+    }
+
+
+ROUTING = _routing_cases()
+
+
+def _outcome(make):
+    try:
+        return _recorded(make)
+    except Exception as e:  # noqa: BLE001 - compared with scikit-learn's
+        return e, None
+
+
+@pytest.mark.parametrize("case", sorted(ROUTING))
+def test_metadata_routing_equals_sklearn(executor, case, reg_data):
+    """Under sklearn.set_config(enable_metadata_routing=True): the same requests, errors and cv_results_."""
+    import sklearn
+
+    with sklearn.config_context(enable_metadata_routing=True):
+        _routing_equals_sklearn(executor, case, reg_data)
+
+
+def _routing_equals_sklearn(executor, case, reg_data):
+    X, y = reg_data
+    w = np.random.default_rng(1).uniform(0.1, 3.0, size=len(y))
+    est, grid, scoring = ROUTING[case]()
+    refit = "w" if isinstance(scoring, dict) else True
+    kw = {"cv": KFold(3, shuffle=True, random_state=0), "scoring": scoring, "refit": refit,
+          "return_train_score": True}
+    theirs, tw = _outcome(lambda: skms.GridSearchCV(est, grid, **kw).fit(X, y, sample_weight=w))
+    ours, ow = _outcome(lambda: gn.GridSearchCV(est, grid, executor=executor, **kw).fit(X, y, sample_weight=w))
+    if isinstance(theirs, Exception):
+        assert type(ours) is type(theirs), ours
+        assert str(ours).split("\n")[0] == str(theirs).split("\n")[0]
+        return
+    assert not isinstance(ours, Exception), ours
+    for k, v in theirs.cv_results_.items():
+        if "score" in k and "time" not in k:
+            np.testing.assert_allclose(ours.cv_results_[k], v, rtol=0, atol=1e-12, err_msg=k)
+    assert ([str(x.message).split(".")[0] for x in ow if x.category is UserWarning]
+            == [str(x.message).split(".")[0] for x in tw if x.category is UserWarning])
+    np.testing.assert_allclose(ours.predict(X[:5]), theirs.predict(X[:5]), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("how", ["unrequested", "unrouted"])
+def test_metadata_routing_errors_before_any_fit(executor, how, reg_data):
+    import sklearn
+    from sklearn.exceptions import UnsetMetadataPassedError
+
+    X, y = reg_data
+    FITS.clear()
+    est = Pipeline([("scale", WeightedScaler("routed")), ("ridge", Ridge())])
+    params = {"sample_weight": np.ones(len(y))} if how == "unrequested" else {"groups": np.arange(len(y)) % 3}
+    err = UnsetMetadataPassedError if how == "unrequested" else TypeError
+    with sklearn.config_context(enable_metadata_routing=True):
+        with pytest.raises(err) as theirs:
+            skms.GridSearchCV(Ridge(), {"alpha": [1.0]}, cv=3).fit(X, y, **params)
+        with pytest.raises(err) as ours:
+            gn.GridSearchCV(Ridge(), {"alpha": [1.0]}, cv=3, executor=executor).fit(X, y, **params)
+        assert str(ours.value) == str(theirs.value)
+        if how == "unrouted":   # with a splitter that asks for groups, they reach it
+            s = skms.GroupKFold(3)
+            ok = gn.GridSearchCV(est, {"ridge__alpha": [1.0]}, cv=s, executor=executor).fit(X, y, **params)
+            ref = skms.GridSearchCV(est, {"ridge__alpha": [1.0]}, cv=s).fit(X, y, **params)
+            np.testing.assert_allclose(ok.cv_results_["mean_test_score"], ref.cv_results_["mean_test_score"])
+    if getattr(executor, "name", executor) != "dask":   # on Dask the fold fits run in the workers
+        assert FITS["routed"] == (2 * 3 + 2 if how == "unrouted" else 0)
+    else:
+        assert FITS["routed"] == (3 + 2 if how == "unrouted" else 0)   # scikit-learn's 3 + 1, our refit

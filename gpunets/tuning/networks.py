@@ -14,6 +14,7 @@ Both return, per candidate, the node of its scores (one entry of scikit-learn's 
 
 from __future__ import annotations
 
+import contextvars
 from functools import partial
 from typing import Any
 
@@ -31,6 +32,16 @@ from ..models import resolve_estimator
 from .report import SearchReport, fit_name
 
 __all__ = ["CompositeFold", "StepsFold", "is_composite", "pipeline_steps"]
+
+# scikit-learn's configuration of the search's caller (thread-local in scikit-learn), set while its folds are
+# built: the tasks that call scikit-learn run under it on any executor's threads or workers, as joblib's do
+SKLEARN_CONFIG: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("sklearn_config",
+                                                                                       default=None)
+
+
+def _sk(fn: Any) -> Any:
+    cfg = SKLEARN_CONFIG.get()
+    return fn if cfg is None else tasks.Configured(fn, cfg)
 
 
 def pipeline_steps(est: Any) -> list[tuple[str, Any]] | None:
@@ -104,7 +115,7 @@ class StepsFold:
             if hit is None:
                 inputs = ((stage,) if stage is not None
                           else (self.Xtr, self.Xte, self.Xtr if self.train_score else None))
-                hit = node(tasks.fit_stage, clone(est), route, self.fp.get(name, {}), self.train_score, self.ytr,
+                hit = node(_sk(tasks.fit_stage), clone(est), route, self.fp.get(name, {}), self.train_score, self.ytr,
                            *inputs, name=fit_name(name))
                 self.report.fits[name] += 1
                 self.report.transforms += 1
@@ -135,13 +146,13 @@ class StepsFold:
                                   else (self.Xtr, self.Xte, self.Xtr if self.train_score else None))
             fp = self.fp.get(name, {})
             if self.users[keys[-1]] == 1:
-                out.append(node(tasks.fit_and_score, est, route, fp, X, self.ytr, users, head, X_test, self.yte,
+                out.append(node(_sk(tasks.fit_and_score), est, route, fp, X, self.ytr, users, head, X_test, self.yte,
                                 X_train, ytr, name=fit_name(name)))
                 continue
             step = fits.get(keys[-1])
             if step is None:
-                step = fits[keys[-1]] = node(tasks.fit_step, est, route, True, fp, X, self.ytr, name=fit_name(name))
-            out.append(node(tasks.score_fit, route, users, head, step, X if stage is not None else X_test,
+                step = fits[keys[-1]] = node(_sk(tasks.fit_step), est, route, True, fp, X, self.ytr, name=fit_name(name))
+            out.append(node(_sk(tasks.score_fit), route, users, head, step, X if stage is not None else X_test,
                             self.yte, X_train, ytr))
         return out
 
@@ -182,7 +193,7 @@ class CompositeFold:
             import traceback
 
             failed = tasks.Failed(e, traceback.format_exc())
-            self.pending.append(node(tasks.score_one, scorer, error_score, self.train_score, len(self.yte),
+            self.pending.append(node(_sk(tasks.score_one), scorer, error_score, self.train_score, len(self.yte),
                                      n_scores, None, failed, None, None, None, None))
             return
         machines = upstream_machines(list(outputs.values()))
@@ -216,7 +227,7 @@ class CompositeFold:
             head, keys, tail = p
             secs = node(tasks.share_seconds, tuple(self.users[k] for k in keys),
                         *(self.memo[("seconds", k)] for k in keys))
-            out.append(node(tasks.score_replay, *head, secs, *tail))
+            out.append(node(_sk(tasks.score_replay), *head, secs, *tail))
         return out
 
     # --- copying a candidate's network into the search network, hash-consed ---------------------
@@ -253,15 +264,15 @@ class CompositeFold:
             args = [self._arg(a, env, keys) for a in x.args]
             if x.machine is not None and x.operation == MACHINE_VALUE:   # gn.node(f, mach): f gets a snapshot
                 fit = self._machine(x.machine)
-                self.copies[k] = self._intern(("machine", fit._uid), tasks.call_fn,
+                self.copies[k] = self._intern(("machine", fit._uid), _sk(tasks.call_fn),
                                               partial(view_of_estimator, x.machine.label, x.machine.model), fit)
             elif x.machine is not None:
                 fit = self._machine(x.machine)
                 self.copies[k] = self._intern(("op", x.operation, fit._uid, tuple(keys)),
-                                              tasks.apply_op, x.operation, fit, *args)
+                                              _sk(tasks.apply_op), x.operation, fit, *args)
             else:
                 self.copies[k] = self._intern(("fn", tasks.fn_key(x.operation), tuple(keys)),
-                                              tasks.call_fn, x.operation, *args)
+                                              _sk(tasks.call_fn), x.operation, *args)
         return self.copies[ckey]
 
     def _machine(self, m: Any) -> AbstractNode:
@@ -279,7 +290,7 @@ class CompositeFold:
         if key not in self.memo:
             self.report.fits[m.label] = self.report.fits.get(m.label, 0) + 1
         self.needed.add(key)
-        fit = self._intern(key, partial(tasks.fit_model, keywords=m.fit_keywords), clone(m.model), *args,
+        fit = self._intern(key, _sk(partial(tasks.fit_model, keywords=m.fit_keywords)), clone(m.model), *args,
                            name=fit_name(m.label))
         self._intern(("seconds", key), tasks.seconds, fit)
         return self._intern(("fitted", key), tasks.fitted, fit)

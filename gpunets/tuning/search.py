@@ -62,6 +62,7 @@ from sklearn.model_selection._validation import (
     _warn_or_raise_about_fit_failures,
 )
 from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
+from sklearn.utils.metadata_routing import _routing_enabled
 from sklearn.utils.validation import _check_method_params, indexable
 
 from ..config import config
@@ -74,7 +75,7 @@ from ..nodes import node
 from . import tasks
 from ..models import fit_context, resolve_estimator
 from ..data import to_device
-from .networks import CompositeFold, StepsFold, fold_data, is_composite, pipeline_steps
+from .networks import SKLEARN_CONFIG, CompositeFold, StepsFold, fold_data, is_composite, pipeline_steps
 from .report import SearchReport
 
 __all__ = ["GridSearchCV", "RandomizedSearchCV", "SearchReport"]
@@ -123,7 +124,12 @@ class _NetworkSearch(BaseSearchCV):
         scorers, refit_metric = self._get_scorers()
         X, y = indexable(X, y)
         params = _check_method_params(X, params=params)
-        groups = params.pop("groups", None)
+        # scikit-learn's routing, its requests and its errors (UnsetMetadataPassedError...); with routing
+        # off: ``groups`` to the splitter, the rest to the estimator, ``sample_weight`` also to scorers that
+        # take it
+        routed = self._get_routed_params_for_fit(params)
+        split_params = dict(routed.splitter.split)
+        fit_params, score_params = dict(routed.estimator.fit), dict(routed.scorer.score)
         candidates = self._candidates()
         if not candidates:
             msg = (f"{type(self).__name__} has no candidate to evaluate: the parameter grid is empty. "
@@ -133,8 +139,8 @@ class _NetworkSearch(BaseSearchCV):
         base = clone(self.estimator)
         specs = [clone(base).set_params(**clone(p, safe=False)) for p in candidates]  # unknown names raise here
         cv = check_cv(self.cv, y, classifier=is_classifier(self.estimator))
-        self.n_splits_ = cv.get_n_splits(X, y, groups)
-        splits = list(cv.split(X, y, groups))
+        self.n_splits_ = cv.get_n_splits(X, y, **split_params)
+        splits = list(cv.split(X, y, **split_params))
         if len(splits) != self.n_splits_:
             msg = (f"cv.split and cv.get_n_splits return inconsistent results. Expected {self.n_splits_} "
                    f"splits, got {len(splits)}")
@@ -148,17 +154,17 @@ class _NetworkSearch(BaseSearchCV):
         device = self.device
         if device is not None and device != "auto":
             with config(device=device), override_placement(device):  # nodes take their placement when built
-                outs, report = self._run_network(specs, X, y, splits, scorers, params)
+                outs, report = self._run_network(specs, X, y, splits, scorers, fit_params, score_params)
         else:
-            outs, report = self._run_network(specs, X, y, splits, scorers, params)
+            outs, report = self._run_network(specs, X, y, splits, scorers, fit_params, score_params)
         self.search_report_ = report
         # scikit-learn's accounting, in its order (candidate-major): a fit failure raises with
         # error_score="raise"; a scoring error scikit-learn lets through raises whatever error_score
         for o in outs:
             if o.get("_raise") is not None:
-                raise o["_raise"]
+                raise tasks.unwrap_error(o["_raise"])
             if self.error_score == "raise" and o.get("_error") is not None:
-                raise o["_error"]
+                raise tasks.unwrap_error(o["_error"])
         for o in outs:   # "Scoring failed" warnings, issued here (their tasks may have run elsewhere)
             for msg in o.pop("_warnings", ()):
                 warnings.warn(msg, UserWarning, stacklevel=2)
@@ -187,9 +193,9 @@ class _NetworkSearch(BaseSearchCV):
             start = time.time()
             with _refit_context(report) as Xr:
                 if y is not None:
-                    self.best_estimator_.fit(*Xr(X, y), **params)
+                    self.best_estimator_.fit(*Xr(X, y), **fit_params)
                 else:
-                    self.best_estimator_.fit(Xr(X, None)[0], **params)
+                    self.best_estimator_.fit(Xr(X, None)[0], **fit_params)
             self.refit_time_ = time.time() - start
             if hasattr(self.best_estimator_, "feature_names_in_"):
                 self.feature_names_in_ = self.best_estimator_.feature_names_in_
@@ -201,7 +207,8 @@ class _NetworkSearch(BaseSearchCV):
 
     # --- the network ---------------------------------------------------------------------------------
     def _run_network(self, specs: list[Any], X: Any, y: Any, splits: list[tuple[np.ndarray, np.ndarray]],
-                     scorers: Any, params: dict[str, Any]) -> tuple[list[dict[str, Any]], SearchReport]:
+                     scorers: Any, params: dict[str, Any],
+                     score_params: dict[str, Any]) -> tuple[list[dict[str, Any]], SearchReport]:
         from sklearn.metrics._scorer import _MultimetricScorer
 
         composite = not params and all(is_composite(s) for s in specs)
@@ -209,15 +216,16 @@ class _NetworkSearch(BaseSearchCV):
         if steps is not None and any(s is None for s in steps):
             steps = [[(type(self.estimator).__name__, s)] for s in specs]
         names = [] if steps is None else [n for n, _ in steps[0]]
-        by_step: Any = _fit_params_by_step(params, names) if len(names) > 1 else None
+        by_step: Any = None
+        if len(names) > 1:
+            by_step = (_routed_by_step(specs[0], steps[0], params) if _routing_enabled()
+                       else _fit_params_by_step(params, names))
         if by_step is None and len(names) > 1:  # a parameter no step takes: the pipeline's fit says so
             steps = [[(type(self.estimator).__name__, s)] for s in specs]
             names = [steps[0][0][0]]
         if len(names) == 1:
             by_step = {names[0]: params}
-        # scikit-learn (metadata routing off) gives ``sample_weight`` to scorers that take it
-        weights = (params.get("sample_weight") is not None and not composite
-                   and self._check_scorers_accept_sample_weight())
+        weights = bool(score_params) and not composite   # what scikit-learn's routing gives the scorers
         dev = Device.parse("cpu" if self.device in (None, "auto") else self.device)
         if self.device in (None, "auto") and not composite:
             dev = device_of(X)  # CuPy data: the search runs on its GPU
@@ -228,13 +236,25 @@ class _NetworkSearch(BaseSearchCV):
                       for steps_ in steps for name, est in steps_}
             report.refit_route = ("array_api", gpu) if routes == {"array_api"} else ("cpu", None)
         n_scores = tuple(scorers._scorers) if isinstance(scorers, _MultimetricScorer) else None
-        score_args = (scorers, self.error_score, n_scores)
+        score_scorer: Any = scorers
+        if weights and _routing_enabled() and len(names) > 1 and self.scoring is None:
+            # the default scorer calls Pipeline.score, whose routing checks the steps' score requests: the
+            # scores read the last step, so check them here; a refusal fails every score, as in scikit-learn
+            score_scorer, score_params = _pipeline_score_routing(specs[0], names[-1], scorers, score_params)
+            weights = bool(score_params)
+        score_args = (score_scorer, self.error_score, n_scores)
         train_score = bool(self.return_train_score)
         # the search's own nodes (rows taken, fold parameters, scores) go where its steps run: the search's
         # GPU, else the host (an input-less node on "auto" would take a GPU and drag the folds there)
-        with device_block(str(gpu) if gpu is not None else "cpu"):
-            score_nodes = self._fold_nodes(X, y, splits, specs, steps, composite, by_step, params, weights,
-                                           score_args, train_score, report, gpu)
+        import sklearn
+
+        token = SKLEARN_CONFIG.set(sklearn.get_config() if _routing_enabled() else None)
+        try:
+            with device_block(str(gpu) if gpu is not None else "cpu"):
+                score_nodes = self._fold_nodes(X, y, splits, specs, steps, composite, by_step, score_params,
+                                               weights, score_args, train_score, report, gpu)
+        finally:
+            SKLEARN_CONFIG.reset(token)
         # scikit-learn's order: candidate-major, fold-minor
         ordered = [score_nodes[f][c] for c in range(len(specs)) for f in range(len(splits))]
         target = node(tasks.collect, *ordered, device=str(gpu) if gpu is not None else "cpu")
@@ -247,7 +267,7 @@ class _NetworkSearch(BaseSearchCV):
         return outs, report
 
     def _fold_nodes(self, X: Any, y: Any, splits: list[tuple[np.ndarray, np.ndarray]], specs: list[Any],
-                    steps: Any, composite: bool, by_step: Any, params: dict[str, Any], weights: bool,
+                    steps: Any, composite: bool, by_step: Any, score_params: dict[str, Any], weights: bool,
                     score_args: tuple[Any, ...], train_score: bool, report: SearchReport,
                     gpu: Any) -> list[list[Any]]:
         """Per fold, the score node of every candidate."""
@@ -269,9 +289,8 @@ class _NetworkSearch(BaseSearchCV):
                 fp = {name: _check_method_params(X, params=p, indices=train) for name, p in by_step.items()}
                 sp = None
                 if weights:
-                    sw = {"sample_weight": params["sample_weight"]}
-                    sp = (_check_method_params(X, params=sw, indices=test),
-                          _check_method_params(X, params=sw, indices=train))
+                    sp = (_check_method_params(X, params=score_params, indices=test),
+                          _check_method_params(X, params=score_params, indices=train))
                 fold = StepsFold(report, (Xtr, Xte, ytr, yte, len(test)), fp, score_args, train_score, sp, gpu)
             for s in (specs if composite else steps):
                 fold.candidate(s)
@@ -293,6 +312,35 @@ def _refit_context(report: SearchReport) -> Iterator[Any]:
             yield lambda X, y: (X, y)
         return
     yield lambda X, y: (to_device(X, "cpu"), None if y is None else to_device(y, "cpu"))
+
+
+def _routed_by_step(pipe: Any, steps: list[tuple[str, Any]], params: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """With metadata routing on: each step's fit parameters as the Pipeline's own routing gives them
+    (``fit_transform``'s for a step that has it, else ``fit``'s; ``fit``'s for the last step)."""
+    from sklearn.utils.metadata_routing import process_routing
+
+    try:
+        routed = process_routing(pipe, "fit", **params)
+    except Exception:  # noqa: BLE001 - the pipeline's fit refuses them: it says so on every fold, as in sklearn
+        return None
+    out: dict[str, dict[str, Any]] = {}
+    for i, (name, est) in enumerate(steps):
+        method = "fit_transform" if i < len(steps) - 1 and hasattr(est, "fit_transform") else "fit"
+        out[name] = dict(routed[name][method])
+    return out
+
+
+def _pipeline_score_routing(pipe: Any, last: str, scorer: Any,
+                            params: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """What scikit-learn's default scorer of a Pipeline gives its last step's ``score`` under routing:
+    ``(scorer, that step's score parameters)``, or a scorer raising Pipeline.score's routing error."""
+    from sklearn.utils.metadata_routing import process_routing
+
+    try:
+        routed = process_routing(pipe, "score", **params)
+    except Exception as e:  # noqa: BLE001 - every score fails with it
+        return tasks.Raising(e), {}
+    return scorer, dict(routed[last].score)
 
 
 def _fit_params_by_step(params: dict[str, Any], names: list[str]) -> dict[str, dict[str, Any]] | None:

@@ -34,9 +34,38 @@ class Failed:
     def __init__(self, error: BaseException, tb: str, seconds: float = 0.0, fit: bool = True) -> None:
         self.error, self.tb, self.seconds, self.fit = error, tb, seconds, fit
 
+    def __getstate__(self) -> dict[str, Any]:   # exceptions with keyword-only __init__ pickle too (Dask)
+        return {**self.__dict__, "error": Portable(self.error)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, error=unwrap_error(state["error"]))
+
     def as_fit(self) -> Failed:
         """This failure, counted as a fit failure (it reached a fit's inputs)."""
         return self if self.fit else Failed(self.error, self.tb, self.seconds, fit=True)
+
+
+def rebuild_error(cls: type, args: tuple[Any, ...], state: dict[str, Any]) -> Portable:
+    """An exception rebuilt without calling its ``__init__``, still wrapped (see :class:`Portable`)."""
+    error = BaseException.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return Portable(error)
+
+
+class Portable:
+    """An exception that pickles as itself even when its ``__init__`` takes keyword-only arguments
+    (scikit-learn's ``UnsetMetadataPassedError``), any number of times; :func:`unwrap_error` gives it."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __reduce__(self) -> Any:
+        return (rebuild_error, (type(self.error), self.error.args, dict(self.error.__dict__)))
+
+
+def unwrap_error(value: Any) -> BaseException:
+    return value.error if isinstance(value, Portable) else value
 
 
 class Stage(NamedTuple):
@@ -218,7 +247,7 @@ def score_one(scorer: Any, error_score: Any, train: bool, n_test: int, n_scores:
     out: dict[str, Any] = {"n_test_samples": n_test, "fit_time": fit_time}
     if failed is not None:
         err = error_score if n_scores is None else {name: error_score for name in n_scores}
-        out.update(fit_error=failed.tb, test_scores=err, score_time=0.0, _error=failed.error)
+        out.update(fit_error=failed.tb, test_scores=err, score_time=0.0, _error=Portable(failed.error))
         if train:
             out["train_scores"] = err
         return out
@@ -230,7 +259,7 @@ def score_one(scorer: Any, error_score: Any, train: bool, n_test: int, n_scores:
             out["train_scores"] = score_noting(est, X_train, y_train, scorer, sp_train, error_score, notes)
     except Exception as e:  # noqa: BLE001 - raised by the search (scikit-learn lets it propagate)
         err = error_score if n_scores is None else {name: error_score for name in n_scores}
-        out.update(fit_error=None, test_scores=err, score_time=0.0, _raise=e)
+        out.update(fit_error=None, test_scores=err, score_time=0.0, _raise=Portable(e))
         if train:
             out["train_scores"] = err
         return out
@@ -246,6 +275,18 @@ def _scoring_failed(error_score: Any, details: str) -> str:
             f"{error_score}. Details: \n{details}")
 
 
+class Raising:
+    """A scorer that raises ``error`` (a copy each call): scoring refused up front, e.g. by metadata routing."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import copy
+
+        raise copy.copy(self.error)
+
+
 def score_noting(est: Any, X: Any, y: Any, scorer: Any, params: dict[str, Any], error_score: Any,
                  notes: list[str]) -> Any:
     """scikit-learn's ``_score``, its "Scoring failed" warnings appended to ``notes`` instead of issued
@@ -258,18 +299,18 @@ def score_noting(est: Any, X: Any, y: Any, scorer: Any, params: dict[str, Any], 
 
     multi = isinstance(scorer, _MultimetricScorer)
     scores: Any
-    try:
-        if isinstance(X, Failed):
-            raise X.error
-        scores = scorer(est, X, **params) if y is None else scorer(est, X, y, **params)
-    except Exception:
-        if error_score == "raise" or (multi and scorer._raise_exc):
-            raise
-        tb = X.tb if isinstance(X, Failed) else traceback.format_exc()
-        if multi:   # each metric failed (scikit-learn's _MultimetricScorer catches per scorer)
-            scores = {name: tb for name in scorer._scorers}
-        else:
-            notes.append(_scoring_failed(error_score, tb))
+    if isinstance(X, Failed) and multi and not scorer._raise_exc:
+        # the estimator's predict raised in each metric (scikit-learn's _MultimetricScorer catches per scorer)
+        scores = {name: X.tb for name in scorer._scorers}
+    else:
+        try:
+            if isinstance(X, Failed):
+                raise X.error
+            scores = scorer(est, X, **params) if y is None else scorer(est, X, y, **params)
+        except Exception:
+            if multi or error_score == "raise":   # what escapes a _MultimetricScorer propagates
+                raise
+            notes.append(_scoring_failed(error_score, X.tb if isinstance(X, Failed) else traceback.format_exc()))
             return error_score
     if multi:
         for name, value in list(scores.items()):
@@ -323,6 +364,27 @@ def fit_and_score(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: A
     if isinstance(X, Stage):
         X_test = X
     return score_fit(route, users, head, step, X_test, y_test, X_train, y_train, *upstream_seconds)
+
+
+class Configured:
+    """``fn`` run under scikit-learn's configuration ``config`` (its metadata routing...): scikit-learn's
+    configuration is per thread, and a search's tasks run on the executor's threads or workers."""
+
+    def __init__(self, fn: Any, config: dict[str, Any]) -> None:
+        self.fn, self.config = fn, config
+        self.__name__ = getattr(fn, "__name__", getattr(getattr(fn, "func", None), "__name__", "task"))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import sklearn
+
+        with sklearn.config_context(**self.config):
+            return self.fn(*args, **kwargs)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Configured) and self.fn == other.fn and self.config == other.config
+
+    def __hash__(self) -> int:
+        return hash(self.fn)
 
 
 @saved_operation
