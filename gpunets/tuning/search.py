@@ -210,7 +210,6 @@ class _NetworkSearch(BaseSearchCV):
                      scorers: Any, params: dict[str, Any],
                      score_params: dict[str, Any]) -> tuple[list[dict[str, Any]], SearchReport]:
         from sklearn.metrics._scorer import _MultimetricScorer
-        from sklearn.utils import get_tags
 
         composite = not params and all(is_composite(s) for s in specs)
         steps: Any = None if composite else [pipeline_steps(s) for s in specs]
