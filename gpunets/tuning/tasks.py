@@ -47,7 +47,7 @@ class Failed:
 
 def rebuild_error(cls: type, args: tuple[Any, ...], state: dict[str, Any]) -> Portable:
     """An exception rebuilt without calling its ``__init__``, still wrapped (see :class:`Portable`)."""
-    error = BaseException.__new__(cls)
+    error: BaseException = BaseException.__new__(cls)
     error.args = args
     error.__dict__.update(state)
     return Portable(error)
