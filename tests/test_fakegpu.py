@@ -114,7 +114,8 @@ def test_devices_do_not_mix(cp2):
 
 def test_current_device_and_stream_are_per_thread(cp2):
     seen = {}
-    s = cp2.cuda.Stream(non_blocking=True)
+    with cp2.cuda.Device(1):
+        s = cp2.cuda.Stream(non_blocking=True)   # a stream belongs to the device current when it is made
     with cp2.cuda.Device(1), s:
         def other():
             seen["device"] = cp2.cuda.Device().id
