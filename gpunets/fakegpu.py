@@ -58,6 +58,7 @@ import os
 import random
 import threading
 import time
+import weakref
 import types
 from typing import Any, Callable
 
@@ -66,7 +67,8 @@ import numpy as np
 from ._gpulibs import fake_gpu_count
 from .exceptions import StreamOrderError
 
-__all__ = ["module", "ndarray", "legacy_work", "implicit_conversions", "order_violations", "reset_log", "launch"]
+__all__ = ["module", "ndarray", "legacy_work", "implicit_conversions", "order_violations", "reset_log", "launch",
+           "seed"]
 
 _lock = threading.RLock()
 _tls = threading.local()
@@ -82,6 +84,9 @@ _host_seen: dict[int, int] = {}          # stream key -> last op the host has sy
 _seq: dict[int, int] = {}                # stream key -> ops issued on it so far
 _waited: dict[int, dict[int, int]] = {}  # stream key -> {producer key: op it waited for}
 _nonblocking: set[int] = set()          # keys of streams made with non_blocking=True
+_streams_by_ptr: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+_buffers: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()   # data pointer -> array
+_allocator: list[Any] = []               # what set_allocator was given (the fake does not allocate through it)
 _rng = random.Random(int(os.environ.get("GPUNETS_FAKE_GPU_SEED", "0") or 0))
 
 
@@ -101,6 +106,13 @@ def order_violations() -> list[str]:
     """Stream-order violations (each also raised :class:`StreamOrderError`) since the last :func:`reset_log`."""
     with _lock:
         return list(_violations)
+
+
+def seed(value: int) -> None:
+    """Reseed the generator that decides when queued work has finished (see ``Event.done``); default
+    ``GPUNETS_FAKE_GPU_SEED`` (0).  The same seed and the same single-threaded calls give the same answers."""
+    with _lock:
+        _rng.seed(int(value))
 
 
 def reset_log() -> None:
@@ -199,6 +211,13 @@ class Stream(metaclass=_StreamMeta):
             _waited.setdefault(self.key, {})
             if non_blocking:
                 _nonblocking.add(self.key)
+        if not (null or _ptds):
+            _streams_by_ptr[self.ptr] = self
+
+    @classmethod
+    def from_external(cls, stream: Any, device_id: int = -1) -> "Stream":
+        """``Stream.from_external`` (CuPy >= 14): the stream behind an object with ``__cuda_stream__``."""
+        return _external(int(stream.__cuda_stream__()[1]))
 
     def _check_device(self) -> int:
         cur = _current_device()
@@ -220,6 +239,10 @@ class Stream(metaclass=_StreamMeta):
     def use(self) -> "Stream":
         _current_streams()[self._check_device()] = self
         return self
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """The CUDA stream protocol: (version, pointer), as CuPy's."""
+        return (0, self.ptr)
 
     @property
     def is_non_blocking(self) -> bool:
@@ -259,6 +282,22 @@ class Stream(metaclass=_StreamMeta):
     def __repr__(self) -> str:
         name = "null" if self.key == _LEGACY else ("ptds" if self.is_ptds else str(self.key))
         return f"<fake Stream {name} (device {self.device_id})>"
+
+
+def _external(ptr: int) -> Stream:
+    if ptr == 0:
+        return _NULL
+    if ptr == 2:
+        return Stream.ptds
+    s = _streams_by_ptr.get(ptr)
+    if s is None:
+        raise CUDARuntimeError(f"cudaErrorInvalidResourceHandle: invalid resource handle (no fake stream {ptr:#x})")
+    return s
+
+
+def ExternalStream(ptr: int, device_id: int = -1) -> Stream:  # noqa: N802 - CuPy's name
+    """``cupy.cuda.ExternalStream`` (deprecated in CuPy 14): the fake stream with pointer ``ptr``."""
+    return _external(int(ptr))
 
 
 def _host_sees(snap: dict[int, int]) -> None:
@@ -487,6 +526,15 @@ class ndarray:  # noqa: N801 - CuPy's name
     @property
     def device(self) -> Device:
         return Device(self._dev)
+
+    @property
+    def data(self) -> Any:
+        """``MemoryPointer``-like: ``ptr`` (the buffer's address, known to ``runtime.pointerGetAttributes``)
+        and ``device_id``."""
+        ptr = int(self._a.__array_interface__["data"][0])
+        with _lock:
+            _buffers[ptr] = self
+        return types.SimpleNamespace(ptr=ptr, device_id=self._dev)
 
     @property
     def T(self) -> "ndarray":  # noqa: N802
@@ -804,6 +852,18 @@ class _Info:
         return compat.__array_namespace_info__().dtypes(kind=kind)
 
 
+def _set_allocator(allocator: Any = None) -> None:
+    _allocator[:] = [allocator]
+
+
+def _pointer_attributes(ptr: int) -> Any:
+    """``cudaPointerGetAttributes`` for the data pointer of a live fake array (``x.data.ptr``)."""
+    arr = _buffers.get(int(ptr))
+    if arr is None:
+        raise CUDARuntimeError(f"cudaErrorInvalidValue: invalid argument (no fake device memory at {int(ptr):#x})")
+    return types.SimpleNamespace(device=arr._dev, type=2, devicePointer=int(ptr))
+
+
 def _device_attribute(attr: int, device: int) -> int:
     Device(device)   # an invalid ordinal raises, as CUDA does
     if attr == 16:   # cudaDevAttrMultiProcessorCount: a small GPU
@@ -826,11 +886,13 @@ def _build(count: int) -> Any:
     cuda = types.ModuleType("gpunets.fakegpu.cuda")
     runtime = types.ModuleType("gpunets.fakegpu.cuda.runtime")
     runtime.__dict__.update(getDeviceCount=lambda: _state.count, getDevice=_current_device,
+                            pointerGetAttributes=_pointer_attributes,
                             CUDARuntimeError=CUDARuntimeError, cudaDevAttrMultiProcessorCount=16,
                             deviceGetAttribute=_device_attribute)
     cuda.__dict__.update(Device=Device, Stream=Stream, Event=Event, runtime=runtime,
                          get_current_stream=get_current_stream, is_available=lambda: _state.count > 0,
-                         get_elapsed_time=get_elapsed_time, CUDARuntimeError=CUDARuntimeError)
+                         get_elapsed_time=get_elapsed_time, CUDARuntimeError=CUDARuntimeError,
+                         ExternalStream=ExternalStream, set_allocator=_set_allocator)
     shared = dict(ndarray=ndarray, cuda=cuda, asnumpy=asnumpy, is_available=lambda: _state.count > 0,
                   legacy_work=legacy_work, implicit_conversions=implicit_conversions, launch=launch,
                   order_violations=order_violations, reset_log=reset_log, __version__="fake")
