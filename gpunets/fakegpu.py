@@ -22,13 +22,27 @@ It is as strict as CuPy on the rules that break GPU code:
 * stream order is checked: reading a value made on another stream, with no
   ``wait_event`` on an event recorded after it was made (and no host
   synchronisation since), raises :class:`gpunets.StreamOrderError`;
+* streams and events belong to a device, as CuPy's: ``with stream:`` / ``stream.use()`` under another
+  current device raise ``RuntimeError`` ("does not match with the current device"), recording an event
+  on a stream of another device raises ``CUDARuntimeError`` (invalid resource handle); the current
+  stream is per thread *and per device*; waiting on another device's event is allowed, as in CUDA;
+* events and streams do not complete at once: ``done`` answers at random until the work has been waited
+  for (``synchronize``), from a generator seeded by ``GPUNETS_FAKE_GPU_SEED`` (default 0; :func:`seed`),
+  so a host that polls once and reads without waiting fails on some runs, replayably;
+* the legacy stream orders blocking streams only: a non-blocking stream (``Stream(non_blocking=True)``,
+  the streams executor's ``stream="new"``) reading legacy-stream work, or the other way round, needs an event;
+* ``pickle`` copies through the host and unpickles on the *current* device (not the one it came from);
+  ``np.f(x)`` runs as ``cupy.f(x)`` where CuPy has an ``f`` (a host operand is refused) and raises
+  ``TypeError`` where it has none; ``operator.index`` takes integer 0-d arrays only;
+* ``cuda.get_elapsed_time`` needs two completed timing events of one device;
 * every operation issued on the legacy stream is logged in :func:`legacy_work`
   (a device-wide barrier on a real GPU), and every refused implicit conversion
   in :func:`implicit_conversions`, so a test can assert neither happened.
 
 What it cannot see: real timing and overlap, memory use and the pool, kernels
 that fail to compile for a GPU, cuML/cuDF behaviour, and races that only show
-as wrong numbers (the fake runs every operation at once, in issue order).
+as wrong numbers (the fake computes every operation at once, in issue order; only
+the answers of ``done`` and the order checks model work still in flight).
 
 >>> import gpunets.fakegpu as fg
 >>> cp = fg.module(2)
