@@ -529,3 +529,46 @@ def test_traced_runs_on_the_fake_gpu(cp, gn_executor):
     np.testing.assert_allclose(ev.value, (np.arange(6.0) + 1 + np.arange(6.0) * 2) / 2)
     assert ev.trace.records
     assert cp.order_violations() == []
+
+
+def test_combine_kernels_take_their_real_cuda_launch_path_on_the_fake_gpu(cp, gn_executor, monkeypatch):
+    """Under numba's simulator the fake GPU's arrays go through gpunets.kernels._cuda's GPU path (stream
+    conversion, event wait, output allocation on the kernel's stream, launch configuration); only the
+    kernel itself runs in the simulator."""
+    from gpunets.kernels import _cuda
+
+    if not _cuda.SIMULATOR:
+        pytest.skip("the fake GPU's kernels need numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)")
+    _needs_fake_on_the_workers(gn_executor)
+    calls = {"numba_stream": 0, "launch_config": 0, "run": 0, "empty": 0}
+
+    def counting(obj, name):
+        real = getattr(obj, name)
+
+        def call(*a, **k):
+            calls[name] += 1
+            return real(*a, **k)
+
+        monkeypatch.setattr(obj, name, call)
+
+    counting(_cuda, "numba_stream")
+    counting(_cuda, "launch_config")
+    counting(_cuda._Launch, "run")
+    counting(_cuda._Launch, "empty")
+    X = gn.source(np.arange(6.0), name="X")
+    with gn.device("cuda"):
+        out = gn.mean(X + 1, X * 2)
+    np.testing.assert_allclose(out(executor=gn_executor), (3 * np.arange(6.0) + 1) / 2)
+    if getattr(gn_executor, "name", "") != "dask":   # dask runs the kernel in its worker processes
+        assert all(n >= 1 for n in calls.values()), calls
+
+    # the launch path's own event wait is what orders the kernel's stream after the inputs' stream
+    a, b = cp.ones(3), cp.full(3, 3.0)
+    kernel_stream = cp.cuda.Stream(non_blocking=True)
+    m = gn.kernels.mean([a, b], target="cuda", stream=kernel_stream)
+    assert cp.asnumpy(m, stream=kernel_stream).tolist() == [2.0] * 3   # the result is the kernel stream's
+    producer = cp.cuda.Stream(non_blocking=True)
+    with producer:
+        c = cp.ones(3)            # made on a stream nobody waits for
+    with pytest.raises(StreamOrderError):
+        gn.kernels.mean([a, c], target="cuda", stream=kernel_stream)

@@ -39,9 +39,20 @@ else:
     hint = "cupy.asarray(...)"
 
 
+def _fake_gpu() -> bool:
+    """The fake-GPU lane (``GPUNETS_FAKE_GPU`` under the simulator): fake CuPy arrays take the GPU path below
+    (streams, event wait, output allocation, launch) and only the launch itself goes to the simulator."""
+    return SIMULATOR and bool(_gpulibs.fake_gpu_count())
+
+
+def _host_path() -> bool:
+    """The simulator with NumPy arrays: no CuPy, no streams."""
+    return SIMULATOR and not _fake_gpu()
+
+
 def accept(a: Any) -> bool:
     if SIMULATOR:
-        return isinstance(a, np.ndarray)
+        return isinstance(a, np.ndarray) or (_fake_gpu() and isinstance(a, _cupy().ndarray))
     return hasattr(a, "__cuda_array_interface__")
 
 
@@ -230,7 +241,7 @@ def launch_config(n: int) -> tuple[int, int]:
 
 
 def _is_cupy_stream(stream: Any) -> bool:
-    return type(stream).__module__.startswith("cupy")
+    return type(stream).__module__.startswith("cupy") or (_fake_gpu() and isinstance(stream, _cupy().cuda.Stream))
 
 
 def numba_stream(stream: Any) -> Any:
@@ -243,6 +254,8 @@ def numba_stream(stream: Any) -> Any:
             return numba.cuda.legacy_default_stream()
         if ptr == 2:  # cupy.cuda.Stream.ptds: cudaStreamPerThread
             return numba.cuda.per_thread_default_stream()
+        if _fake_gpu():   # the one seam of the fake-GPU lane: the simulator has no external streams
+            return numba.cuda.stream()
         return numba.cuda.external_stream(ptr)
     if hasattr(stream, "handle") and hasattr(stream, "synchronize"):  # a numba stream
         return stream
@@ -293,7 +306,7 @@ class _Launch:
     def __init__(self, stream: Any) -> None:
         self.stream = None
         self.cupy_stream = None
-        if SIMULATOR:
+        if _host_path():
             return
         cp = _cupy()
         current = cp.cuda.get_current_stream()
@@ -313,31 +326,41 @@ class _Launch:
             return make()
 
     def flat(self, arrays: tuple) -> tuple:
-        if SIMULATOR:
+        if _host_path():
             return tuple(np.ascontiguousarray(a).reshape(-1) for a in arrays)
         cp = _cupy()
         return self._on_stream(lambda: tuple(cp.ascontiguousarray(cp.asarray(a)).reshape(-1) for a in arrays))
 
     def contiguous(self, arrays: tuple) -> tuple:
-        if SIMULATOR:
+        if _host_path():
             return tuple(np.ascontiguousarray(a) for a in arrays)
         cp = _cupy()
         return self._on_stream(lambda: tuple(cp.ascontiguousarray(cp.asarray(a)) for a in arrays))
 
     def empty(self, shape: tuple, dtype: Any) -> Any:
-        if SIMULATOR:
+        if _host_path():
             return np.empty(shape, dtype=dtype)
         cp = _cupy()
         return self._on_stream(lambda: cp.empty(shape, dtype=dtype))
+
+    def _simulate(self, kernel: Any, blocks: int, threads: int, bufs: tuple) -> None:
+        arrays, args = bufs
+        with _SIMULATOR_LAUNCH:
+            kernel[blocks, threads, self.stream](tuple(arrays), *args)
 
     def run(self, name: str, n: int, arrays: tuple, *args) -> None:
         if n == 0:
             return
         blocks, threads = launch_config(n)
         kernel = _KERNELS[name]
-        if SIMULATOR:
+        if _host_path():
             with _SIMULATOR_LAUNCH:
                 kernel[blocks, threads](arrays, *args)
+            return
+        if _fake_gpu():   # the fake GPU's arrays, read and written by one launch on the kernel's stream
+            with self.cupy_stream:
+                _cupy().launch(lambda bufs: self._simulate(kernel, blocks, threads, bufs), (arrays, args),
+                               what=f"kernel {name}")
             return
         # sync=False: no host-side synchronisation of the exported stream (ordered on the GPU instead, above)
         dev = tuple(numba.cuda.as_cuda_array(a, sync=False) for a in arrays)
@@ -353,7 +376,7 @@ def _elementwise(name: str, arrays: tuple, out_dtype: Any, stream: Any, *args) -
     n = int(flats[0].shape[0])
     out = launch.empty((n,), out_dtype)
     launch.run(name, n, flats, *args, out)
-    return out.reshape(shape)
+    return launch._on_stream(lambda: out.reshape(shape))   # the output is the kernel stream's
 
 
 def mean(arrays: tuple, weights: tuple | None, stream: Any = None) -> Any:
@@ -410,7 +433,7 @@ def vote(arrays: tuple, stream: Any = None) -> Any:
 
 def xp() -> Any:
     """The array module of this target's arrays (NumPy on the simulator, CuPy on a GPU)."""
-    return np if SIMULATOR else _cupy()
+    return np if _host_path() else _cupy()
 
 
 def hstack(arrays: tuple, stream: Any = None) -> Any:
