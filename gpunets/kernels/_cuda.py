@@ -5,7 +5,12 @@ CuPy arrays (or any object with ``__cuda_array_interface__``), the output is a C
 array and the kernel runs on the caller's stream (``stream=None``: CuPy's current
 stream, where the inputs were made).  Under numba's CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``) the kernels take and return NumPy arrays, run on a
-grid of at most 2 blocks of 64 threads, and ``stream`` is ignored.
+grid of at most 2 blocks of 64 threads, and ``stream`` is ignored.  With the fake GPU on
+(``GPUNETS_FAKE_GPU``, :mod:`gpunets.fakegpu`) under the simulator, the fake's arrays take the GPU
+path (stream conversion, GPU-side event wait, allocation on the kernel's stream, launch
+configuration) and only the launch runs in the simulator: a fake stream becomes a simulator stream
+(the simulator's ``external_stream`` raises), and the launch reads and writes the fake arrays on the
+kernel's stream, where the fake checks stream order.
 """
 
 from __future__ import annotations
@@ -358,7 +363,7 @@ class _Launch:
                 kernel[blocks, threads](arrays, *args)
             return
         if _fake_gpu():   # the fake GPU's arrays, read and written by one launch on the kernel's stream
-            with self.cupy_stream:
+            with self.cupy_stream:  # type: ignore[union-attr]  # set whenever the fake GPU is on
                 _cupy().launch(lambda bufs: self._simulate(kernel, blocks, threads, bufs), (arrays, args),
                                what=f"kernel {name}")
             return
