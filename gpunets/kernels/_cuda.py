@@ -16,6 +16,7 @@ kernel's stream, where the fake checks stream order.
 from __future__ import annotations
 
 import builtins
+import functools
 import math
 import threading
 from typing import Any
@@ -44,10 +45,29 @@ else:
     hint = "cupy.asarray(...)"
 
 
+_ROUTE = threading.local()   # .fake: this thread's current call has the fake GPU's arrays
+
+
 def _fake_gpu() -> bool:
-    """The fake-GPU lane (``GPUNETS_FAKE_GPU`` under the simulator): fake CuPy arrays take the GPU path below
-    (streams, event wait, output allocation, launch) and only the launch itself goes to the simulator."""
-    return SIMULATOR and bool(_gpulibs.fake_gpu_count())
+    """The fake-GPU lane (``GPUNETS_FAKE_GPU`` under the simulator) with the fake's arrays: they take the GPU
+    path below (streams, event wait, output allocation, launch) and only the launch goes to the simulator."""
+    return SIMULATOR and getattr(_ROUTE, "fake", False)
+
+
+def _routed(fn: Any) -> Any:
+    """Entry point: route this call by its inputs (the fake GPU's arrays, or NumPy arrays on the simulator)."""
+    @functools.wraps(fn)
+    def call(arrays: tuple, *args: Any, **kwargs: Any) -> Any:
+        if not SIMULATOR:
+            return fn(arrays, *args, **kwargs)
+        before = getattr(_ROUTE, "fake", False)
+        _ROUTE.fake = bool(_gpulibs.fake_gpu_count()) and not isinstance(arrays[0], np.ndarray)
+        try:
+            return fn(arrays, *args, **kwargs)
+        finally:
+            _ROUTE.fake = before
+
+    return call
 
 
 def _host_path() -> bool:
@@ -57,7 +77,7 @@ def _host_path() -> bool:
 
 def accept(a: Any) -> bool:
     if SIMULATOR:
-        return isinstance(a, np.ndarray) or (_fake_gpu() and isinstance(a, _cupy().ndarray))
+        return isinstance(a, np.ndarray) or (bool(_gpulibs.fake_gpu_count()) and isinstance(a, _cupy().ndarray))
     return hasattr(a, "__cuda_array_interface__")
 
 
@@ -384,6 +404,7 @@ def _elementwise(name: str, arrays: tuple, out_dtype: Any, stream: Any, *args) -
     return launch._on_stream(lambda: out.reshape(shape))   # the output is the kernel stream's
 
 
+@_routed
 def mean(arrays: tuple, weights: tuple | None, stream: Any = None) -> Any:
     out_dtype = V.mean_dtype(arrays[0].dtype)
     if weights is None:
@@ -391,31 +412,38 @@ def mean(arrays: tuple, weights: tuple | None, stream: Any = None) -> Any:
     return _elementwise("wmean", arrays, out_dtype, stream, weights, float(np.sum(weights)))
 
 
+@_routed
 def weighted_sum(arrays: tuple, weights: tuple, stream: Any = None) -> Any:
     return _elementwise("wmean", arrays, V.mean_dtype(arrays[0].dtype), stream, weights, 1.0)
 
 
+@_routed
 def sum(arrays: tuple, stream: Any = None) -> Any:  # noqa: A001
     dtype = np.dtype(arrays[0].dtype)
     return _elementwise("sum", arrays, V.sum_dtype(dtype), stream, V.sum_zero(dtype))
 
 
+@_routed
 def min(arrays: tuple, stream: Any = None) -> Any:  # noqa: A001
     return _elementwise("min", arrays, np.dtype(arrays[0].dtype), stream)
 
 
+@_routed
 def max(arrays: tuple, stream: Any = None) -> Any:  # noqa: A001
     return _elementwise("max", arrays, np.dtype(arrays[0].dtype), stream)
 
 
+@_routed
 def var(arrays: tuple, ddof: int, stream: Any = None) -> Any:
     return _elementwise("var", arrays, V.mean_dtype(arrays[0].dtype), stream, float(ddof))
 
 
+@_routed
 def vote_int(arrays: tuple, stream: Any = None) -> Any:
     return _elementwise("vote", arrays, np.dtype(arrays[0].dtype), stream)
 
 
+@_routed
 def vote(arrays: tuple, stream: Any = None) -> Any:
     """Majority labels; labels that are not integers are encoded, voted and decoded, all on the kernel's stream.
 
@@ -441,6 +469,7 @@ def xp() -> Any:
     return np if _host_path() else _cupy()
 
 
+@_routed
 def hstack(arrays: tuple, stream: Any = None) -> Any:
     mod = xp()
     cols = tuple(mod.reshape(a, (a.shape[0], 1)) if len(a.shape) == 1 else a for a in arrays)
