@@ -22,13 +22,27 @@ It is as strict as CuPy on the rules that break GPU code:
 * stream order is checked: reading a value made on another stream, with no
   ``wait_event`` on an event recorded after it was made (and no host
   synchronisation since), raises :class:`gpunets.StreamOrderError`;
+* streams and events belong to a device, as CuPy's: ``with stream:`` / ``stream.use()`` under another
+  current device raise ``RuntimeError`` ("does not match with the current device"), recording an event
+  on a stream of another device raises ``CUDARuntimeError`` (invalid resource handle); the current
+  stream is per thread *and per device*; waiting on another device's event is allowed, as in CUDA;
+* events and streams do not complete at once: ``done`` answers at random until the work has been waited
+  for (``synchronize``), from a generator seeded by ``GPUNETS_FAKE_GPU_SEED`` (default 0; :func:`seed`),
+  so a host that polls once and reads without waiting fails on some runs, replayably;
+* the legacy stream orders blocking streams only: a non-blocking stream (``Stream(non_blocking=True)``,
+  the streams executor's ``stream="new"``) reading legacy-stream work, or the other way round, needs an event;
+* ``pickle`` copies through the host and unpickles on the *current* device (not the one it came from);
+  ``np.f(x)`` runs as ``cupy.f(x)`` where CuPy has an ``f`` (a host operand is refused) and raises
+  ``TypeError`` where it has none; ``operator.index`` takes integer 0-d arrays only;
+* ``cuda.get_elapsed_time`` needs two completed timing events of one device;
 * every operation issued on the legacy stream is logged in :func:`legacy_work`
   (a device-wide barrier on a real GPU), and every refused implicit conversion
   in :func:`implicit_conversions`, so a test can assert neither happened.
 
 What it cannot see: real timing and overlap, memory use and the pool, kernels
 that fail to compile for a GPU, cuML/cuDF behaviour, and races that only show
-as wrong numbers (the fake runs every operation at once, in issue order).
+as wrong numbers (the fake computes every operation at once, in issue order; only
+the answers of ``done`` and the order checks model work still in flight).
 
 >>> import gpunets.fakegpu as fg
 >>> cp = fg.module(2)
@@ -55,8 +69,10 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import random
 import threading
 import time
+import weakref
 import types
 from typing import Any, Callable
 
@@ -65,7 +81,8 @@ import numpy as np
 from ._gpulibs import fake_gpu_count
 from .exceptions import StreamOrderError
 
-__all__ = ["module", "ndarray", "legacy_work", "implicit_conversions", "order_violations", "reset_log", "launch"]
+__all__ = ["module", "ndarray", "legacy_work", "implicit_conversions", "order_violations", "reset_log", "launch",
+           "seed"]
 
 _lock = threading.RLock()
 _tls = threading.local()
@@ -80,6 +97,11 @@ _violations: list[str] = []
 _host_seen: dict[int, int] = {}          # stream key -> last op the host has synchronised with
 _seq: dict[int, int] = {}                # stream key -> ops issued on it so far
 _waited: dict[int, dict[int, int]] = {}  # stream key -> {producer key: op it waited for}
+_nonblocking: set[int] = set()          # keys of streams made with non_blocking=True
+_streams_by_ptr: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+_buffers: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()   # data pointer -> array
+_allocator: list[Any] = []               # what set_allocator was given (the fake does not allocate through it)
+_rng = random.Random(int(os.environ.get("GPUNETS_FAKE_GPU_SEED", "0") or 0))
 
 
 def legacy_work() -> list[str]:
@@ -98,6 +120,13 @@ def order_violations() -> list[str]:
     """Stream-order violations (each also raised :class:`StreamOrderError`) since the last :func:`reset_log`."""
     with _lock:
         return list(_violations)
+
+
+def seed(value: int) -> None:
+    """Reseed the generator that decides when queued work has finished (see ``Event.done``); default
+    ``GPUNETS_FAKE_GPU_SEED`` (0).  The same seed and the same single-threaded calls give the same answers."""
+    with _lock:
+        _rng.seed(int(value))
 
 
 def reset_log() -> None:
@@ -188,22 +217,50 @@ class Stream(metaclass=_StreamMeta):
         self.ptr = 0 if null else (2 if _ptds else 0x7F000000 + self.key)
         self.non_blocking = non_blocking
         self.is_ptds = _ptds
-        self._prev: list[Stream] = []
+        # as CuPy: the default streams belong to whichever device is current (-1), others to their creator's
+        self.device_id = -1 if (null or _ptds) else _current_device()
+        self._prev: list[tuple[int, Stream]] = []
         with _lock:
             _seq.setdefault(self.key, 0)
             _waited.setdefault(self.key, {})
+            if non_blocking:
+                _nonblocking.add(self.key)
+        if not (null or _ptds):
+            _streams_by_ptr[self.ptr] = self
+
+    @classmethod
+    def from_external(cls, stream: Any, device_id: int = -1) -> "Stream":
+        """``Stream.from_external`` (CuPy >= 14): the stream behind an object with ``__cuda_stream__``."""
+        return _external(int(stream.__cuda_stream__()[1]))
+
+    def _check_device(self) -> int:
+        cur = _current_device()
+        if self.device_id not in (-1, cur):   # CuPy's check_stream_device_match
+            raise RuntimeError(f"The device that the stream is created on ({self.device_id}) does not match with "
+                               f"the current device ({cur})")
+        return cur
 
     def __enter__(self) -> "Stream":
-        self._prev.append(get_current_stream())
-        _tls.stream = self
+        dev = self._check_device()
+        self._prev.append((dev, get_current_stream()))
+        _current_streams()[dev] = self
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _tls.stream = self._prev.pop()
+        dev, prev = self._prev.pop()
+        _current_streams()[dev] = prev
 
     def use(self) -> "Stream":
-        _tls.stream = self
+        _current_streams()[self._check_device()] = self
         return self
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """The CUDA stream protocol: (version, pointer), as CuPy's."""
+        return (0, self.ptr)
+
+    @property
+    def is_non_blocking(self) -> bool:
+        return self.non_blocking
 
     def record(self, event: "Event | None" = None) -> "Event":
         event = event if event is not None else Event()
@@ -227,12 +284,34 @@ class Stream(metaclass=_StreamMeta):
 
     @property
     def done(self) -> bool:
-        self.synchronize()   # all work has finished at once
-        return True
+        """``cudaStreamQuery``: all work done?  Random (seeded) until the stream is synchronised."""
+        with _lock:
+            snap = dict(_waited[self.key])
+            snap[self.key] = _seq[self.key]
+            if _seen_all(snap) or _finished():
+                _host_sees(snap)
+                return True
+            return False
 
     def __repr__(self) -> str:
         name = "null" if self.key == _LEGACY else ("ptds" if self.is_ptds else str(self.key))
-        return f"<fake Stream {name}>"
+        return f"<fake Stream {name} (device {self.device_id})>"
+
+
+def _external(ptr: int) -> Stream:
+    if ptr == 0:
+        return _NULL
+    if ptr == 2:
+        return Stream.ptds
+    s = _streams_by_ptr.get(ptr)
+    if s is None:
+        raise CUDARuntimeError(f"cudaErrorInvalidResourceHandle: invalid resource handle (no fake stream {ptr:#x})")
+    return s
+
+
+def ExternalStream(ptr: int, device_id: int = -1) -> Stream:  # noqa: N802 - CuPy's name
+    """``cupy.cuda.ExternalStream`` (deprecated in CuPy 14): the fake stream with pointer ``ptr``."""
+    return _external(int(ptr))
 
 
 def _host_sees(snap: dict[int, int]) -> None:
@@ -241,51 +320,85 @@ def _host_sees(snap: dict[int, int]) -> None:
             _host_seen[key] = n
 
 
+def _seen_all(snap: dict[int, int]) -> bool:
+    return all(_host_seen.get(key, 0) >= n for key, n in snap.items())
+
+
+def _finished() -> bool:
+    """Whether queued GPU work has finished by the time the host asks (``query``/``done``): random, seeded.
+
+    On a GPU, work completes some time after it is issued; the fake answers a query at random (with
+    ``GPUNETS_FAKE_GPU_SEED``, default 0, seeding one generator per process), so code that polls once and
+    then reads without waiting shows its missing wait on some runs, and a failing run can be replayed.
+    """
+    return _rng.random() < 0.5
+
+
+def _device_error(what: str, event_dev: int, stream_dev: int) -> "CUDARuntimeError":
+    return CUDARuntimeError(f"cudaErrorInvalidResourceHandle: invalid resource handle ({what}: the event was "
+                            f"created on device {event_dev}, the stream belongs to device {stream_dev}; create "
+                            f"the event under `with cupy.cuda.Device({stream_dev}):`)")
+
+
 class Event:
     """``cupy.cuda.Event``: a point in a stream's work; ``wait_event`` on it orders another stream after it."""
 
     def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False) -> None:
+        if interprocess and not disable_timing:
+            raise ValueError("Timing must be disabled for interprocess events")
         self._snapshot: dict[int, int] | None = None
-        self.device_id = _current_device()
-        self._timing = not disable_timing
-        self._time: float | None = None   # when it was recorded (host clock: the fake runs work at once)
+        self._complete = False
+        self._time = 0.0
+        self.timing = not disable_timing
+        self.block = block
+        self.device_id = _current_device()   # an event belongs to the device current when it is made
+        self.ptr = 0x7E000000 + next(_keys)
 
     def record(self, stream: Stream | None = None) -> None:
         stream = stream if stream is not None else get_current_stream()
-        self._time = time.perf_counter()
+        sdev = stream.device_id if stream.device_id != -1 else _current_device()
+        if sdev != self.device_id:   # cudaEventRecord: event and stream on one device
+            raise _device_error("Event.record", self.device_id, sdev)
         with _lock:
             snap = dict(_waited[stream.key])
             snap[stream.key] = _seq[stream.key]
             self._snapshot = snap
+            self._complete = False
+            self._time = time.perf_counter()
 
     @property
     def done(self) -> bool:
+        """``cudaEventQuery``: has the recorded work finished?  Random (seeded) until it has been waited for."""
+        if self._snapshot is None or self._complete:
+            return True
+        with _lock:
+            if _seen_all(self._snapshot) or _finished():
+                _host_sees(self._snapshot)
+                self._complete = True
+        return self._complete
+
+    def synchronize(self) -> None:
         if self._snapshot is not None:
             with _lock:
                 _host_sees(self._snapshot)
-        return True
-
-    def query(self) -> bool:
-        return self.done
-
-    def synchronize(self) -> None:
-        _ = self.done
+                self._complete = True
 
 
 def get_elapsed_time(start_event: Event, end_event: Event) -> float:
-    """``cupy.cuda.get_elapsed_time``: milliseconds between two recorded timing events.
-
-    As CUDA's ``cudaEventElapsedTime``: an event made with ``disable_timing=True`` is an invalid handle for it,
-    and an event never recorded is not ready; both raise :class:`CUDARuntimeError`.
-    """
+    """``cupy.cuda.get_elapsed_time``: milliseconds between two completed timing events of one device."""
     for ev in (start_event, end_event):
-        if not ev._timing:
-            raise CUDARuntimeError("cudaErrorInvalidResourceHandle: invalid resource handle "
-                                   "(an Event(disable_timing=True) cannot be timed)")
-        if ev._time is None:
-            raise CUDARuntimeError("cudaErrorNotReady: device not ready (the event was never recorded)")
-        ev.synchronize()
-    return (end_event._time - start_event._time) * 1e3  # type: ignore[operator]
+        if not ev.timing:
+            raise CUDARuntimeError("cudaErrorInvalidResourceHandle: invalid resource handle (get_elapsed_time on "
+                                   "an event made with disable_timing=True)")
+        if ev._snapshot is None:
+            raise CUDARuntimeError("cudaErrorInvalidResourceHandle: invalid resource handle (get_elapsed_time on "
+                                   "an event that was never recorded)")
+        if not ev._complete:
+            raise CUDARuntimeError("cudaErrorNotReady: device not ready (get_elapsed_time before the event "
+                                   "completed: synchronize it first)")
+    if start_event.device_id != end_event.device_id:
+        raise _device_error("get_elapsed_time", start_event.device_id, end_event.device_id)
+    return (end_event._time - start_event._time) * 1e3
 
 
 _NULL_READY = False
@@ -293,9 +406,17 @@ _NULL = Stream(null=True)
 _NULL_READY = True
 
 
-def get_current_stream(device: Any = None) -> Stream:
-    """This thread's current stream (``Stream.ptds`` when ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``, else ``Stream.null``)."""
-    s = getattr(_tls, "stream", None)
+def _current_streams() -> dict[int, Stream]:
+    d = getattr(_tls, "streams", None)
+    if d is None:
+        d = _tls.streams = {}
+    return d
+
+
+def get_current_stream(device_id: int = -1) -> Stream:
+    """This thread's current stream on ``device_id`` (default: the current device), as CuPy's: one per device;
+    ``Stream.ptds`` when ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``, else ``Stream.null``."""
+    s = _current_streams().get(_current_device() if device_id == -1 else int(device_id))
     if s is not None:
         return s
     return Stream.ptds if os.environ.get("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "0") == "1" else _NULL
@@ -310,7 +431,10 @@ def _issue(what: str, inputs: list["ndarray"]) -> tuple[int, int]:
         mine = _waited[s.key]
         for a in inputs:
             k, n = a._key, a._seq
-            if k == s.key or k == _LEGACY or s.key == _LEGACY:
+            if k == s.key:
+                continue
+            # the legacy stream synchronises with blocking streams only (not with non_blocking=True ones)
+            if (k == _LEGACY and s.key not in _nonblocking) or (s.key == _LEGACY and k not in _nonblocking):
                 continue
             if mine.get(k, 0) >= n or _host_seen.get(k, 0) >= n:
                 continue
@@ -379,7 +503,7 @@ class ndarray:  # noqa: N801 - CuPy's name
         return int(self._scalar("int"))
 
     def __index__(self) -> int:
-        if self._a.dtype.kind not in "iub":
+        if self._a.dtype.kind not in "iu":   # as NumPy and CuPy: a bool is no index
             raise TypeError("only integer scalar arrays can be converted to a scalar index")
         return int(self._scalar("index"))
 
@@ -401,7 +525,7 @@ class ndarray:  # noqa: N801 - CuPy's name
         # pickling copies through the host, as CuPy's does; it may run on any thread (dask's comms), so it is
         # treated as a device-wide synchronisation first (lenient: the fake does not model serialisers' streams)
         Device(self._dev).synchronize()
-        return _rebuild, (self.get(), self._dev)
+        return _rebuild, (self.get(),)
 
     # --- attributes
     shape = property(lambda self: self._a.shape)
@@ -416,6 +540,15 @@ class ndarray:  # noqa: N801 - CuPy's name
     @property
     def device(self) -> Device:
         return Device(self._dev)
+
+    @property
+    def data(self) -> Any:
+        """``MemoryPointer``-like: ``ptr`` (the buffer's address, known to ``runtime.pointerGetAttributes``)
+        and ``device_id``."""
+        ptr = int(self._a.__array_interface__["data"][0])
+        with _lock:
+            _buffers[ptr] = self
+        return types.SimpleNamespace(ptr=ptr, device_id=self._dev)
 
     @property
     def T(self) -> "ndarray":  # noqa: N802
@@ -457,9 +590,23 @@ class ndarray:  # noqa: N801 - CuPy's name
         return _wrap_call(ufunc.__name__, getattr(ufunc, method), inputs, kwargs)
 
     def __array_function__(self, func: Any, types_: Any, args: Any, kwargs: Any) -> Any:
-        if func.__name__ in ("asarray", "array", "asanyarray", "ascontiguousarray"):
+        # CuPy runs ``np.f(x)`` as ``cupy.f(x)`` when CuPy has an ``f`` in the matching module, else NumPy
+        # raises TypeError ("no implementation found"); a NumPy array among the operands is refused by ``cupy.f``
+        name, mod = func.__name__, getattr(func, "__module__", "") or ""
+        if name in ("asarray", "array", "asanyarray", "ascontiguousarray") or mod not in _CUPY_MODULES \
+                or name in _NOT_IN_CUPY or not all(t in (ndarray, np.ndarray) for t in types_):
+            with _lock:
+                _implicit.append(f"{mod}.{name} on a device array (CuPy has no {name})")
             return NotImplemented
-        return _wrap_call(func.__name__, func, args, kwargs)
+        return _wrap_call(name, func, args, kwargs)
+
+
+#: NumPy modules CuPy mirrors (``np.linalg.norm`` -> ``cupy.linalg.norm``); functions of others (``numpy.ma``,
+#: ``numpy.char``, ``numpy.rec``, ``numpy.strings``...) have no CuPy twin.
+_CUPY_MODULES = frozenset({"numpy", "numpy.linalg", "numpy.fft", "numpy.lib.stride_tricks"})
+#: NumPy functions CuPy does not have (checked against CuPy 14's namespace): ``np.f(device_array)`` raises.
+_NOT_IN_CUPY = frozenset("""apply_over_axes asmatrix bmat einsum_path genfromtxt loadtxt savetxt fromregex
+busday_count busday_offset is_busday datetime_as_string""".split())
 
 
 def _init(arr: ndarray, a: np.ndarray, dev: int, issued: tuple[int, int]) -> ndarray:
@@ -472,13 +619,14 @@ def _new(a: Any, dev: int, issued: tuple[int, int]) -> ndarray:
     return _init(ndarray.__new__(ndarray), np.asarray(a), dev, issued)
 
 
-def _rebuild(host: np.ndarray, dev: int) -> ndarray:
+def _rebuild(host: np.ndarray, dev: int | None = None) -> ndarray:
+    """Unpickle as CuPy does (``cupy.array(host)``): on the thread's *current* device, whatever device the
+    array was pickled from (``dev`` is kept only to read older pickles)."""
     if _state.cupy is None:   # unpickled in a fresh process (a dask worker)
         module()
-    with Device(min(dev, _count() - 1)):
-        out = asarray(host)
-        get_current_stream().synchronize()   # unpickled on any thread (dask's comms): complete before use
-        return out
+    out = asarray(host)
+    get_current_stream().synchronize()   # unpickled on any thread (dask's comms): complete before use
+    return out
 
 
 _METHODS = ("copy astype reshape ravel flatten transpose squeeze swapaxes sum mean min max prod any all argmax "
@@ -718,6 +866,25 @@ class _Info:
         return compat.__array_namespace_info__().dtypes(kind=kind)
 
 
+def _set_allocator(allocator: Any = None) -> None:
+    _allocator[:] = [allocator]
+
+
+def _pointer_attributes(ptr: int) -> Any:
+    """``cudaPointerGetAttributes`` for the data pointer of a live fake array (``x.data.ptr``)."""
+    arr = _buffers.get(int(ptr))
+    if arr is None:
+        raise CUDARuntimeError(f"cudaErrorInvalidValue: invalid argument (no fake device memory at {int(ptr):#x})")
+    return types.SimpleNamespace(device=arr._dev, type=2, devicePointer=int(ptr))
+
+
+def _device_attribute(attr: int, device: int) -> int:
+    Device(device)   # an invalid ordinal raises, as CUDA does
+    if attr == 16:   # cudaDevAttrMultiProcessorCount: a small GPU
+        return 4
+    raise CUDARuntimeError(f"fake GPU: device attribute {attr} is not modelled (only the SM count, 16)")
+
+
 class _State:
     count = 0
     cupy: Any = None
@@ -732,11 +899,14 @@ def _build(count: int) -> Any:
 
     cuda = types.ModuleType("gpunets.fakegpu.cuda")
     runtime = types.ModuleType("gpunets.fakegpu.cuda.runtime")
-    runtime.getDeviceCount = lambda: _state.count  # type: ignore[attr-defined]
-    runtime.CUDARuntimeError = CUDARuntimeError  # type: ignore[attr-defined]
-    cuda.__dict__.update(Device=Device, Stream=Stream, Event=Event, runtime=runtime, get_elapsed_time=get_elapsed_time,
+    runtime.__dict__.update(getDeviceCount=lambda: _state.count, getDevice=_current_device,
+                            pointerGetAttributes=_pointer_attributes,
+                            CUDARuntimeError=CUDARuntimeError, cudaDevAttrMultiProcessorCount=16,
+                            deviceGetAttribute=_device_attribute)
+    cuda.__dict__.update(Device=Device, Stream=Stream, Event=Event, runtime=runtime,
                          get_current_stream=get_current_stream, is_available=lambda: _state.count > 0,
-                         CUDARuntimeError=CUDARuntimeError)
+                         get_elapsed_time=get_elapsed_time, CUDARuntimeError=CUDARuntimeError,
+                         ExternalStream=ExternalStream, set_allocator=_set_allocator)
     shared = dict(ndarray=ndarray, cuda=cuda, asnumpy=asnumpy, is_available=lambda: _state.count > 0,
                   legacy_work=legacy_work, implicit_conversions=implicit_conversions, launch=launch,
                   order_violations=order_violations, reset_log=reset_log, __version__="fake")

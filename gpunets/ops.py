@@ -98,11 +98,12 @@ def combine(kernel: str, *values: Any, **kw: Any) -> Any:
     stream = None
     if target == "cuda":
         cp = _gpulibs.cupy()
-        if _gpulibs.fake_gpu_count():  # the fake GPU: one emulated launch on the device buffers (see gpunets.fakegpu)
-            sim = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"  # CUDA kernels on the simulator, else the CPU's
-            fn = partial(getattr(kernels, kernel), target="cuda" if sim else "cpu", **kw)
+        if _gpulibs.fake_gpu_count() and os.environ.get("NUMBA_ENABLE_CUDASIM", "0") != "1":
+            # the fake GPU without numba's simulator: one emulated launch of the CPU kernels on the device buffers
+            fn = partial(getattr(kernels, kernel), target="cpu", **kw)
             out = cp.launch(lambda bufs: fn(list(bufs)), arrays, what=f"kernel {kernel}")
             return wrap(out) if wrap is not None else out
+        # a GPU, or the fake GPU under the simulator: the CUDA launch path of gpunets.kernels._cuda
         stream = cp.cuda.get_current_stream()
     out = getattr(kernels, kernel)(arrays, target=target, stream=stream, **kw)
     return wrap(out) if wrap is not None else out

@@ -114,7 +114,8 @@ def test_devices_do_not_mix(cp2):
 
 def test_current_device_and_stream_are_per_thread(cp2):
     seen = {}
-    s = cp2.cuda.Stream(non_blocking=True)
+    with cp2.cuda.Device(1):
+        s = cp2.cuda.Stream(non_blocking=True)   # a stream belongs to the device current when it is made
     with cp2.cuda.Device(1), s:
         def other():
             seen["device"] = cp2.cuda.Device().id
@@ -352,3 +353,222 @@ def test_machines_placed_by_default_keep_host_only_data_on_the_cpu(cp, gn_execut
     else:
         assert gn.report(forced.predict(X))["Ridge"]["device"].startswith("cpu")
     assert cp.implicit_conversions() == []
+
+
+# ----------------------------------------------------------------- as strict as CuPy (issue 24 items 9-11)
+
+
+def test_a_stream_of_another_device_cannot_be_made_current(cp2):
+    s0 = cp2.cuda.Stream(non_blocking=True)           # made on device 0
+    assert s0.device_id == 0 and cp2.cuda.Stream.null.device_id == -1
+    with cp2.cuda.Device(1):
+        with pytest.raises(RuntimeError, match=r"stream is created on \(0\) does not match with the current device \(1\)"):
+            with s0:
+                pass
+        with pytest.raises(RuntimeError, match="does not match"):
+            s0.use()
+        s1 = cp2.cuda.Stream(non_blocking=True)
+        with s1:
+            assert cp2.cuda.get_current_stream() is s1
+    with s0:   # the current stream is per device, as CuPy's
+        assert cp2.cuda.get_current_stream() is s0
+        with cp2.cuda.Device(1):
+            assert cp2.cuda.get_current_stream() is not s0
+            assert cp2.cuda.get_current_stream(0) is s0
+
+
+def test_an_event_recorded_on_another_devices_stream_fails(cp2):
+    ev0 = cp2.cuda.Event(disable_timing=True)          # belongs to device 0
+    with cp2.cuda.Device(1):
+        s1 = cp2.cuda.Stream(non_blocking=True)
+        with pytest.raises(cp2.cuda.runtime.CUDARuntimeError, match="invalid resource handle"):
+            ev0.record(s1)
+        with pytest.raises(RuntimeError, match="invalid resource handle"):
+            ev0.record()                                    # the current (device 1) stream
+        with pytest.raises(RuntimeError, match="invalid resource handle"):
+            s1.record(ev0)
+        ev1 = s1.record(cp2.cuda.Event(disable_timing=True))  # made here: fine
+    cp2.cuda.get_current_stream().wait_event(ev1)           # waiting on another device's event is allowed (CUDA)
+
+
+def test_events_do_not_complete_at_once_so_a_missing_wait_shows(cp):
+    import gpunets.fakegpu as fg
+
+    a, b = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    answers, caught = [], 0
+    for _ in range(40):
+        with a:
+            x = cp.ones(3) + 1
+            ev = a.record(cp.cuda.Event(disable_timing=True))
+        answers.append(ev.done)      # polled once: done or not, at random
+        if not answers[-1]:          # not done and no wait: reading it on b is a race, and is caught
+            with b, pytest.raises(StreamOrderError):
+                _ = x * 2
+            caught += 1
+        ev.synchronize()             # now it has finished: done stays True, and b may read x
+        assert ev.done
+        with b:
+            _ = x * 2
+    assert True in answers and False in answers and caught == answers.count(False)
+    fg.seed(7)
+    first = [a.record(cp.cuda.Event()).done for _ in range(20)]
+    fg.seed(7)
+    assert [a.record(cp.cuda.Event()).done for _ in range(20)] == first   # seeded: a failure replays
+
+
+def test_non_blocking_streams_are_not_ordered_by_the_legacy_stream(cp):
+    with cp.cuda.Stream.null:
+        x = cp.ones(3)
+    with cp.cuda.Stream():                              # a blocking stream waits for legacy work
+        _ = x + 1
+    with cp.cuda.Stream(non_blocking=True), pytest.raises(StreamOrderError, match="without waiting"):
+        _ = x + 1                                       # a non-blocking one does not (stream="new")
+    nb = cp.cuda.Stream(non_blocking=True)
+    with nb:
+        y = cp.ones(2)
+    with cp.cuda.Stream.null, pytest.raises(StreamOrderError):
+        _ = y * 2                                       # nor does legacy work wait for it
+
+
+def test_get_elapsed_time_as_cupy(cp):
+    t0, t1 = cp.cuda.Event(), cp.cuda.Event()
+    s = cp.cuda.get_current_stream()
+    t0.record(s)
+    _ = cp.ones(4) * 2
+    t1.record(s)
+    with pytest.raises(RuntimeError, match="NotReady"):
+        cp.cuda.get_elapsed_time(t0, t1)      # before the events have completed
+    t0.synchronize()
+    t1.synchronize()
+    assert cp.cuda.get_elapsed_time(t0, t1) >= 0.0
+    quiet = cp.cuda.Event(disable_timing=True)
+    quiet.record(s)
+    quiet.synchronize()
+    with pytest.raises(RuntimeError, match="invalid resource handle"):
+        cp.cuda.get_elapsed_time(t0, quiet)
+
+
+def test_an_unpickled_array_lands_on_the_current_device(cp2):
+    import pickle
+
+    with cp2.cuda.Device(1):
+        x = cp2.arange(3.0)
+        blob = pickle.dumps(x)
+    y = pickle.loads(blob)                     # as CuPy: the current device (0), not the one it came from
+    assert y.device.id == 0
+    with pytest.raises(ValueError, match="different from the current device"):
+        _ = x + y
+    with cp2.cuda.Device(1):
+        assert pickle.loads(blob).device.id == 1
+
+
+def test_index_as_cupy(cp):
+    import operator
+
+    assert operator.index(cp.asarray(3)) == 3 and [10, 11, 12][cp.asarray(np.uint8(1))] == 11
+    for bad in (cp.asarray(True), cp.asarray(1.0)):
+        with pytest.raises(TypeError, match="integer scalar"):
+            operator.index(bad)
+    with pytest.raises(TypeError):
+        operator.index(cp.arange(2))
+
+
+def test_numpy_functions_on_device_arrays_as_cupy(cp):
+    x = cp.arange(4.0)
+    m = np.mean(x)                                  # CuPy has mean: np.mean runs cupy.mean, on the device
+    assert isinstance(m, cp.ndarray) and m.device.id == 0 and float(m) == 1.5
+    with pytest.raises(TypeError, match="no implementation found"):
+        np.einsum_path("i,i", x, x)                 # no cupy.einsum_path: NumPy refuses
+    with pytest.raises(TypeError):
+        np.concatenate([x, np.ones(2)])             # a host operand: cupy.concatenate refuses it
+    with pytest.raises(TypeError):
+        np.add(x, np.ones(4))
+    assert any("einsum_path" in c for c in cp.implicit_conversions())
+
+
+def _cupy_names_gpunets_uses():
+    """Every ``cp.cuda...`` / ``cupy.cuda...`` attribute chain in gpunets' source (the CuPy API it relies on)."""
+    import re
+    from pathlib import Path
+
+    root = Path(gn.__file__).parent
+    names = set()
+    for path in root.rglob("*.py"):
+        if path.name == "fakegpu.py":
+            continue
+        for m in re.finditer(r"\b(?:cp|cupy|_cupy\(\)|cupy\(\))\.(cuda(?:\.\w+)+)", path.read_text()):
+            names.add(m.group(1))
+    return sorted(names)
+
+
+def test_the_fake_has_every_cupy_api_gpunets_uses(cp2):
+    names = _cupy_names_gpunets_uses()
+    assert "cuda.get_elapsed_time" in names and "cuda.Stream.ptds" in names and "cuda.runtime.getDeviceCount" in names
+    missing = []
+    for name in names:
+        obj = cp2
+        for part in name.split("."):
+            if not hasattr(obj, part):
+                missing.append(name)
+                break
+            obj = getattr(obj, part)
+    assert not missing, f"gpunets uses these CuPy APIs, which the fake GPU lacks: {missing}"
+    with cp2.cuda.Device(1):
+        x = cp2.ones(2)
+        s = cp2.cuda.Stream(non_blocking=True)
+    assert cp2.cuda.runtime.pointerGetAttributes(x.data.ptr).device == 1
+    assert cp2.cuda.Stream.from_external(s) is s and cp2.cuda.ExternalStream(s.ptr) is s
+
+
+def test_traced_runs_on_the_fake_gpu(cp, gn_executor):
+    _needs_fake_on_the_workers(gn_executor)
+    X = gn.source(np.arange(6.0), name="X")
+    with gn.device("cuda"):
+        out = gn.mean(X + 1, X * 2)
+    ev = gn.evaluate(out, executor=gn_executor, trace=True)
+    np.testing.assert_allclose(ev.value, (np.arange(6.0) + 1 + np.arange(6.0) * 2) / 2)
+    assert ev.trace.records
+    assert cp.order_violations() == []
+
+
+def test_combine_kernels_take_their_real_cuda_launch_path_on_the_fake_gpu(cp, gn_executor, monkeypatch):
+    """Under numba's simulator the fake GPU's arrays go through gpunets.kernels._cuda's GPU path (stream
+    conversion, event wait, output allocation on the kernel's stream, launch configuration); only the
+    kernel itself runs in the simulator."""
+    from gpunets.kernels import _cuda
+
+    if not _cuda.SIMULATOR:
+        pytest.skip("the fake GPU's kernels need numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)")
+    _needs_fake_on_the_workers(gn_executor)
+    calls = {"numba_stream": 0, "launch_config": 0, "run": 0, "empty": 0}
+
+    def counting(obj, name):
+        real = getattr(obj, name)
+
+        def call(*a, **k):
+            calls[name] += 1
+            return real(*a, **k)
+
+        monkeypatch.setattr(obj, name, call)
+
+    counting(_cuda, "numba_stream")
+    counting(_cuda, "launch_config")
+    counting(_cuda._Launch, "run")
+    counting(_cuda._Launch, "empty")
+    X = gn.source(np.arange(6.0), name="X")
+    with gn.device("cuda"):
+        out = gn.mean(X + 1, X * 2)
+    np.testing.assert_allclose(out(executor=gn_executor), (3 * np.arange(6.0) + 1) / 2)
+    if getattr(gn_executor, "name", "") != "dask":   # dask runs the kernel in its worker processes
+        assert all(n >= 1 for n in calls.values()), calls
+
+    # the launch path's own event wait is what orders the kernel's stream after the inputs' stream
+    a, b = cp.ones(3), cp.full(3, 3.0)
+    kernel_stream = cp.cuda.Stream(non_blocking=True)
+    m = gn.kernels.mean([a, b], target="cuda", stream=kernel_stream)
+    assert cp.asnumpy(m, stream=kernel_stream).tolist() == [2.0] * 3   # the result is the kernel stream's
+    producer = cp.cuda.Stream(non_blocking=True)
+    with producer:
+        c = cp.ones(3)            # made on a stream nobody waits for
+    with pytest.raises(StreamOrderError):
+        gn.kernels.mean([a, c], target="cuda", stream=kernel_stream)

@@ -5,12 +5,18 @@ CuPy arrays (or any object with ``__cuda_array_interface__``), the output is a C
 array and the kernel runs on the caller's stream (``stream=None``: CuPy's current
 stream, where the inputs were made).  Under numba's CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``) the kernels take and return NumPy arrays, run on a
-grid of at most 2 blocks of 64 threads, and ``stream`` is ignored.
+grid of at most 2 blocks of 64 threads, and ``stream`` is ignored.  With the fake GPU on
+(``GPUNETS_FAKE_GPU``, :mod:`gpunets.fakegpu`) under the simulator, the fake's arrays take the GPU
+path (stream conversion, GPU-side event wait, allocation on the kernel's stream, launch
+configuration) and only the launch runs in the simulator: a fake stream becomes a simulator stream
+(the simulator's ``external_stream`` raises), and the launch reads and writes the fake arrays on the
+kernel's stream, where the fake checks stream order.
 """
 
 from __future__ import annotations
 
 import builtins
+import functools
 import math
 import threading
 from typing import Any
@@ -39,9 +45,39 @@ else:
     hint = "cupy.asarray(...)"
 
 
+_ROUTE = threading.local()   # .fake: this thread's current call has the fake GPU's arrays
+
+
+def _fake_gpu() -> bool:
+    """The fake-GPU lane (``GPUNETS_FAKE_GPU`` under the simulator) with the fake's arrays: they take the GPU
+    path below (streams, event wait, output allocation, launch) and only the launch goes to the simulator."""
+    return SIMULATOR and getattr(_ROUTE, "fake", False)
+
+
+def _routed(fn: Any) -> Any:
+    """Entry point: route this call by its inputs (the fake GPU's arrays, or NumPy arrays on the simulator)."""
+    @functools.wraps(fn)
+    def call(arrays: tuple, *args: Any, **kwargs: Any) -> Any:
+        if not SIMULATOR:
+            return fn(arrays, *args, **kwargs)
+        before = getattr(_ROUTE, "fake", False)
+        _ROUTE.fake = bool(_gpulibs.fake_gpu_count()) and not isinstance(arrays[0], np.ndarray)
+        try:
+            return fn(arrays, *args, **kwargs)
+        finally:
+            _ROUTE.fake = before
+
+    return call
+
+
+def _host_path() -> bool:
+    """The simulator with NumPy arrays: no CuPy, no streams."""
+    return SIMULATOR and not _fake_gpu()
+
+
 def accept(a: Any) -> bool:
     if SIMULATOR:
-        return isinstance(a, np.ndarray)
+        return isinstance(a, np.ndarray) or (bool(_gpulibs.fake_gpu_count()) and isinstance(a, _cupy().ndarray))
     return hasattr(a, "__cuda_array_interface__")
 
 
@@ -230,7 +266,7 @@ def launch_config(n: int) -> tuple[int, int]:
 
 
 def _is_cupy_stream(stream: Any) -> bool:
-    return type(stream).__module__.startswith("cupy")
+    return type(stream).__module__.startswith("cupy") or (_fake_gpu() and isinstance(stream, _cupy().cuda.Stream))
 
 
 def numba_stream(stream: Any) -> Any:
@@ -243,6 +279,8 @@ def numba_stream(stream: Any) -> Any:
             return numba.cuda.legacy_default_stream()
         if ptr == 2:  # cupy.cuda.Stream.ptds: cudaStreamPerThread
             return numba.cuda.per_thread_default_stream()
+        if _fake_gpu():   # the one seam of the fake-GPU lane: the simulator has no external streams
+            return numba.cuda.stream()
         return numba.cuda.external_stream(ptr)
     if hasattr(stream, "handle") and hasattr(stream, "synchronize"):  # a numba stream
         return stream
@@ -293,7 +331,7 @@ class _Launch:
     def __init__(self, stream: Any) -> None:
         self.stream = None
         self.cupy_stream = None
-        if SIMULATOR:
+        if _host_path():
             return
         cp = _cupy()
         current = cp.cuda.get_current_stream()
@@ -313,31 +351,41 @@ class _Launch:
             return make()
 
     def flat(self, arrays: tuple) -> tuple:
-        if SIMULATOR:
+        if _host_path():
             return tuple(np.ascontiguousarray(a).reshape(-1) for a in arrays)
         cp = _cupy()
         return self._on_stream(lambda: tuple(cp.ascontiguousarray(cp.asarray(a)).reshape(-1) for a in arrays))
 
     def contiguous(self, arrays: tuple) -> tuple:
-        if SIMULATOR:
+        if _host_path():
             return tuple(np.ascontiguousarray(a) for a in arrays)
         cp = _cupy()
         return self._on_stream(lambda: tuple(cp.ascontiguousarray(cp.asarray(a)) for a in arrays))
 
     def empty(self, shape: tuple, dtype: Any) -> Any:
-        if SIMULATOR:
+        if _host_path():
             return np.empty(shape, dtype=dtype)
         cp = _cupy()
         return self._on_stream(lambda: cp.empty(shape, dtype=dtype))
+
+    def _simulate(self, kernel: Any, blocks: int, threads: int, bufs: tuple) -> None:
+        arrays, args = bufs
+        with _SIMULATOR_LAUNCH:
+            kernel[blocks, threads, self.stream](tuple(arrays), *args)
 
     def run(self, name: str, n: int, arrays: tuple, *args) -> None:
         if n == 0:
             return
         blocks, threads = launch_config(n)
         kernel = _KERNELS[name]
-        if SIMULATOR:
+        if _host_path():
             with _SIMULATOR_LAUNCH:
                 kernel[blocks, threads](arrays, *args)
+            return
+        if _fake_gpu():   # the fake GPU's arrays, read and written by one launch on the kernel's stream
+            with self.cupy_stream:  # type: ignore[union-attr]  # set whenever the fake GPU is on
+                _cupy().launch(lambda bufs: self._simulate(kernel, blocks, threads, bufs), (arrays, args),
+                               what=f"kernel {name}")
             return
         # sync=False: no host-side synchronisation of the exported stream (ordered on the GPU instead, above)
         dev = tuple(numba.cuda.as_cuda_array(a, sync=False) for a in arrays)
@@ -353,9 +401,10 @@ def _elementwise(name: str, arrays: tuple, out_dtype: Any, stream: Any, *args) -
     n = int(flats[0].shape[0])
     out = launch.empty((n,), out_dtype)
     launch.run(name, n, flats, *args, out)
-    return out.reshape(shape)
+    return launch._on_stream(lambda: out.reshape(shape))   # the output is the kernel stream's
 
 
+@_routed
 def mean(arrays: tuple, weights: tuple | None, stream: Any = None) -> Any:
     out_dtype = V.mean_dtype(arrays[0].dtype)
     if weights is None:
@@ -363,31 +412,38 @@ def mean(arrays: tuple, weights: tuple | None, stream: Any = None) -> Any:
     return _elementwise("wmean", arrays, out_dtype, stream, weights, float(np.sum(weights)))
 
 
+@_routed
 def weighted_sum(arrays: tuple, weights: tuple, stream: Any = None) -> Any:
     return _elementwise("wmean", arrays, V.mean_dtype(arrays[0].dtype), stream, weights, 1.0)
 
 
+@_routed
 def sum(arrays: tuple, stream: Any = None) -> Any:  # noqa: A001
     dtype = np.dtype(arrays[0].dtype)
     return _elementwise("sum", arrays, V.sum_dtype(dtype), stream, V.sum_zero(dtype))
 
 
+@_routed
 def min(arrays: tuple, stream: Any = None) -> Any:  # noqa: A001
     return _elementwise("min", arrays, np.dtype(arrays[0].dtype), stream)
 
 
+@_routed
 def max(arrays: tuple, stream: Any = None) -> Any:  # noqa: A001
     return _elementwise("max", arrays, np.dtype(arrays[0].dtype), stream)
 
 
+@_routed
 def var(arrays: tuple, ddof: int, stream: Any = None) -> Any:
     return _elementwise("var", arrays, V.mean_dtype(arrays[0].dtype), stream, float(ddof))
 
 
+@_routed
 def vote_int(arrays: tuple, stream: Any = None) -> Any:
     return _elementwise("vote", arrays, np.dtype(arrays[0].dtype), stream)
 
 
+@_routed
 def vote(arrays: tuple, stream: Any = None) -> Any:
     """Majority labels; labels that are not integers are encoded, voted and decoded, all on the kernel's stream.
 
@@ -410,9 +466,10 @@ def vote(arrays: tuple, stream: Any = None) -> Any:
 
 def xp() -> Any:
     """The array module of this target's arrays (NumPy on the simulator, CuPy on a GPU)."""
-    return np if SIMULATOR else _cupy()
+    return np if _host_path() else _cupy()
 
 
+@_routed
 def hstack(arrays: tuple, stream: Any = None) -> Any:
     mod = xp()
     cols = tuple(mod.reshape(a, (a.shape[0], 1)) if len(a.shape) == 1 else a for a in arrays)
