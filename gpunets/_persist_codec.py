@@ -29,6 +29,7 @@ import functools
 import importlib
 import os
 import types
+import warnings
 from typing import Any
 
 import numpy as np
@@ -279,8 +280,16 @@ class Encoder:
         est = st.estimator   # a state left on a Dask worker is fetched: the file holds every fitted estimator
         converted = ""
         if st.path == "cuml" and is_cuml_estimator(est):
-            est, converted = est.as_sklearn(), "cuml"   # cuML's own interop: the fitted scikit-learn twin
             self.devices.add(st.device)
+            twin = None
+            if callable(getattr(est, "as_sklearn", None)):   # cuML's InteropMixin: the fitted scikit-learn twin
+                try:
+                    twin = est.as_sklearn()
+                except Exception as exc:
+                    if type(exc).__name__ != "UnsupportedOnCPU":   # cuML's "no CPU twin for these settings"
+                        raise
+            # no CPU twin (MinMaxScaler, GaussianNB, ... have no as_sklearn): the cuML estimator itself is saved
+            est, converted = (twin, "cuml") if twin is not None else (est, "cuml-native")
         # what a fit recorded of its training data is not kept: the next fit of a loaded network always trains
         fields.update(estimator=est, params={}, upstream=b"")
         return Record("state", {"fields": self.value(fields), "converted": converted})
@@ -433,6 +442,10 @@ class Decoder:
             elif converted == "cuml":
                 est, dev, path = self._to_cuml(est, target)
                 self.converted = True
+        if converted == "cuml-native":   # say which: this state needs cuML (and a GPU) wherever it is loaded
+            warnings.warn(f"{os.path.basename(self.path)!r}: the fitted {type(est).__name__} was saved as the cuML "
+                          f"estimator itself (cuML offers no scikit-learn twin of it), not as a scikit-learn "
+                          f"estimator; it runs only where cuML and a GPU are.", UserWarning, stacklevel=4)
         del saved["estimator"]   # the file's name for it; the state's field is ``stored``
         saved.update(stored=est, device=str(dev), path=path)
         return FittedState(**saved)

@@ -571,3 +571,51 @@ def test_the_skops_format_without_skops_says_what_to_install(monkeypatch, tmp_pa
     with pytest.raises(ImportError, match=r'format="skops" needs the skops package: pip install "gpunets\[persist\]"'):
         gn.save(gn.source(np.ones(2), name="X") * 2, tmp_path / "x.skops", format="skops")
     assert not (tmp_path / "x.skops").exists()
+
+# cuML is not installed here. These stand-ins mimic the interop API of cuML's cuml/internals/interop.py
+# (InteropMixin.as_sklearn, raising UnsupportedOnCPU where no CPU twin exists for the settings), and cuML's
+# estimators that have no as_sklearn at all (MinMaxScaler, MaxAbsScaler, Normalizer, GaussianNB, MultinomialNB).
+class UnsupportedOnCPU(ValueError):
+    pass
+
+
+class _CumlNoTwin:
+    """A fitted cuML estimator without ``as_sklearn`` (as cuML's MinMaxScaler): it pickles as itself."""
+
+    def __init__(self, fitted):
+        self.fitted = fitted
+
+    def predict(self, X):
+        return self.fitted.predict(X)
+
+
+class _CumlUnsupported(_CumlNoTwin):
+    def as_sklearn(self):
+        raise UnsupportedOnCPU("this estimator's settings have no scikit-learn equivalent")
+
+
+for _cls in (_CumlNoTwin, _CumlUnsupported, UnsupportedOnCPU):
+    _cls.__module__ = "cuml.preprocessing"
+
+
+@pytest.mark.parametrize("stand_in", [_CumlNoTwin, _CumlUnsupported])
+def test_cuml_estimators_without_a_cpu_twin_are_saved_as_themselves(no_gpu, stand_in, tmp_path, monkeypatch):
+    import dataclasses
+    import types as _types
+
+    fake = _types.ModuleType("cuml.preprocessing")   # pickle finds the stand-ins by their (cuML) module name
+    for cls in (_CumlNoTwin, _CumlUnsupported, UnsupportedOnCPU):
+        setattr(fake, cls.__name__, cls)
+    monkeypatch.setitem(sys.modules, "cuml", _types.ModuleType("cuml"))
+    monkeypatch.setitem(sys.modules, "cuml.preprocessing", fake)
+    Xd, yd = _data()
+    X, y = gn.source(Xd, name="X"), gn.source(yd, name="y")
+    mach = gn.machine(Ridge(), X, y)
+    yhat = mach.predict(X)
+    yhat.fit()
+    mach._state = dataclasses.replace(mach._state, stored=stand_in(mach._state.estimator), path="cuml",
+                                      device="cuda:0")
+    path = gn.save(yhat, tmp_path / "nb.gn")
+    with pytest.warns(UserWarning, match=f"the fitted {stand_in.__name__} was saved as the cuML estimator itself"):
+        loaded = gn.load(path, allow_pickle=True)
+    assert type(loaded.machine._state.estimator) is stand_in
