@@ -825,6 +825,11 @@ def test_two_fake_gpus_map_placements_to_their_workers():
             lanes = {r.label: r.lane for r in gn.last_trace().records if r.kind == "fit"}
             assert lanes["fit ridge0"] in owners[0] and lanes["fit ridge1"] in owners[1]
             assert client.who_has()[ms[1]._state.stored.key][0] in owners[1]   # the state stays with its GPU
+            # fetched to the client (whose current device is 0), a state comes back on the GPU it was fitted on:
+            # CuPy unpickles onto the current device, so it is moved back where its record says (issue 24 item 7)
+            for g, m in enumerate(ms):
+                coef = m.estimator_.coef_
+                assert m.report()["device"] == f"cuda:{g}" and coef.device.id == g
             # no worker owns GPU 1 any more: an error before any task is sent
             client.run(_set_visible, "0", workers=owners[1])
             ex._gpu_map = None

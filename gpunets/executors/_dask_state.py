@@ -26,6 +26,8 @@ import uuid
 import weakref
 from typing import Any
 
+from ..data import device_of, is_cupy_array, to_device
+from ..devices import Device, same_device
 from ..exceptions import NotFittedError
 from ..machines import RemoteEstimator
 
@@ -141,6 +143,7 @@ class DaskState(RemoteEstimator):
                     self.lost = True
                     msg = f"{self._lost_message()} ({type(e).__name__}: {e})"
                     raise NotFittedError(msg) from e
+            est = _on_recorded_device(est, self.attrs.get("_device"))
             self._local = est
             return est
 
@@ -260,3 +263,22 @@ def _state_future(client: Any, st: Any, sent: list[Any]) -> Any:
     f = client.scatter([(st.estimator, {"path": st.path})], hash=False)[0]
     sent.append(f)
     return f
+
+
+def _on_recorded_device(est: Any, device: Any) -> Any:
+    """``est`` with its GPU arrays on ``device``, where it was fitted.
+
+    CuPy unpickles an array onto the *current* device of the thread that unpickles it, so a state fitted on
+    GPU 1 and fetched by a client whose current device is 0 would arrive on GPU 0 while its record says
+    ``cuda:1``: its arrays are moved back (one copy each, only those on another device).
+    """
+    if device is None or not str(device).startswith("cuda"):
+        return est
+    target = Device.parse(device)
+    attrs = getattr(est, "__dict__", None)
+    if not isinstance(attrs, dict):
+        return est
+    for name, value in list(attrs.items()):
+        if is_cupy_array(value) and not same_device(device_of(value), target):
+            attrs[name] = to_device(value, target)
+    return est

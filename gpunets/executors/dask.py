@@ -581,6 +581,7 @@ class DaskExecutor(Executor):
             if k in state_futs:   # (info, small attributes): the state stays on the workers
                 info, attrs = value
                 attrs["_path"] = info.get("path", "sklearn")
+                attrs["_device"] = info.get("device", "cpu")   # fetched states go back to this device
                 handle = DaskState(_describe(tasks[k]).removeprefix("Machine "), client, state_futs.pop(k),
                                    attrs, [distributed.Future(f.key, client) for f in inputs_of[k]],
                                    timeout=self.timeout, recipe=_recipe(layers, skeys[k], markers))
