@@ -18,6 +18,19 @@ pytest_plugins = ["gpunets.testing", "pytester"]
 
 
 @pytest.fixture
+def no_gpu(monkeypatch):
+    """No GPU here, even in the fake-GPU lane (the fake is switched off for the test)."""
+    from gpunets.devices import _gpu_probe, gpu_available
+
+    monkeypatch.delenv("GPUNETS_FAKE_GPU", raising=False)
+    _gpu_probe.cache_clear()
+    if gpu_available():
+        pytest.skip("a real GPU is present; this test loads where there is none")
+    yield
+    _gpu_probe.cache_clear()
+
+
+@pytest.fixture
 def executor(gn_executor):
     """Alias: each test that takes ``executor`` runs once per executor present."""
     return gn_executor

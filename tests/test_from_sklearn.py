@@ -579,19 +579,6 @@ def test_ensembles_feature_names_equal_scikit_learns(make, target):
 # --- issue 23 item 17: what was asked, what ran, one warning per machine -------------------------------------
 
 
-@pytest.fixture
-def no_gpu(monkeypatch):
-    """No GPU here, even in the fake-GPU lane (the fake is switched off for the test)."""
-    from gpunets.devices import _gpu_probe, gpu_available
-
-    monkeypatch.delenv("GPUNETS_FAKE_GPU", raising=False)
-    _gpu_probe.cache_clear()
-    if gpu_available():
-        pytest.skip("a real GPU is present; this test is about a machine without one")
-    yield
-    _gpu_probe.cache_clear()
-
-
 def test_cuda_without_a_gpu_reports_what_was_asked_and_warns_once_per_machine(no_gpu, executor):
     import warnings
 

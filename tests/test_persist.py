@@ -23,7 +23,6 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 
 import gpunets as gn
-from gpunets.devices import _gpu_probe, gpu_available
 from gpunets.testing import assert_allclose_any, fake_gpu
 
 FORMATS = ["pickle", "skops"]
@@ -35,17 +34,6 @@ def fmt(request):
     if request.param == "skops":
         pytest.importorskip("skops")
     return request.param
-
-
-@pytest.fixture
-def no_gpu(monkeypatch):
-    """No GPU here, even in the fake-GPU lane (the fake is switched off for the test)."""
-    monkeypatch.delenv("GPUNETS_FAKE_GPU", raising=False)
-    _gpu_probe.cache_clear()
-    if gpu_available():
-        pytest.skip("a real GPU is present; this test loads where there is none")
-    yield
-    _gpu_probe.cache_clear()
 
 
 def _data(n=60, seed=0):

@@ -18,7 +18,7 @@ from sklearn.preprocessing import StandardScaler
 
 import gpunets as gn
 
-from .test_persist import _payload_bytes
+from .test_persist import _Boom, _payload_bytes
 
 FORMATS = ["pickle", "skops"]
 
@@ -107,18 +107,6 @@ def test_no_saved_file_holds_training_data(kind, data, fmt, tmp_path):
 # ----------------------------------------------------------------- the caller chooses: allow_pickle
 
 
-class _Boom:
-    ran = False
-
-    def __reduce__(self):
-        return (_Boom._explode, ())
-
-    @staticmethod
-    def _explode():
-        _Boom.ran = True
-        return "boom"
-
-
 def _pickle_file(tmp_path, name="model.skops"):
     """A gn.save pickle file under a name that suggests the safe format."""
     X, y = _training("numpy")
@@ -147,8 +135,8 @@ def test_a_pickle_loaded_with_trusted_refuses_other_globals_before_running_them(
         zf.writestr("gpunets.json", meta)
         zf.writestr("payload.pkl", pickle.dumps(_Boom()))
     _Boom.ran = False
-    with pytest.raises(gn.UntrustedTypesError, match=r"refers to 'tests.test_persist_trust._Boom._explode'.*"
-                                                     r"trusted=\['tests.test_persist_trust._Boom._explode'\]"):
+    with pytest.raises(gn.UntrustedTypesError, match=r"refers to 'tests.test_persist._Boom._explode'.*"
+                                                     r"trusted=\['tests.test_persist._Boom._explode'\]"):
         gn.load(path, trusted=[])
     assert not _Boom.ran
     with pytest.raises(gn.PersistenceError, match="allow_pickle=True"):

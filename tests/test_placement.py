@@ -1,6 +1,5 @@
 """Device placement in networks: fallback policy, moves as plan tasks, CPU fallback path, GPU equivalence."""
 
-import warnings
 
 import numpy as np
 import pandas as pd
