@@ -191,6 +191,26 @@ def _within_noise(r: dict[str, Any], base: dict[str, Any]) -> bool:
     return abs(base["seconds"] / r["seconds"] - 1) <= noise
 
 
+#: The launch environment for concurrent GPU lanes (docs/devices.md): per-thread default streams for
+#: CuPy and cuDF.  Both libraries read them once, when CUDA starts, so they must be set first.
+LAUNCH_ENV = {"CUPY_CUDA_PER_THREAD_DEFAULT_STREAM": "1", "CUDF_PER_THREAD_STREAM": "1"}
+
+
+def set_launch_env(environ: Any = None) -> dict[str, str]:
+    """Set :data:`LAUNCH_ENV` in ``environ`` (``os.environ``) where not set; return what was set.
+
+    The demo calls this before it imports any GPU library (``import gpunets`` imports none), so
+    no re-exec is needed; a value the user set is kept (their choice wins).
+    """
+    env = os.environ if environ is None else environ
+    done = {}
+    for k, v in LAUNCH_ENV.items():
+        if k not in env:
+            env[k] = v
+            done[k] = v
+    return done
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpunets", description="gpunets command line")
     parser.add_argument("--version", action="version", version=f"gpunets {__version__}")
@@ -206,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command != "demo":
         parser.print_help()
         return 2
+    set_launch_env()   # before CUDA starts: the demo imports CuPy/cuDF only later
     try:
         demo(rows=args.rows, device=args.device, executor=args.executor, out_dir=args.out,
              progress=not args.no_progress, repeat=args.repeat)
