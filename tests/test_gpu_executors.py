@@ -3,7 +3,6 @@
 Only NumPy, scikit-learn, CuPy and numba-cuda are needed (no cuDF, cuML, dask or hypothesis), as on the GPU image.
 """
 
-import os
 import threading
 
 import numpy as np
@@ -161,18 +160,3 @@ def test_search_on_cuda_equals_the_cpu_search(cp, executor):
         pred = gpu.predict(cp.asarray(X[:5]))
     np.testing.assert_allclose(cp.asnumpy(pred), cpu.predict(X[:5]), rtol=1e-8, atol=1e-8)
 
-
-def test_demo_sets_the_launch_environment_before_cuda_starts(monkeypatch):
-    """Issue 24 item 13: ``python -m gpunets demo`` runs with per-thread default streams for CuPy and
-    cuDF (set before any GPU library is imported), keeping a value the user set."""
-    import gpunets.__main__ as cli
-
-    monkeypatch.delenv("CUDF_PER_THREAD_STREAM", raising=False)
-    monkeypatch.setenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "0")   # the user's choice wins
-    seen = {}
-    monkeypatch.setattr(cli, "demo", lambda **kw: seen.update(
-        cudf=os.environ.get("CUDF_PER_THREAD_STREAM"), cupy=os.environ.get("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM")))
-    assert cli.main(["demo", "--rows", "10"]) == 0
-    assert seen == {"cudf": "1", "cupy": "0"}
-    env: dict[str, str] = {}
-    assert cli.set_launch_env(env) == cli.LAUNCH_ENV == env

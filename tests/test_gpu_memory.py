@@ -1,5 +1,6 @@
 """gn.set_config(gpu_memory=...): one RMM resource per GPU, shared by CuPy and numba, set once."""
 
+import os
 import sys
 import types
 
@@ -98,3 +99,19 @@ def test_without_a_gpu_the_setting_waits_for_the_cuda_backend(fake_rmm, monkeypa
     assert log["per_device"] == {}
     gpu_memory.ensure_gpu_memory([1])   # what the CUDA backend does for the GPUs of a run
     assert list(log["per_device"]) == [1]
+
+
+def test_demo_sets_the_launch_environment_before_cuda_starts(monkeypatch):
+    """Issue 24 item 13: ``python -m gpunets demo`` runs with per-thread default streams for CuPy and
+    cuDF (set before any GPU library is imported), keeping a value the user set."""
+    import gpunets.__main__ as cli
+
+    monkeypatch.delenv("CUDF_PER_THREAD_STREAM", raising=False)
+    monkeypatch.setenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "0")   # the user's choice wins
+    seen = {}
+    monkeypatch.setattr(cli, "demo", lambda **kw: seen.update(
+        cudf=os.environ.get("CUDF_PER_THREAD_STREAM"), cupy=os.environ.get("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM")))
+    assert cli.main(["demo", "--rows", "10"]) == 0
+    assert seen == {"cudf": "1", "cupy": "0"}
+    env: dict[str, str] = {}
+    assert cli.set_launch_env(env) == cli.LAUNCH_ENV == env
