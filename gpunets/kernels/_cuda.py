@@ -274,13 +274,13 @@ def numba_stream(stream: Any) -> Any:
     if stream is None:
         return numba.cuda.default_stream()
     if _is_cupy_stream(stream):
+        if _fake_gpu():   # the one seam of the fake-GPU lane: the simulator has no external (nor per-thread,
+            return numba.cuda.stream()   # nor legacy) streams in every numba version; it runs in issue order
         ptr = int(stream.ptr)
         if ptr == 0:  # cupy.cuda.Stream.null: the legacy default stream
             return numba.cuda.legacy_default_stream()
         if ptr == 2:  # cupy.cuda.Stream.ptds: cudaStreamPerThread
             return numba.cuda.per_thread_default_stream()
-        if _fake_gpu():   # the one seam of the fake-GPU lane: the simulator has no external streams
-            return numba.cuda.stream()
         return numba.cuda.external_stream(ptr)
     if hasattr(stream, "handle") and hasattr(stream, "synchronize"):  # a numba stream
         return stream
