@@ -572,3 +572,32 @@ def test_combine_kernels_take_their_real_cuda_launch_path_on_the_fake_gpu(cp, gn
         c = cp.ones(3)            # made on a stream nobody waits for
     with pytest.raises(StreamOrderError):
         gn.kernels.mean([a, c], target="cuda", stream=kernel_stream)
+
+
+def test_cpu_lanes_wait_for_gpu_producers_on_blocking_events_and_gpu_lanes_on_the_gpu(cp, monkeypatch):
+    """issue 24 item 14: a GPU consumer of another lane's value waits on the GPU (Stream.wait_event, no host
+    wait); a CPU consumer waits on the host for an event made with block=True, so its thread sleeps instead of
+    spinning a core."""
+    from gpunets.fakegpu import Event, Stream
+
+    host_waits, gpu_waits = [], []
+    real_sync, real_wait = Event.synchronize, Stream.wait_event
+
+    def sync(self):
+        host_waits.append(self.block)
+        return real_sync(self)
+
+    def wait(self, event):
+        gpu_waits.append(event)
+        return real_wait(self, event)
+
+    monkeypatch.setattr(Event, "synchronize", sync)
+    monkeypatch.setattr(Stream, "wait_event", wait)
+    X = gn.source(np.arange(12.0).reshape(6, 2), name="X")
+    a, b = gn.hstack(X, device="cuda"), gn.hstack(X * 2, device="cuda")   # two GPU lanes
+    on_gpu = gn.mean(a, b, device="cuda")                                   # a GPU consumer of both
+    on_cpu = gn.node(np.sum, on_gpu, device="cpu")                          # a CPU consumer of a GPU value
+    got = on_cpu(executor=gn.StreamsExecutor(workers=2))
+    assert float(got) == float(np.sum((np.arange(12.0).reshape(6, 2) * 3) / 2))
+    assert gpu_waits                                    # the GPU consumer waited on the GPU
+    assert host_waits and all(host_waits)               # every host wait is on a blocking event

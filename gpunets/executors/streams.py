@@ -345,7 +345,8 @@ class CudaBackend:
         ensure_gpu_memory(self.ordinals)   # gn.set_config(gpu_memory=...) made before a GPU was seen
         for o in self.ordinals:
             with cp.cuda.Device(o):
-                ev = cp.cuda.Event(disable_timing=True)
+                # blocking: a CPU lane that waits for it on the host sleeps instead of spinning a core
+                ev = cp.cuda.Event(block=True, disable_timing=True)
                 ev.record(cp.cuda.get_current_stream())   # this thread's current stream on this device
                 self.start.append(ev)
                 if self.timing:
@@ -406,7 +407,9 @@ class CudaBackend:
             host.flag.set()
             return host
         cp = self.cupy
-        ev = cp.cuda.Event(disable_timing=True)
+        # GPU consumers wait for it on the GPU (Stream.wait_event); a CPU consumer waits on the host, and a
+        # blocking event lets that thread sleep instead of spinning a core (cudaEventBlockingSync)
+        ev = cp.cuda.Event(block=True, disable_timing=True)
         if self.kind == "new":
             # cuML runs on the per-thread default stream whatever CuPy's current stream is: join it in
             cp.cuda.get_current_stream().wait_event(cp.cuda.Stream.ptds.record(cp.cuda.Event(disable_timing=True)))
