@@ -35,7 +35,9 @@ from .cache import CACHE, digest, machine_caches, operation_key, token, value_ke
 from .config import get_config
 from .data import check_placeable, device_of, installed, is_cupy_array, n_rows, take_rows, to_device
 from .value_types import host_only
-from .devices import (CPU, Device, check_available, current_placement, device_exists, is_host_only, placement_override,
+from ._gpulibs import loaded_cupy
+from .devices import (CPU, Device, check_available, current_placement, device_exists, is_host_only, local_ordinal,
+                      placement_override,
                       resolve, same_device)
 from .estimators import (apply_estimator, fit_estimator, fit_transform_estimator, is_frozen_estimator, partial_fit_estimator,
                          sklearn_config_delta, static_estimator)
@@ -643,6 +645,14 @@ def _training_output(fitted: tuple[Any, ...]) -> Any:
 
 
 def _commit_fit(m: "Machine", pending: Any, asked: str, est: Any, info: dict[str, Any], *output: Any) -> None:
+    dev = str(info.get("device", "cpu"))
+    if dev.startswith("cuda"):
+        # a committed state is read at once by calls in other threads, on their own streams, with no event to
+        # wait for: its arrays must be complete before it is installed (the fit's stream, synchronised here)
+        cp = loaded_cupy()
+        if cp is not None:
+            with cp.cuda.Device(local_ordinal(Device.parse(dev).index or 0)):
+                cp.cuda.get_current_stream().synchronize()
     m._commit(pending, est, {**info, "asked": asked})
 
 
