@@ -16,6 +16,7 @@ line in the user's script or notebook cell that started the fit, not
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import os
 import sys
@@ -56,7 +57,8 @@ def remember_user_site() -> None:
 def _warn(msg: str, category: type[Warning]) -> None:
     f = sys._getframe(0)
     level = 1
-    while f is not None and f.f_code.co_filename.startswith(_PKG):
+    # out of gpunets, and out of the standard library's context managers gpunets' own `with` blocks use
+    while f is not None and (f.f_code.co_filename.startswith(_PKG) or f.f_code.co_filename == contextlib.__file__):
         f = f.f_back
         level += 1
     site = _SITE.get()

@@ -29,7 +29,7 @@ _DEFAULTS: dict[str, Any] = {
     "device": "auto",     # default placement of machines and nodes
     "fallback": "warn",   # what a GPU->CPU fallback does: "warn", "raise" or "silent"
     "progress": False,    # show a tqdm progress bar while fitting
-    "gpu_memory": "default",  # GPU memory resource, process-wide, set once: "default", "async" or "pool"
+    "gpu_memory": "auto",  # GPU memory resource, process-wide, set once: "auto", "default", "async" or "pool"
     "thread_unsafe": (),  # estimator classes (or dotted names) fitted and called one at a time
     "output": "auto",     # what a call returns: "auto" | "device" | "numpy" | "pandas" (like cuML's output_type)
     # iteration-like hyperparameters whose growth a machine may continue from its fitted state ("update (warm)")
@@ -142,9 +142,10 @@ def check_run_options(**options: Any) -> None:
 def set_config(**changes: Any) -> None:
     """Change the process-wide defaults (outside any ``config`` block).
 
-    ``gpu_memory`` (``"default"``, ``"async"``, ``"pool"``) installs an RMM memory resource on
-    every GPU, shared by CuPy, numba, cuML and cuDF (see :mod:`gpunets.gpu_memory`); it is set
-    once per process, before anything allocates on a GPU.
+    ``gpu_memory`` (``"auto"``, the default, ``"default"``, ``"async"``, ``"pool"``) chooses the RMM
+    memory resource of every GPU, shared by CuPy, numba, cuML and cuDF (see :mod:`gpunets.gpu_memory`;
+    ``"auto"`` is RMM's asynchronous pool where RMM is importable); it is set once per process, before
+    anything allocates on a GPU.
 
     >>> set_config(fallback="raise"); get_config()["fallback"]
     'raise'

@@ -41,9 +41,11 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import types
-from typing import Any, Union
+from typing import Any, Iterator, Union
 
 import numpy as np
 
@@ -214,6 +216,50 @@ def _with_stream(stream: Any, fn: Any) -> Any:
         return fn()
     with stream:
         return fn()
+
+
+_COPY_STREAMS = threading.local()   # this thread's non-blocking copy stream of each GPU
+
+
+@contextlib.contextmanager
+def off_the_legacy_stream(value: Any) -> Iterator[None]:
+    """Run the block (a copy of the *ready* GPU ``value`` to the host) on a stream that serialises nothing.
+
+    On a thread whose current CuPy stream is the legacy default stream (no
+    ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``), a copy would wait for the work of every blocking
+    stream of the device (another thread's concurrent run included) and stop that work while it runs.
+    Here the block runs on a non-blocking stream of this thread instead, synchronised at the end.  Only
+    for values whose producing work is known to be complete (the streams executor waits on the host for
+    its outputs' events): the copy does not wait for anything.  Other values, host values and
+    per-thread default streams: nothing changes.
+    """
+    arr = _first_cupy(value)
+    if arr is None:
+        yield
+        return
+    cp = _cupy()
+    with cp.cuda.Device(arr.device.id):
+        if cp.cuda.get_current_stream().ptr != 0:   # a per-thread default stream, or the caller's own stream
+            yield
+            return
+        streams = _COPY_STREAMS.__dict__
+        key = (id(cp), arr.device.id)
+        stream = streams.get(key)
+        if stream is None:
+            stream = streams[key] = cp.cuda.Stream(non_blocking=True)
+        with stream:
+            try:
+                yield
+            finally:
+                stream.synchronize()
+
+
+def _first_cupy(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return next((a for v in value if (a := _first_cupy(v)) is not None), None)
+    if isinstance(value, dict):
+        return _first_cupy(list(value.values()))
+    return value if is_cupy_array(value) else None
 
 
 def to_host_like(value: Any, like: Any) -> Any:

@@ -45,6 +45,7 @@ from ._gpulibs import loaded_cupy
 from .data import device_of, installed, is_cudf, to_device
 from .devices import CPU, Device, device_exists, local_ordinal, why_unavailable
 from .exceptions import DeviceUnavailableError
+from .gpu_memory import note_gpu_estimator
 
 __all__ = [
     "SKLEARN_TO_CUML",
@@ -464,7 +465,8 @@ def fit_context(resolved: Union[Resolved, str], device: Union[str, Device, None]
     ``"array_api"``: ``sklearn.config_context(array_api_dispatch=True)`` (which
     requires ``SCIPY_ARRAY_API=1`` set before scipy was imported), and the
     target GPU made current; ``"cuml"``: the target GPU made current (cuML runs
-    on CuPy's current device); CPU routes: nothing.
+    on CuPy's current device); CPU routes: nothing.  On a GPU route the GPU's memory
+    resource is settled first (:func:`gpunets.gpu_memory.note_gpu_estimator`).
 
     Examples
     --------
@@ -484,7 +486,9 @@ def fit_context(resolved: Union[Resolved, str], device: Union[str, Device, None]
             stack.enter_context(sklearn.config_context(array_api_dispatch=True))
         cp = loaded_cupy()
         if path in ("array_api", "cuml") and dev is not None and dev.is_cuda and cp is not None:
-            stack.enter_context(cp.cuda.Device(local_ordinal(dev.index)))
+            ordinal = local_ordinal(dev.index)
+            note_gpu_estimator(ordinal, path)   # its memory resource settled first (gpu_memory="auto")
+            stack.enter_context(cp.cuda.Device(ordinal))
         yield
 
 

@@ -6,6 +6,7 @@ executors; nodes and machines call into it.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import threading
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from typing import Any, Sequence
 
 from ._warn import remember_user_site
 from .config import check_run_options, config, get_config
-from .data import check_placeable, device_of, is_pandas, to_device, to_host_like
+from .data import check_placeable, device_of, is_pandas, off_the_legacy_stream, to_device, to_host_like
 from .devices import override_placement
 from .exceptions import FitError, NetworkError
 from .executors import get_executor
@@ -362,10 +363,12 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
     _LAST_TRACE.set(run.trace)
     remember_costs(plan, run.trace)
     (value,) = run.results()
-    if output == "auto":
-        value = _like_input(value, plan)
-    elif output in ("numpy", "pandas"):
-        value = _as_host(value, output, plan)
+    # a ready GPU value is copied to the host on a stream that does not serialise a concurrent run
+    with off_the_legacy_stream(value) if run.outputs_ready and output != "device" else contextlib.nullcontext():
+        if output == "auto":
+            value = _like_input(value, plan)
+        elif output in ("numpy", "pandas"):
+            value = _as_host(value, output, plan)
     return Evaluation(value, run.trace, plan.executor_reason) if trace else value
 
 

@@ -65,6 +65,9 @@ class Run:
         self.n_running = 0
         self.trace = Trace(executor=executor_name, kind=plan.kind)
         self.on_task_done = on_task_done
+        # the executor waited on the host until the outputs' GPU work completed (the streams executor):
+        # the caller may read them on any stream without waiting for anything
+        self.outputs_ready = False
         self.t0 = time.perf_counter()
         self.trace.origin = self.t0
         for t in plan.tasks:

@@ -601,3 +601,19 @@ def test_cpu_lanes_wait_for_gpu_producers_on_blocking_events_and_gpu_lanes_on_th
     assert float(got) == float(np.sum((np.arange(12.0).reshape(6, 2) * 3) / 2))
     assert gpu_waits                                    # the GPU consumer waited on the GPU
     assert host_waits and all(host_waits)               # every host wait is on a blocking event
+
+
+def test_output_conversion_in_the_callers_thread_does_not_use_the_legacy_stream():
+    """Issue 24 item 13: without per-thread default streams, the caller's thread copies a streams run's
+    outputs to the host on a non-blocking stream of its own (the run's outputs are ready: the executor
+    waited for their events), not on the legacy default stream, which would serialise a concurrent run."""
+    with fake_gpu(1, per_thread_default_stream=False) as cp:
+        X = gn.source(cp.asarray(np.arange(6.0)), name="X")
+        a = gn.node(lambda v: v * 2, X, name="a")
+        b = gn.node(lambda v: v + 1, X, name="b")
+        out = gn.mean(a, b)
+        cp.reset_log()
+        for output in ("numpy", "pandas"):
+            got = out(executor=gn.StreamsExecutor(workers=2, stream="new"), output=output)
+            np.testing.assert_array_equal(np.asarray(got), (np.arange(6.0) * 3 + 1) / 2)
+        assert cp.legacy_work() == [] and cp.order_violations() == [] and cp.implicit_conversions() == []

@@ -452,6 +452,7 @@ def test_prepare_inputs_array_api_route_makes_arrays(monkeypatch):
     assert prepare_inputs(r, X)[0] is X
 
 
+@pytest.mark.filterwarnings("ignore:cuML runs on RMM")   # a stand-in CuPy, and no RMM: the one warning (test_gpu_memory)
 def test_fit_context_makes_the_gpu_current(monkeypatch):
     _fake_cupy(monkeypatch)
     from test_data import _FAKE_STATE

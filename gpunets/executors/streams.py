@@ -379,9 +379,10 @@ class CudaBackend:
                 made = getattr(_THREAD, "streams", None)
                 if made is None:
                     made = _THREAD.streams = {}
-                s = made.get(ordinal)
+                key = (id(cp), ordinal)   # per CuPy module: a test's stand-in never gets another's stream
+                s = made.get(key)
                 if s is None:
-                    s = made[ordinal] = cp.cuda.Stream(non_blocking=True)
+                    s = made[key] = cp.cuda.Stream(non_blocking=True)
             for ev in self.start:   # an event may be waited on by a stream of another device
                 s.wait_event(ev)
                 if self.kind == "new":
@@ -670,6 +671,7 @@ class StreamsExecutor(Executor):
                 ev = run.events[k]
                 if run.error is None and backend.name == "cuda" and ev is not None:
                     ev.synchronize()
+            run.outputs_ready = backend.name == "cuda" and run.error is None
         except BaseException as e:
             run.abort(e)
             for ev in host_ready:
