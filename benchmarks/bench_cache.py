@@ -4,7 +4,7 @@ A network ``Ridge(transform(expensive, X))`` is trained, then the Ridge's
 ``alpha`` changes and the network is refit: the expensive transformer skips,
 but without the cache its transform of the training data is recomputed for
 the Ridge to train on; with ``cache=True`` (MLJ's ``cache=true``) it is taken
-from the cache of node outputs (:mod:`gpunets.cache`).  The transformer is a
+from the cache of node outputs (:mod:`gpunets.devices.cache`).  The transformer is a
 ``PolynomialFeatures(3)`` + ``QuantileTransformer`` pipeline (its transform is
 the slow part).  Both networks run in one process, their refits interleaved,
 best of the repeats:

@@ -65,7 +65,7 @@ def forest_branches(quick: bool) -> dict[str, Any]:
         np.testing.assert_array_equal(preds[name], preds["serial"])
     res = {"rows": n, "trees": trees, "seconds": times}
     from gpunets.executors import explain_auto
-    from gpunets.plan import compile_fit
+    from gpunets.planning.plan import compile_fit
 
     chosen, why = explain_auto(compile_fit([out], force=True, max_lanes=2))
     res["auto_choice"] = {"value": chosen, "target": "threads", "met": chosen == "threads", "reason": why}

@@ -1,7 +1,7 @@
 """Cost of noticing data changed in place: the fingerprint a fit takes of each source.
 
 A fit compares each source's data with a fingerprint taken at the previous fit
-(:mod:`gpunets.fingerprint`), so that ``X *= 10`` retrains.  Measured on
+(:mod:`gpunets.devices.fingerprint`), so that ``X *= 10`` retrains.  Measured on
 200,000 x 50 float64 (the issue's size), as ratios within one run:
 
 * ``fingerprint / Ridge fit``: hashing ``X`` once against the cheapest fit on
@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import gpunets as gn  # noqa: E402
-from gpunets.fingerprint import fingerprint  # noqa: E402
+from gpunets.devices.fingerprint import fingerprint  # noqa: E402
 
 
 def _best(fn: Callable[[], Any], repeats: int) -> float:

@@ -178,7 +178,7 @@ def _per_machine(fn: Callable[[], Any], n: int, repeats: int) -> float:
 
 def planning_costs(shape: str, n: int, repeats: int) -> dict[str, Any]:
     """Per-machine µs of compiling a fit of an untrained network, and of a fit that retrains nothing."""
-    from gpunets.plan import compile_fit
+    from gpunets.planning.plan import compile_fit
 
     out = machine_network(shape, n)
     compile_us = _per_machine(lambda: compile_fit([out]), n, repeats)
@@ -213,7 +213,7 @@ def lanes_memory(n: int, shape: str = "chain", workers: int = WORKERS) -> dict[s
     """Peak bytes allocated while assigning lanes to an ``n``-node network (tracemalloc), per node."""
     import tracemalloc
 
-    from gpunets.plan import assign_lanes, compile_call
+    from gpunets.planning.plan import assign_lanes, compile_call
 
     X = gn.source(np.zeros(1), name="X")
     if shape == "chain":

@@ -50,7 +50,7 @@ def base_models(quick: bool) -> list[tuple[str, Any]]:
 def bare_network(X: np.ndarray, y: np.ndarray, estimators: list[tuple[str, Any]], final: Any, n_splits: int):
     """The stacking network written by hand with gn.source / gn.machine / gn.node."""
     import gpunets as gn
-    from gpunets.stacking import assemble_folds, concat_predictions, take_rows
+    from gpunets.compose.stacking import assemble_folds, concat_predictions, take_rows
     from sklearn.model_selection import KFold
 
     Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import gpunets as gn
 from gpunets import __version__
-from gpunets.devices import Device, device_exists, gpu_available, gpu_count, why_unavailable
+from gpunets.devices.placement import Device, device_exists, gpu_available, gpu_count, why_unavailable
 from gpunets.executors.base import default_workers
 
 __all__ = ["main", "build_network", "demo"]

@@ -8,7 +8,7 @@
   ``@testset_accelerated``), and the ``gpu`` marker, skipped where no GPU is.
 * :func:`fake_gpu` (and ``GPUNETS_FAKE_GPU=1`` or ``2`` in the environment)
   makes gpunets see one or two CUDA devices on a machine without one: a
-  strict CuPy stand-in (:mod:`gpunets.fakegpu`) that refuses implicit moves to
+  strict CuPy stand-in (:mod:`gpunets.devices.fakegpu`) that refuses implicit moves to
   the host and checks stream order, so a network's GPU placement can be tested
   on a laptop (docs/testing.md, "The fake-GPU lane").
 
@@ -26,12 +26,12 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Iterable, Sequence
 
-from ._gpulibs import fake_gpu_count
-from .config import config
-from .data import is_cupy_array
-from . import devices as _devices
-from .devices import Device, _gpu_probe, device_exists, override_placement
-from .executors import SerialExecutor, StreamsExecutor, ThreadsExecutor
+from gpunets.devices._gpulibs import fake_gpu_count
+from gpunets.base.config import config
+from gpunets.devices.data import is_cupy_array
+from gpunets.devices import placement as _devices
+from gpunets.devices.placement import Device, _gpu_probe, device_exists, override_placement
+from gpunets.executors import SerialExecutor, StreamsExecutor, ThreadsExecutor
 
 __all__ = ["assert_same_results", "executors_present", "devices_present", "assert_allclose_any", "fake_gpu"]
 
@@ -52,15 +52,15 @@ def devices_present() -> list[str]:
 class fake_gpu:  # noqa: N801 - a context manager used like a function
     """Context manager: inside, gpunets sees ``n`` fake CUDA devices (``GPUNETS_FAKE_GPU=n``).
 
-    Yields the fake ``cupy`` module (:mod:`gpunets.fakegpu`) with its logs
+    Yields the fake ``cupy`` module (:mod:`gpunets.devices.fakegpu`) with its logs
     reset; on exit the environment and GPU detection are restored.  The
     variables CuPy reads when CUDA starts cannot be changed here: set
     ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1`` in the environment (or
     ``per_thread_default_stream=True``) for per-thread default streams.
 
     >>> import numpy as np
-    >>> from gpunets.data import device_of, to_device
-    >>> from gpunets.devices import resolve
+    >>> from gpunets.devices.data import device_of, to_device
+    >>> from gpunets.devices.placement import resolve
     >>> with fake_gpu(1) as cp:
     ...     x = to_device(np.ones(3), "cuda")
     ...     (str(device_of(x)), str(resolve("auto")), cp.implicit_conversions())
@@ -78,7 +78,7 @@ class fake_gpu:  # noqa: N801 - a context manager used like a function
     def __enter__(self) -> Any:
         import os
 
-        from . import fakegpu  # lazy: the fake GPU loads only when a test asks for it
+        from gpunets.devices import fakegpu  # lazy: the fake GPU loads only when a test asks for it
 
         for var, value in (("GPUNETS_FAKE_GPU", str(self.n)),
                            ("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "1" if self.ptds else "0")):
@@ -191,7 +191,7 @@ def _make_executor(name: str, request: Any) -> Any:
         # dependency in a plan shows up as a StreamOrderError.
         return StreamsExecutor(workers=2, delays=(0.0, 0.002), seed=0, check=True)
     if name == "dask":
-        from .executors.dask import DaskExecutor  # lazy: imports dask
+        from gpunets.executors.dask import DaskExecutor  # lazy: imports dask
 
         client = request.getfixturevalue("gn_dask_client")
         return DaskExecutor(client)

@@ -20,7 +20,7 @@ pytest_plugins = ["gpunets.testing", "pytester"]
 @pytest.fixture
 def no_gpu(monkeypatch):
     """No GPU here, even in the fake-GPU lane (the fake is switched off for the test)."""
-    from gpunets.devices import _gpu_probe, gpu_available
+    from gpunets.devices.placement import _gpu_probe, gpu_available
 
     monkeypatch.delenv("GPUNETS_FAKE_GPU", raising=False)
     _gpu_probe.cache_clear()
@@ -58,7 +58,7 @@ def host_only_reason(item):
 
 
 def pytest_collection_modifyitems(config, items):
-    from gpunets._gpulibs import fake_gpu_count
+    from gpunets.devices._gpulibs import fake_gpu_count
 
     lane = bool(fake_gpu_count())
     for item in items:

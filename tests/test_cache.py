@@ -9,7 +9,7 @@ from sklearn.linear_model import Ridge
 from sklearn.preprocessing import PolynomialFeatures, StandardScaler
 
 import gpunets as gn
-from gpunets.cache import NodeCache, digest, nbytes
+from gpunets.devices.cache import NodeCache, digest, nbytes
 
 
 def _is_dask(executor):
@@ -227,7 +227,7 @@ def test_on_a_gpu_the_cache_holds_the_device_value_on_every_local_executor():
 
     code = r"""
 import numpy as np, warnings, gpunets as gn
-import gpunets.fakegpu as fg
+import gpunets.devices.fakegpu as fg
 from sklearn.linear_model import Ridge
 from sklearn.preprocessing import StandardScaler
 rng = np.random.default_rng(0)
@@ -248,7 +248,7 @@ with warnings.catch_warnings():
         cached = [r for r in report.trace.records if r.label.endswith("(cached)")]
         assert [(r.label, r.device) for r in cached] == [("transform(StandardScaler, X) (cached)", "cuda:0")], ex
         value = W(executor=ex, output="device")
-        assert type(value).__module__.startswith("gpunets.fakegpu"), type(value)
+        assert type(value).__module__.startswith("gpunets.devices.fakegpu"), type(value)
         assert W(executor=ex, output="device") is value            # the device array itself, kept
         assert gn.cache_info().bytes == 40 * 3 * 8
         ref = Ridge(solver="svd", alpha=final.model.alpha).fit(StandardScaler().fit_transform(X.data), y.data)

@@ -146,7 +146,7 @@ def test_failed_fit_keeps_previous_network(data):
 
 def test_executor_and_device_are_hyperparameters(data):
     X, y = data
-    on_gpu = " (on CUDA streams)" if gn.devices.gpu_available() else ""   # device="auto" picks the GPU
+    on_gpu = " (on CUDA streams)" if gn.devices.placement.gpu_available() else ""   # device="auto" picks the GPU
     m = AveragedRegressor(executor="threads").fit(X, y)
     assert m.fit_report_.executor == "threads" + on_gpu
     # nothing retrains: a plan without GPU work runs on the serial executor itself

@@ -40,7 +40,7 @@ HAS_KERNELS = importlib.util.find_spec("gpunets.kernels") is not None
 
 
 def gn_fake_gpus():
-    from gpunets import _gpulibs
+    from gpunets.devices import _gpulibs
 
     return _gpulibs.fake_gpu_count()
 

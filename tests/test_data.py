@@ -1,4 +1,4 @@
-"""Tests of gpunets.data: device_of, to_device, to_host_like, check_placeable, rows, same_data.
+"""Tests of gpunets.devices.data: device_of, to_device, to_host_like, check_placeable, rows, same_data.
 
 CPU behaviour is tested on NumPy, pandas and scipy.sparse.  The GPU branches'
 logic is tested against a tiny NumPy-backed stand-in for CuPy injected into
@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 
-import gpunets.devices as gd
-from gpunets.data import (array_namespace, check_placeable, device_of, installed, n_rows, same_data,
+import gpunets.devices.placement as gd
+from gpunets.devices.data import (array_namespace, check_placeable, device_of, installed, n_rows, same_data,
                           take_rows, to_device, to_host_like)
-from gpunets.devices import CPU, Device
-from gpunets.exceptions import DeviceUnavailableError
+from gpunets.devices.placement import CPU, Device
+from gpunets.base.exceptions import DeviceUnavailableError
 
 
 def _require_gpu():
@@ -41,7 +41,7 @@ class _FakeDev:
 
 
 class FakeCupyArray:
-    """Just enough of cupy.ndarray for gpunets.data's code paths."""
+    """Just enough of cupy.ndarray for gpunets.devices.data's code paths."""
 
     def __init__(self, a, dev):
         self._a, self._dev = np.asarray(a), dev

@@ -1,4 +1,4 @@
-"""Tests of gpunets.devices: the Device value, detection, placement blocks, availability checks."""
+"""Tests of gpunets.devices.placement: the Device value, detection, placement blocks, availability checks."""
 
 import contextvars
 import subprocess
@@ -8,11 +8,11 @@ import warnings
 
 import pytest
 
-import gpunets.devices as gd
-from gpunets.config import config
-from gpunets.devices import (CPU, Device, DeviceFallbackWarning, check_available, current_placement,
+import gpunets.devices.placement as gd
+from gpunets.base.config import config
+from gpunets.devices.placement import (CPU, Device, DeviceFallbackWarning, check_available, current_placement,
                              device, override_placement, placement_override, resolve)
-from gpunets.exceptions import DeviceUnavailableError
+from gpunets.base.exceptions import DeviceUnavailableError
 
 
 @pytest.fixture
@@ -116,7 +116,7 @@ def test_gpu_detection_is_honest_here():
 
 
 def test_importing_does_not_import_gpu_libraries():
-    code = ("import sys, gpunets.devices, gpunets.data, gpunets.models; "
+    code = ("import sys, gpunets.devices.placement, gpunets.devices.data, gpunets.compute.models; "
             "print([m for m in ('cupy', 'cudf', 'cuml', 'numba', 'dask') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -283,7 +283,7 @@ def test_device_exists_for_a_listed_physical_gpu(monkeypatch, two_gpus):
 
 
 def test_auto_device_is_the_first_visible_gpu_by_physical_index(monkeypatch):
-    import gpunets.devices as devices
+    import gpunets.devices.placement as devices
 
     monkeypatch.setattr(devices, "gpu_available", lambda: True)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

@@ -71,7 +71,7 @@ def test_source_to_dot():
 def test_node_display_bundle_is_svg_rendered_once(net, monkeypatch):
     """What IPython sends to JupyterLab / Notebook / nbconvert: SVG, and no HTML that would win over it."""
     formatters = pytest.importorskip("IPython.core.formatters")
-    from gpunets import display
+    from gpunets.api import display
 
     out, _ = net
     calls = []
@@ -103,7 +103,7 @@ def test_fallback_svg_draws_each_node_once_with_training_edges(net, monkeypatch)
 
 def test_fallback_svg_escapes():
     s = gn.source(np.ones(2), name="<b>X</b>")
-    from gpunets.display import fallback_svg
+    from gpunets.api.display import fallback_svg
 
     svg = fallback_svg([s * 2])
     assert "<b>" not in svg and "&lt;b&gt;X&lt;/b&gt;" in svg
@@ -282,7 +282,7 @@ def test_trace_plot_with_path_keeps_the_kernels_backend(tmp_path, monkeypatch):
 def test_trace_plot_with_path_does_not_touch_pyplot(tmp_path):
     plt = pytest.importorskip("matplotlib.pyplot")
     trace = gn.Trace(executor="serial")
-    from gpunets.trace import TraceRecord
+    from gpunets.base.trace import TraceRecord
 
     trace.records.append(TraceRecord(0, "fit", "fit Ridge", 0, "cpu", 0.0, 0.5, "MainThread"))
     plt.close("all")

@@ -69,7 +69,7 @@ def python_blocks(path: Path) -> list[tuple[int, str]]:
 def gpu_here() -> bool:
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1":
         return False
-    from gpunets.devices import gpu_available
+    from gpunets.devices.placement import gpu_available
 
     return gpu_available()
 

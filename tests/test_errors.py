@@ -209,7 +209,7 @@ def test_several_unnamed_origins_suggest_naming_them():
 
 @pytest.fixture
 def no_gpu(monkeypatch):
-    import gpunets.devices as gd
+    import gpunets.devices.placement as gd
 
     monkeypatch.setattr(gd, "gpu_available", lambda: False)
     monkeypatch.setattr(gd, "gpu_count", lambda: 0)
@@ -230,7 +230,7 @@ def test_fallback_warning_points_at_the_callers_line_once(no_gpu):
         p()
     falls = [x for x in w if issubclass(x.category, gn.DeviceFallbackWarning)]
     assert len(falls) == 1                                   # once per (machine, reason)
-    assert falls[0].filename == __file__                     # the user's line, not gpunets/plan.py
+    assert falls[0].filename == __file__                     # the user's line, not gpunets/planning/plan.py
     assert "machine Ridge" in str(falls[0].message)
     row = rep.to_frame().set_index("machine").loc["Ridge"]
     assert (row["asked"], row["device"]) == ("cuda:0", "cpu")

@@ -13,7 +13,7 @@ from sklearn.linear_model import LinearRegression, Ridge
 
 import gpunets as gn
 from gpunets.executors import choose_auto, get_executor, pool
-from gpunets.plan import compile_call, compile_fit
+from gpunets.planning.plan import compile_call, compile_fit
 from tests.helpers import Counting, NetModel
 
 
@@ -95,7 +95,7 @@ def test_config_block_sets_the_default_executor(data):
     X, y = data
     Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
     out = gn.mean(gn.machine(Ridge(), Xs, ys).predict(Xs), gn.machine(LinearRegression(), Xs, ys).predict(Xs))
-    gpu = gn.devices.gpu_available()   # device="auto" puts the machines on the GPU: CUDA streams run them
+    gpu = gn.devices.placement.gpu_available()   # device="auto" puts the machines on the GPU: CUDA streams run them
     with gn.config(executor="serial"):
         assert out.fit().executor == ("serial (on CUDA streams)" if gpu else "serial")
     with gn.config(executor="threads", workers=2):
@@ -535,10 +535,10 @@ class _FakeCupy:
 @pytest.fixture
 def fake_cuda(monkeypatch):
     """The CUDA backend on the fake ``cupy.cuda`` above, with a GPU "present" (one place to swap fakes)."""
-    from gpunets.executors import streams
+    from gpunets.executors import _cuda_streams, streams
 
     fake = _FakeCupy()
-    monkeypatch.setattr(streams, "_cupy", lambda: fake)
+    monkeypatch.setattr(_cuda_streams, "_cupy", lambda: fake)
     monkeypatch.setattr(streams, "gpu_available", lambda: True)
     monkeypatch.setenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "1")   # as gpunets recommends (see the guard test)
     return fake
@@ -711,7 +711,7 @@ def test_dask_gpu_tasks_run_on_a_stream_synchronized_at_the_hand_off(monkeypatch
     fake = fake_cuda
     fake_module = types.SimpleNamespace(cuda=fake.cuda)
     monkeypatch.setitem(sys.modules, "cupy", fake_module)
-    monkeypatch.setattr("gpunets._gpulibs.cupy", lambda: fake_module)   # also over GPUNETS_FAKE_GPU's fake
+    monkeypatch.setattr("gpunets.devices._gpulibs.cupy", lambda: fake_module)   # also over GPUNETS_FAKE_GPU's fake
     seen = {}
 
     def task(x):
@@ -778,9 +778,9 @@ def test_legacy_stream_guard_warns_once_and_refuses_new_streams_with_classic_cud
     import types
     import warnings
 
-    from gpunets.executors import streams
+    from gpunets.executors import _cuda_streams, streams
 
-    monkeypatch.setattr(streams, "_WARNED", set())
+    monkeypatch.setattr(_cuda_streams, "_WARNED", set())
     monkeypatch.delenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", raising=False)
     monkeypatch.delenv("CUDF_PER_THREAD_STREAM", raising=False)
     X = gn.source(np.arange(4.0), name="X")
@@ -804,7 +804,7 @@ def test_legacy_stream_guard_warns_once_and_refuses_new_streams_with_classic_cud
             gn.StreamsExecutor(workers=1, stream="new").run(plan)
     monkeypatch.setenv("CUDF_PER_THREAD_STREAM", "1")
     monkeypatch.setenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "1")
-    monkeypatch.setattr(streams, "_WARNED", set())
+    monkeypatch.setattr(_cuda_streams, "_WARNED", set())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         run = gn.StreamsExecutor(workers=1, stream="new").run(plan)
@@ -828,7 +828,7 @@ def test_traced_gpu_runs_show_gpu_time_from_timed_cuda_events(fake_cuda):
                 t.device = "cuda:0"
         return plan
 
-    import gpunets.network as network
+    import gpunets.api.network as network
 
     mp = pytest.MonkeyPatch()
     mp.setattr(network, "compile_call", on_gpu)

@@ -1,4 +1,4 @@
-"""The fake GPU (gpunets.fakegpu, GPUNETS_FAKE_GPU) and data-driven placement of operation nodes.
+"""The fake GPU (gpunets.devices.fakegpu, GPUNETS_FAKE_GPU) and data-driven placement of operation nodes.
 
 These tests switch the fake on themselves (``gn.testing.fake_gpu``), so they run in every lane;
 the fake-GPU lane (``GPUNETS_FAKE_GPU=1``) also runs the whole suite with it on.
@@ -20,9 +20,9 @@ from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 
 import gpunets as gn
 from gpunets import StreamOrderError
-from gpunets._gpulibs import fake_gpu_count
-from gpunets.data import device_of, to_device
-from gpunets.devices import Device, gpu_available, gpu_count, host_only, resolve
+from gpunets.devices._gpulibs import fake_gpu_count
+from gpunets.devices.data import device_of, to_device
+from gpunets.devices.placement import Device, gpu_available, gpu_count, host_only, resolve
 from gpunets.testing import assert_allclose_any, fake_gpu
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -55,7 +55,7 @@ def cp2():
 
 @pytest.mark.parametrize("value", ["3", "0", "yes", "1.5"])
 def test_bad_env_value_is_a_clear_error(monkeypatch, value):
-    from gpunets.devices import _gpu_probe
+    from gpunets.devices.placement import _gpu_probe
 
     monkeypatch.setenv("GPUNETS_FAKE_GPU", value)
     _gpu_probe.cache_clear()
@@ -72,7 +72,7 @@ def test_fake_gpu_is_seen_as_cuda_devices(cp2):
     assert resolve("auto") == Device("cuda", 0)
     assert cp.__name__ if False else cp2.cuda.runtime.getDeviceCount() == 2
     assert cp2.cuda.is_available()
-    assert not gn.data.installed("cudf") and not gn.data.installed("cuml")
+    assert not gn.devices.data.installed("cudf") and not gn.devices.data.installed("cuml")
 
 
 def test_fake_gpu_block_restores_detection():
@@ -108,7 +108,7 @@ def test_devices_do_not_mix(cp2):
     with pytest.raises(ValueError, match="different from the current device"):
         _ = x + y
     assert (to_device(y, "cuda:0") + x).device.id == 0
-    with pytest.raises(gn.exceptions.DeviceUnavailableError if hasattr(gn, "exceptions") else Exception):
+    with pytest.raises(gn.base.exceptions.DeviceUnavailableError if hasattr(gn, "exceptions") else Exception):
         to_device(np.ones(2), "cuda:2")
 
 
@@ -219,7 +219,7 @@ def test_host_only_helpers_run_on_the_cpu_even_when_forced(cp):
     total = gn.node(host_only(lambda a: float(np.asarray(a).sum())), on_gpu)
     assert total() == 6.0
     total.fit(device="cuda")                                   # override_placement: host-only still wins
-    with gn.devices.override_placement("cuda"):
+    with gn.devices.placement.override_placement("cuda"):
         assert total() == 6.0
     assert cp.implicit_conversions() == []
 
@@ -246,7 +246,7 @@ import warnings, numpy as np, gpunets as gn
 from sklearn.linear_model import Ridge
 from sklearn.decomposition import PCA
 from sklearn.preprocessing import StandardScaler
-import gpunets.fakegpu as fg
+import gpunets.devices.fakegpu as fg
 rng = np.random.RandomState(0); X = rng.rand(50, 4); y = X @ [1.0, 2.0, 3.0, 4.0]
 Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
 Z = gn.machine(StandardScaler(), Xs).transform(Xs)
@@ -314,7 +314,7 @@ def test_every_executor_gives_the_cpu_answer_on_the_fake_gpu(cp, gn_executor):
 
 
 def test_fingerprint_hashes_device_arrays_on_the_device(cp):
-    from gpunets.fingerprint import fingerprint
+    from gpunets.devices.fingerprint import fingerprint
 
     x = cp.asarray(np.arange(13.0).reshape(13, 1))
     first = fingerprint(x)
@@ -392,7 +392,7 @@ def test_an_event_recorded_on_another_devices_stream_fails(cp2):
 
 
 def test_events_do_not_complete_at_once_so_a_missing_wait_shows(cp):
-    import gpunets.fakegpu as fg
+    import gpunets.devices.fakegpu as fg
 
     a, b = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
     answers, caught = [], 0
@@ -578,7 +578,7 @@ def test_cpu_lanes_wait_for_gpu_producers_on_blocking_events_and_gpu_lanes_on_th
     """issue 24 item 14: a GPU consumer of another lane's value waits on the GPU (Stream.wait_event, no host
     wait); a CPU consumer waits on the host for an event made with block=True, so its thread sleeps instead of
     spinning a core."""
-    from gpunets.fakegpu import Event, Stream
+    from gpunets.devices.fakegpu import Event, Stream
 
     host_waits, gpu_waits = [], []
     real_sync, real_wait = Event.synchronize, Stream.wait_event

@@ -459,7 +459,7 @@ def test_reuse_fitted_parts_fitted_on_another_number_of_features_are_retrained_a
 
 
 # check_dtype_object mutates X in place between two fits; a composite treats the same array object as the
-# same data (gpunets.composite), so its second fit skips. check_estimators_nan_inf: StandardScaler lets NaN
+# same data (gpunets.compose.composite), so its second fit skips. check_estimators_nan_inf: StandardScaler lets NaN
 # through, as scikit-learn's own Pipeline does (it fails that check too).
 _EXPECTED = {"check_dtype_object": "X mutated in place between fits: the composite sees the same data",
              "check_estimators_nan_inf": "StandardScaler accepts NaN; scikit-learn's Pipeline fails this too"}

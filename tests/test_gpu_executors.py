@@ -139,7 +139,7 @@ def test_search_on_cuda_equals_the_cpu_search(cp, executor):
     from sklearn.pipeline import Pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from gpunets.models import scipy_array_api_enabled
+    from gpunets.compute.models import scipy_array_api_enabled
 
     if not scipy_array_api_enabled():
         pytest.skip("SCIPY_ARRAY_API=1 not set before scipy was imported")

@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 import gpunets as gn
-from gpunets import gpu_memory
+from gpunets.devices import gpu_memory
 
 
 @pytest.fixture
@@ -59,9 +59,9 @@ def fake_rmm(monkeypatch):
                       "cupy": cupy, "numba": numba, "numba.cuda": numba.cuda}.items():
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setattr(gpu_memory.importlib.util, "find_spec", lambda n: object() if n == "rmm" else None)
-    monkeypatch.setattr("gpunets.devices.gpu_available", lambda: True)
+    monkeypatch.setattr("gpunets.devices.placement.gpu_available", lambda: True)
     monkeypatch.setattr(gpu_memory, "_STATE", {"kind": "auto", "devices": {}, "libraries": False, "warned": False})
-    monkeypatch.setitem(sys.modules["gpunets.config"]._GLOBAL, "gpu_memory", "auto")   # restored after
+    monkeypatch.setitem(sys.modules["gpunets.base.config"]._GLOBAL, "gpu_memory", "auto")   # restored after
     return log, alloc_cupy, alloc_numba
 
 
@@ -101,7 +101,7 @@ def test_bad_values_missing_rmm_and_blocks_are_clear_errors(fake_rmm, monkeypatc
 
 def test_without_a_gpu_the_setting_waits_for_the_cuda_backend(fake_rmm, monkeypatch):
     log, _, _ = fake_rmm
-    monkeypatch.setattr("gpunets.devices.gpu_available", lambda: False)
+    monkeypatch.setattr("gpunets.devices.placement.gpu_available", lambda: False)
     gn.set_config(gpu_memory="async")
     assert log["per_device"] == {}
     gpu_memory.ensure_gpu_memory([1])   # what the CUDA backend does for the GPUs of a run
@@ -164,7 +164,7 @@ def test_auto_without_rmm_warns_once_when_cuml_runs(fake_rmm, monkeypatch):
 
 def test_a_gpu_estimator_settles_its_gpu_first_on_any_executor(fake_rmm, monkeypatch):
     """The fit context of a GPU route (every executor goes through it) installs the resource."""
-    from gpunets import models
+    from gpunets.compute import models
 
     log, _, _ = fake_rmm
     monkeypatch.setattr(models, "loaded_cupy", lambda: sys.modules["cupy"])

@@ -45,7 +45,7 @@ def test_demo_one_executor(tmp_path, capsys):
     (["--repeat", "0"], "--repeat 0"),
 ])
 def test_bad_options_are_one_line_and_exit_2(argv, culprit, tmp_path, capsys):
-    from gpunets.devices import Device, device_exists
+    from gpunets.devices.placement import Device, device_exists
 
     if argv[-1] == "cuda:7" and device_exists(Device.parse("cuda:7")):
         pytest.skip("this machine has a GPU 7")
@@ -83,7 +83,7 @@ def test_module_entry_point(tmp_path):
 
 
 def test_demo_repeats_and_explains(tmp_path, capsys):
-    from gpunets.devices import gpu_available
+    from gpunets.devices.placement import gpu_available
 
     rows = []
     results = __import__("gpunets.__main__", fromlist=["demo"]).demo(
@@ -110,7 +110,7 @@ def test_demo_trace_holds_the_stacks_fold_fits(tmp_path, capsys):
 def test_progress_bar_counts_the_stacks_inner_fits(monkeypatch):
     from sklearn.datasets import make_friedman1
 
-    from gpunets import network
+    from gpunets.api import network
 
     bars = []
 
@@ -140,7 +140,7 @@ def test_progress_bar_is_the_text_bar_without_ipywidgets(monkeypatch):
     pytest.importorskip("tqdm")
     import importlib.util
 
-    from gpunets.network import tqdm_class
+    from gpunets.api.network import tqdm_class
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ipywidgets" else real(name, *a))

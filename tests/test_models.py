@@ -1,4 +1,4 @@
-"""Tests of gpunets.models: twins, array-API dispatch, fallback, input preparation.
+"""Tests of gpunets.compute.models: twins, array-API dispatch, fallback, input preparation.
 
 cuML is stood in for by tiny fake modules injected into ``sys.modules``; the
 array-API route is exercised on ``array_api_strict`` arrays in a subprocess
@@ -25,12 +25,12 @@ from sklearn.ensemble import RandomForestRegressor
 from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.preprocessing import StandardScaler
 
-import gpunets.devices as gd
-import gpunets.models as gm
-from gpunets.config import config
-from gpunets.devices import CPU, Device
-from gpunets.exceptions import DeviceUnavailableError
-from gpunets.models import (CUML_TO_SKLEARN, SKLEARN_TO_CUML, Resolved, call_context, fit_context,
+import gpunets.devices.placement as gd
+import gpunets.compute.models as gm
+from gpunets.base.config import config
+from gpunets.devices.placement import CPU, Device
+from gpunets.base.exceptions import DeviceUnavailableError
+from gpunets.compute.models import (CUML_TO_SKLEARN, SKLEARN_TO_CUML, Resolved, call_context, fit_context,
                             is_cuml_estimator, prepare_inputs, public_path, resolve_estimator,
                             scipy_array_api_enabled, supports_array_api, to_cuml, to_sklearn)
 
@@ -50,7 +50,7 @@ def _require_gpu():
 # A subprocess that believes it has one GPU and no cuML: the array-API route, on array_api_strict.
 _FAKE_GPU_PREAMBLE = """
         import sys, numpy as np, array_api_strict as xp, sklearn
-        import gpunets.devices as gd, gpunets.models as gm
+        import gpunets.devices.placement as gd, gpunets.compute.models as gm
         from sklearn.linear_model import Ridge
         sys.modules["cuml"] = None
         gd.gpu_available = lambda: True
@@ -472,7 +472,7 @@ def test_gpu_ridge_array_api_matches_cpu():
     out = _run("""
         import sys, numpy as np, cupy as cp
         sys.modules["cuml"] = None  # force the array-API route
-        import gpunets.models as gm, gpunets.data as gdata
+        import gpunets.compute.models as gm, gpunets.devices.data as gdata
         from sklearn.linear_model import Ridge
         rng = np.random.default_rng(0)
         X = rng.normal(size=(500, 8)); y = X @ rng.normal(size=8) + 0.1
@@ -501,7 +501,7 @@ def test_gpu_cuml_ridge_matches_cpu():
     Xg, yg = prepare_inputs(r, X, y)
     with fit_context(r):
         pred = r.estimator.fit(Xg, yg).predict(Xg)
-    from gpunets.data import to_device
+    from gpunets.devices.data import to_device
 
     ref = Ridge(alpha=1.0).fit(X, y).predict(X)
     np.testing.assert_allclose(np.asarray(to_device(pred, "cpu")), ref, atol=1e-4)
@@ -550,7 +550,7 @@ def test_apply_estimator_on_the_gpu_routes_makes_the_inputs_gpu_current(monkeypa
     FakeCupyArray = _fake_cupy(monkeypatch)
     from test_data import _FAKE_STATE
 
-    from gpunets.estimators import apply_estimator
+    from gpunets.compute.estimators import apply_estimator
 
     seen = []
 
@@ -567,7 +567,7 @@ def test_apply_estimator_on_the_gpu_routes_makes_the_inputs_gpu_current(monkeypa
 def test_apply_estimator_on_the_array_api_route():
     """A machine fitted on the array-API route predicts through apply_estimator (its path is a string)."""
     out = _run(_FAKE_GPU_PREAMBLE + """
-        from gpunets.estimators import apply_estimator, fit_estimator
+        from gpunets.compute.estimators import apply_estimator, fit_estimator
         X = rng.normal(size=(30, 3)); y = X @ np.array([1.0, -2.0, 0.5])
         r = gm.resolve_estimator(Ridge(solver="svd"), "cuda:0", what="machine m", fallback="raise")
         est, info = fit_estimator(r.estimator, (xp.asarray(X), xp.asarray(y)), r)

@@ -292,8 +292,8 @@ def test_lambdas_cannot_be_saved_and_no_file_is_written(fmt, tmp_path):
 
 def test_a_tampered_skops_file_builds_only_what_gn_save_writes(tmp_path):
     sio = pytest.importorskip("skops.io")
-    from gpunets._persist_codec import Archive as _Archive, Record as _Record
-    from gpunets.persist import TRUSTED_TYPES
+    from gpunets.persistence._persist_codec import Archive as _Archive, Record as _Record
+    from gpunets.persistence.persist import TRUSTED_TYPES
 
     X = gn.source(np.ones(3), name="X")
     path = gn.save(X * 2, tmp_path / "x.skops", format="skops")
@@ -406,10 +406,10 @@ def _centred_network(Xd, yd):
 @pytest.fixture
 def array_api_route(monkeypatch):
     """Let Centre take scikit-learn's array-API route in this process (the env var is read by SciPy at import)."""
-    import gpunets.models
+    import gpunets.compute.models
 
     monkeypatch.setenv("SCIPY_ARRAY_API", "1")
-    monkeypatch.setattr(gpunets.models, "scipy_array_api_enabled", lambda: True)
+    monkeypatch.setattr(gpunets.compute.models, "scipy_array_api_enabled", lambda: True)
 
 
 def test_gpu_values_go_to_the_host_and_back_to_the_device(no_gpu, array_api_route, fmt, tmp_path):
@@ -448,7 +448,7 @@ def test_scikit_learn_array_api_models_saved_on_the_fake_gpu_load_anywhere(no_gp
 import warnings, numpy as np, gpunets as gn
 from sklearn.linear_model import Ridge
 from sklearn.preprocessing import StandardScaler
-import gpunets.fakegpu as fg
+import gpunets.devices.fakegpu as fg
 rng = np.random.RandomState(0); X = rng.rand(50, 4); y = X @ [1.0, 2.0, 3.0, 4.0]
 Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
 Z = gn.machine(StandardScaler(), Xs).transform(Xs)
@@ -466,7 +466,7 @@ print(st.path, st.device, type(st.estimator.coef_).__module__)
                PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split() == ["array_api", "cuda:0", "gpunets.fakegpu"]
+    assert out.stdout.split() == ["array_api", "cuda:0", "gpunets.devices.fakegpu"]
     from sklearn.pipeline import make_pipeline
 
     rng = np.random.RandomState(0)
@@ -522,7 +522,7 @@ def test_fitted_cuml_estimators_are_saved_as_their_sklearn_twins(no_gpu, fmt, tm
 
 @pytest.mark.gpu
 def test_real_gpu_states_come_back_on_the_gpu_and_on_the_cpu_elsewhere(fmt, tmp_path):
-    from gpunets.models import is_cuml_estimator
+    from gpunets.compute.models import is_cuml_estimator
 
     Xd, yd = _data(200)
     X, y = gn.source(Xd, name="X"), gn.source(yd, name="y")

@@ -158,11 +158,11 @@ def test_skops_loads_gpunets_own_types_without_trusting_them_by_name(kind, tmp_p
 
 def test_skops_trusts_gpunets_classes_but_not_every_gpunets_function(tmp_path):
     pytest.importorskip("skops")
-    from gpunets.persist import _trusted_by_default
+    from gpunets.persistence.persist import _trusted_by_default
 
     assert _trusted_by_default("gpunets.sklearn_import.composite.FromSklearnRegressor")
-    assert _trusted_by_default("gpunets.stacking.concat_predictions")     # on the list
-    assert not _trusted_by_default("gpunets.persist.load")               # a function, not on the list
+    assert _trusted_by_default("gpunets.compose.stacking.concat_predictions")     # on the list
+    assert not _trusted_by_default("gpunets.persistence.persist.load")               # a function, not on the list
     assert not _trusted_by_default("gpunetsevil.Thing")
     assert not _trusted_by_default("sklearn.tree._tree.Tree", ("gpunets", "sklearn"))
 

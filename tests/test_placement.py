@@ -8,9 +8,9 @@ from sklearn.linear_model import LinearRegression, Ridge
 from sklearn.preprocessing import StandardScaler
 
 import gpunets as gn
-from gpunets._gpulibs import fake_gpu_count as gn_fake_gpus
-from gpunets.devices import gpu_available
-from gpunets.plan import compile_call, compile_fit
+from gpunets.devices._gpulibs import fake_gpu_count as gn_fake_gpus
+from gpunets.devices.placement import gpu_available
+from gpunets.planning.plan import compile_call, compile_fit
 
 no_gpu = pytest.mark.skipif(gpu_available(), reason="checks the behaviour where no GPU exists")
 

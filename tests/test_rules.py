@@ -96,7 +96,7 @@ def test_the_same_rows_in_another_form_do_not_retrain(executor, data):
 
 
 def test_fit_history_is_bounded(data):
-    from gpunets.machines import HISTORY_LENGTH
+    from gpunets.core.machines import HISTORY_LENGTH
 
     X, y = data
     m = gn.machine(Ridge(), X, y)

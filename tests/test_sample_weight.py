@@ -385,8 +385,8 @@ class NoWeightsTwin(RegressorMixin, BaseEstimator):
 def test_a_gpu_twin_without_the_keyword_falls_back_to_the_cpu(data, monkeypatch, caplog):
     import logging
 
-    import gpunets.plan as plan
-    from gpunets.models import Resolved
+    import gpunets.planning.placement as plan   # where a fit's route is resolved
+    from gpunets.compute.models import Resolved
     from gpunets.testing import fake_gpu
 
     X, y, w = data

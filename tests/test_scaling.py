@@ -12,10 +12,11 @@ from sklearn.linear_model import Ridge
 from sklearn.pipeline import make_pipeline
 
 import gpunets as gn
-from gpunets import graph
-from gpunets import plan as plan_module
+from gpunets.core import graph
+from gpunets.planning import lanes as lanes_module
+from gpunets.planning import plan as plan_module
 from gpunets.executors import explain_auto
-from gpunets.plan import assign_lanes, compile_call, compile_fit
+from gpunets.planning.plan import assign_lanes, compile_call, compile_fit
 from tests.helpers import TRANSFORM_CALLS, CountingScaler
 
 
@@ -134,7 +135,7 @@ def test_lanes_equal_the_ancestor_set_policy(seed, size, max_lanes):
 
 def test_forgetful_lanes_cost_concurrency_not_correctness(monkeypatch):
     # With clocks of one lane, some free lanes look busy; every cross-lane edge is still waited on.
-    monkeypatch.setattr(plan_module, "CLOCK_LIMIT", 1)
+    monkeypatch.setattr(lanes_module, "CLOCK_LIMIT", 1)
     outs = random_network(7, 60)
     out = gn.node(lambda *xs: sum(xs), *outs)
     want = out(executor="serial")

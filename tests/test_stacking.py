@@ -18,7 +18,7 @@ from sklearn.svm import LinearSVC
 from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 
 import gpunets as gn
-from gpunets.graph import machine_parents
+from gpunets.core.graph import machine_parents
 
 FITS: collections.Counter = collections.Counter()
 

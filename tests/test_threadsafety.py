@@ -13,7 +13,7 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import LinearSVC
 
 import gpunets as gn
-from gpunets.threadsafety import unsafe_groups
+from gpunets.compute.threadsafety import unsafe_groups
 
 _ACTIVE = {"now": 0, "max": 0}
 _LOCK = threading.Lock()

@@ -17,7 +17,7 @@ from sklearn.linear_model import LinearRegression, Ridge
 from sklearn.preprocessing import StandardScaler
 
 import gpunets as gn
-from gpunets.fitted_machine import FittedMachine
+from gpunets.core.fitted_machine import FittedMachine
 from gpunets.testing import assert_allclose_any
 
 
@@ -111,7 +111,7 @@ def test_fitted_params_follow_the_function_to_its_device(executor, data):
     """A machine trained on the CPU, a function placed on a (fake) GPU: the coefficients it reads are there."""
     import os
 
-    from gpunets.data import device_of
+    from gpunets.devices.data import device_of
     from gpunets.testing import fake_gpu
 
     if getattr(executor, "name", "") == "dask" and os.environ.get("GPUNETS_FAKE_GPU") is None:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import get_config
-from .base import Executor, inside_task
-from .serial import SerialExecutor
-from .streams import StreamsExecutor
-from .threads import ThreadsExecutor
+from gpunets.base.config import get_config
+from gpunets.executors.base import Executor, inside_task
+from gpunets.executors.serial import SerialExecutor
+from gpunets.executors.streams import StreamsExecutor
+from gpunets.executors.threads import ThreadsExecutor
 
 __all__ = ["Executor", "SerialExecutor", "ThreadsExecutor", "StreamsExecutor", "get_executor", "check_executor_spec", "choose_auto",
            "explain_auto", "task_seconds", "EXECUTOR_NAMES", "MIN_PARALLEL_SECONDS"]
@@ -57,7 +57,7 @@ def get_executor(spec: Any = None, workers: int | None = None, plan: Any = None)
         return ThreadsExecutor(workers=workers)
     if spec == "streams":
         return StreamsExecutor(workers=workers)
-    from .dask import DaskExecutor  # lazy: imports dask; says what to install if missing
+    from gpunets.executors.dask import DaskExecutor  # lazy: imports dask; says what to install if missing
 
     return DaskExecutor(workers=workers)
 
@@ -78,7 +78,7 @@ def task_seconds(task: Any) -> float:
     A fit: its machine's last fit time, or :data:`MIN_PARALLEL_SECONDS` for a machine
     never trained (unknown: assumed worth a thread).  An operation: the shorter of its
     durations in the last two runs that computed it (see
-    :func:`gpunets.network.remember_costs`), else 0 (assumed trivial).  A move: 0.
+    :func:`gpunets.api.network.remember_costs`), else 0 (assumed trivial).  A move: 0.
     """
     if task.kind == "fit":
         st = task.machine._state if task.machine is not None else None
@@ -100,7 +100,7 @@ def explain_auto(plan: Any) -> tuple[str, str]:
     between threads; otherwise ``serial``.
 
     >>> import numpy as np, gpunets as gn
-    >>> from gpunets.plan import compile_call
+    >>> from gpunets.planning.plan import compile_call
     >>> X = gn.source(np.ones(3), name="X")
     >>> explain_auto(compile_call([gn.mean(*[X + i for i in range(100)])], {}, max_lanes=2))[0]
     'serial'

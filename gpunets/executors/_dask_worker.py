@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .. import _gpulibs
-from .base import task_context
+from gpunets.devices import _gpulibs
+from gpunets.executors.base import task_context
 
 __all__ = ["gpu_owners"]
 

@@ -55,7 +55,7 @@ class Executor:
     """Runs every task of a plan; subclasses choose where.
 
     Subclasses implement :meth:`run`, which creates a
-    :class:`gpunets.scheduler.Run`, drives it to its end and returns it.
+    :class:`gpunets.executors.scheduler.Run`, drives it to its end and returns it.
 
     An executor is a parameter of composites and stacks, so it copies and
     pickles as what it was made from: ``copy.deepcopy`` (and so

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..scheduler import Run
-from .base import Executor, task_context
-from .streams import run_on_cuda, wants_cuda
+from gpunets.executors.scheduler import Run
+from gpunets.executors.base import Executor, task_context
+from gpunets.executors.streams import run_on_cuda, wants_cuda
 
 __all__ = ["SerialExecutor"]
 

@@ -20,11 +20,11 @@ import sys
 import threading
 from typing import Any
 
-from ..scheduler import Run
-from . import pool
-from ._args import check_flag
-from .base import Executor, default_workers, task_context
-from .streams import run_on_cuda, wants_cuda
+from gpunets.executors.scheduler import Run
+from gpunets.executors import pool
+from gpunets.executors._args import check_flag
+from gpunets.executors.base import Executor, default_workers, task_context
+from gpunets.executors.streams import run_on_cuda, wants_cuda
 
 __all__ = ["ThreadsExecutor", "limit_native_threads"]
 

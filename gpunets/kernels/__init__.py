@@ -36,9 +36,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import _cpu
-from . import _validate as V
-from ._cpu import output_pool
+from gpunets.kernels import _cpu
+from gpunets.kernels import _validate as V
+from gpunets.kernels._cpu import output_pool
 
 __all__ = ["mean", "weighted_sum", "vote", "hstack", "sum", "min", "max", "var", "targets", "output_pool"]
 
@@ -58,7 +58,7 @@ def _backend(target: str) -> ModuleType:
     V.check_target(target)
     if target == "cpu":
         return _cpu
-    from . import _cuda  # lazy: imports numba.cuda
+    from gpunets.kernels import _cuda  # lazy: imports numba.cuda
 
     _cuda.check_available()
     return _cuda

@@ -2,7 +2,7 @@
 
 import sys
 
-from ._ptx import main
+from gpunets.kernels._ptx import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -22,8 +22,8 @@ import numba
 import numpy as np
 from numba import prange
 
-from . import _labels
-from . import _validate as V
+from gpunets.kernels import _labels
+from gpunets.kernels import _validate as V
 
 #: Calls with at least this many output elements use the ``parallel=True`` kernels.  Set high:
 #: these kernels are memory-bound, and on a small or busy machine (2 cores, measured 2026-12-02)

@@ -6,7 +6,7 @@ array and the kernel runs on the caller's stream (``stream=None``: CuPy's curren
 stream, where the inputs were made).  Under numba's CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``) the kernels take and return NumPy arrays, run on a
 grid of at most 2 blocks of 64 threads, and ``stream`` is ignored.  With the fake GPU on
-(``GPUNETS_FAKE_GPU``, :mod:`gpunets.fakegpu`) under the simulator, the fake's arrays take the GPU
+(``GPUNETS_FAKE_GPU``, :mod:`gpunets.devices.fakegpu`) under the simulator, the fake's arrays take the GPU
 path (stream conversion, GPU-side event wait, allocation on the kernel's stream, launch
 configuration) and only the launch runs in the simulator: a fake stream becomes a simulator stream
 (the simulator's ``external_stream`` raises), and the launch reads and writes the fake arrays on the
@@ -25,10 +25,10 @@ import numba
 import numpy as np
 from numba import cuda
 
-from .. import _gpulibs
-from ..exceptions import DeviceUnavailableError
-from . import _labels
-from . import _validate as V
+from gpunets.devices import _gpulibs
+from gpunets.base.exceptions import DeviceUnavailableError
+from gpunets.kernels import _labels
+from gpunets.kernels import _validate as V
 
 SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
 # Host code below reaches the CUDA API as ``numba.cuda``, never through the global ``cuda``: numba's simulator

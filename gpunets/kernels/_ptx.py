@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _rerun_without_simulator(argv)
     from numba import cuda
 
-    from . import _cuda  # lazy: after the simulator check above; imports numba.cuda
+    from gpunets.kernels import _cuda  # lazy: after the simulator check above; imports numba.cuda
 
     try:
         todo = cases(_cuda._KERNELS, _cuda.KERNEL_DTYPES, args.kernels, args.dtypes, args.k)

@@ -8,11 +8,11 @@ random and extra-trees forests split into chunks of trees), the dispatch in
 imports scikit-learn but none of cupy, cudf, cuml, numba or dask.
 """
 
-from .composite import (
+from gpunets.sklearn_import.composite import (
     FromSklearnClassifier,
     FromSklearnRegressor,
     FromSklearnTransformer,
 )
-from .convert import from_sklearn
+from gpunets.sklearn_import.convert import from_sklearn
 
 __all__ = ["FromSklearnClassifier", "FromSklearnRegressor", "FromSklearnTransformer", "from_sklearn"]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..machines import machine
+from gpunets.core.machines import machine
 
 __all__ = ["OPS", "Context", "build", "converts_as", "is_drop", "is_passthrough", "join", "leaf", "overridden"]
 
@@ -101,7 +101,7 @@ def _known() -> list[tuple[Callable[[Any], bool], Callable[..., dict[str, Any]]]
     )
     from sklearn.pipeline import FeatureUnion, Pipeline
 
-    from . import columns, ensembles, forests, pipeline, target  # lazy: the builders import this module
+    from gpunets.sklearn_import import columns, ensembles, forests, pipeline, target  # lazy: the builders import this module
 
     return [
         (lambda e: converts_as(e, Pipeline), pipeline.build_pipeline),

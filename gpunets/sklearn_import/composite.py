@@ -16,14 +16,14 @@ import numpy as np
 from sklearn.base import ClassifierMixin, RegressorMixin, TransformerMixin, clone
 from sklearn.utils.validation import check_is_fitted
 
-from ..composite import COMPOSITE_OPERATIONS, Composite
-from ..graph import upstream_machines
-from ..routing import routing_enabled
-from ._base import Context, build, converts_as, first_part, operations
-from .fit_params import route_fit_params
-from .names import feature_names_out
-from .reuse import adopt
-from .forests import n_chunks
+from gpunets.compose.composite import COMPOSITE_OPERATIONS, Composite
+from gpunets.core.graph import upstream_machines
+from gpunets.compose.routing import routing_enabled
+from gpunets.sklearn_import._base import Context, build, converts_as, first_part, operations
+from gpunets.sklearn_import.fit_params import route_fit_params
+from gpunets.sklearn_import.names import feature_names_out
+from gpunets.sklearn_import.reuse import adopt
+from gpunets.sklearn_import.forests import n_chunks
 
 __all__ = ["OWN_PARAMS", "FromSklearnClassifier", "FromSklearnRegressor", "FromSklearnTransformer"]
 
@@ -102,7 +102,7 @@ class _FromSklearn(Composite):
     def _gn_check_params(self, X: Any, y: Any) -> None:
         super()._gn_check_params(X, y)
         if not callable(getattr(self.sklearn_estimator, "fit", None)):
-            from .convert import not_an_estimator  # lazy: convert.py builds on this module
+            from gpunets.sklearn_import.convert import not_an_estimator  # lazy: convert.py builds on this module
 
             raise not_an_estimator(self.sklearn_estimator)
 

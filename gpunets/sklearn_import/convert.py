@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .composite import make_composite
+from gpunets.sklearn_import.composite import make_composite
 
 __all__ = ["from_sklearn", "not_an_estimator"]
 
@@ -37,7 +37,7 @@ def from_sklearn(estimator: Any, *, executor: Any = "auto", device: Any = "auto"
     executor : str or Executor, default="auto"
         Where independent branches run concurrently (``"serial"``, ``"threads"``, ``"streams"``, ``"dask"``).
     device : str, default="auto"
-        ``"cuda"`` puts each leaf on its GPU twin where one exists (see :mod:`gpunets.models`).
+        ``"cuda"`` puts each leaf on its GPU twin where one exists (see :mod:`gpunets.compute.models`).
     workers : int, optional
         Concurrent tasks for the executor.
 

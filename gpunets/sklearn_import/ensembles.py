@@ -6,7 +6,7 @@
   to the smallest label as scikit-learn), soft voting with ``gn.mean`` of the
   probabilities, then decoded;
 * ``StackingRegressor`` / ``StackingClassifier``: the network of gpunets' own
-  stacks (:mod:`gpunets.stacking`), one branch per (member, fold), inlined.
+  stacks (:mod:`gpunets.compose.stacking`), one branch per (member, fold), inlined.
 """
 
 from __future__ import annotations
@@ -16,13 +16,15 @@ from typing import Any
 import numpy as np
 from sklearn.preprocessing import LabelEncoder
 
-from .. import ops, stacking
-from ..data import array_namespace, device_of, to_device
-from ..graph import upstream_machines
-from ..machines import machine
-from ..nodes import Source, node
-from ._base import Context, build, is_drop, join, leaf
-from ..saved import saved_operation
+from gpunets.core import ops
+
+from gpunets.compose import stacking
+from gpunets.devices.data import array_namespace, device_of, to_device
+from gpunets.core.graph import upstream_machines
+from gpunets.core.machines import machine
+from gpunets.core.nodes import Source, node
+from gpunets.sklearn_import._base import Context, build, is_drop, join, leaf
+from gpunets.base.saved import saved_operation
 
 __all__ = ["build_stacking", "build_voting_classifier", "build_voting_regressor"]
 

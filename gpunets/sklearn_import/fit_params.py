@@ -24,7 +24,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from ._base import converts_as, is_drop, is_passthrough, join, root_name
+from gpunets.sklearn_import._base import converts_as, is_drop, is_passthrough, join, root_name
 
 __all__ = ["route_fit_params"]
 

@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator, clone
 
-from ..config import get_config
-from ..executors.base import default_workers
-from ..machines import machine
-from ._base import Context, leaf
+from gpunets.base.config import get_config
+from gpunets.executors.base import default_workers
+from gpunets.core.machines import machine
+from gpunets.sklearn_import._base import Context, leaf
 
 __all__ = ["ForestChunk", "ForestJoin", "build_forest", "chunk_bounds", "is_forest", "n_chunks"]
 
@@ -46,7 +46,7 @@ def is_forest(est: Any) -> bool:
         RandomForestRegressor,
     )
 
-    from ._base import converts_as  # lazy: _base's dispatch imports this module
+    from gpunets.sklearn_import._base import converts_as  # lazy: _base's dispatch imports this module
 
     return converts_as(est, RandomForestRegressor, RandomForestClassifier, ExtraTreesRegressor, ExtraTreesClassifier)
 

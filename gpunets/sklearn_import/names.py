@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ..stacking import SUMMARY
-from ._base import converts_as, is_drop, is_passthrough, join
+from gpunets.compose.stacking import SUMMARY
+from gpunets.sklearn_import._base import converts_as, is_drop, is_passthrough, join
 
 __all__ = ["feature_names_out"]
 

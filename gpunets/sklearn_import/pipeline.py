@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._base import Context, build, is_passthrough, join
+from gpunets.sklearn_import._base import Context, build, is_passthrough, join
 
 __all__ = ["build_pipeline"]
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from ..graph import machine_parents
-from ..machines import FittedState, _equal, snapshot_params
-from ._base import converts_as, is_drop, root_name
-from .columns import ColumnStack
-from .target import TargetTransformer
+from gpunets.core.graph import machine_parents
+from gpunets.core.machines import FittedState, _equal, snapshot_params
+from gpunets.sklearn_import._base import converts_as, is_drop, root_name
+from gpunets.sklearn_import.columns import ColumnStack
+from gpunets.sklearn_import.target import TargetTransformer
 
 __all__ = ["adopt"]
 

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator
 
-from ..machines import machine
-from ._base import Context, build, join
+from gpunets.core.machines import machine
+from gpunets.sklearn_import._base import Context, build, join
 
 __all__ = ["TargetTransformer", "build_transformed_target"]
 

@@ -8,8 +8,8 @@
 
 from __future__ import annotations
 
-from .report import SearchReport
-from .search import GridSearchCV, RandomizedSearchCV
-from .tasks import step_key
+from gpunets.tuning.report import SearchReport
+from gpunets.tuning.search import GridSearchCV, RandomizedSearchCV
+from gpunets.tuning.tasks import step_key
 
 __all__ = ["GridSearchCV", "RandomizedSearchCV", "SearchReport", "step_key"]

@@ -12,11 +12,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..data import check_placeable, take_rows
-from ..estimators import apply_estimator
-from ..nodes import source
-from ..models import fit_context, prepare_inputs
-from ..saved import saved_operation
+from gpunets.devices.data import check_placeable, take_rows
+from gpunets.compute.estimators import apply_estimator
+from gpunets.core.nodes import source
+from gpunets.compute.models import fit_context, prepare_inputs
+from gpunets.base.saved import saved_operation
 
 __all__ = ["Failed", "Replay", "Stage", "fn_key", "step_key"]
 
@@ -72,7 +72,7 @@ class Stage(NamedTuple):
     """What a fitted upstream step passes on, in one value: its transforms of the fold's training rows,
     test rows and (with train scores) training rows to score, and the fit seconds of every step so far.
     The fitted step itself is not kept: nothing downstream needs it.  A named tuple, so a move to
-    another device moves its arrays (:func:`gpunets.data.to_device` moves tuples item by item)."""
+    another device moves its arrays (:func:`gpunets.devices.data.to_device` moves tuples item by item)."""
 
     train: Any
     test: Any
@@ -125,7 +125,7 @@ def as_node(value: Any, name: str) -> Any:
 
 
 def on_device(route: Any) -> Any:
-    """The context a step runs in: :func:`gpunets.models.fit_context` of its route; nothing on the CPU."""
+    """The context a step runs in: :func:`gpunets.compute.models.fit_context` of its route; nothing on the CPU."""
     import contextlib
 
     if route is None:
@@ -147,7 +147,7 @@ def fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: An
              y: Any) -> tuple[Any, Any, float]:
     """Fit one step: ``(fitted, transformed training rows or None, seconds)``, as Pipeline's fit does.
 
-    ``route`` is the step's :class:`~gpunets.models.Resolved` on a GPU (its estimator is the one fitted),
+    ``route`` is the step's :class:`~gpunets.compute.models.Resolved` on a GPU (its estimator is the one fitted),
     None on the CPU; ``X`` is the training rows, or the previous step's :class:`Stage`.
     """
     from sklearn.base import clone

@@ -1,0 +1,203 @@
+"""Fitting and applying one machine's estimator: the single place models are called.
+
+Placement (which estimator actually runs, on which device) is decided by
+:func:`gpunets.compute.models.resolve_estimator` when the plan is compiled; this
+module only clones, fits and applies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import time
+from typing import Any, Callable, Iterator
+
+from sklearn.base import clone
+from sklearn.utils.validation import check_is_fitted
+
+from gpunets.devices.data import device_of
+from gpunets.compute.models import call_context, fit_context
+from gpunets.compute.threadsafety import serialized, unsafe_groups
+
+__all__ = ["fresh_estimator", "fit_estimator", "fit_transform_estimator", "apply_estimator", "is_stateless",
+           "static_estimator", "partial_fit_estimator", "is_frozen_estimator", "sklearn_config_delta",
+           "sklearn_config", "under_sklearn_config"]
+
+
+def fresh_estimator(model: Any) -> Any:
+    """An unfitted copy of ``model`` (scikit-learn's ``clone``, deep copy for other objects)."""
+    return clone(model, safe=False)
+
+
+def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None,
+                  method: str = "fit", keywords: tuple[str, ...] = ()) -> tuple[Any, dict[str, Any]]:
+    """Fit the fresh estimator ``est`` on ``values``; return it and where it ran.
+
+    Pure apart from fitting ``est`` itself, so it can run on any thread or Dask worker.
+    With ``method="fit_transform"`` the result of ``est.fit_transform`` is in ``info["output"]``.
+    The last ``len(keywords)`` values are passed by those names (``sample_weight=w``).
+    """
+    kw = dict(zip(keywords, values[len(values) - len(keywords):])) if keywords else {}
+    values = values[:len(values) - len(keywords)]
+    start = time.perf_counter()
+    info: dict[str, Any] = {"device": "cpu", "path": "sklearn"}
+    groups = unsafe_groups(est)   # estimators with process-wide state fit one at a time
+    call = getattr(est, method)
+    if method == "fit" and is_frozen_estimator(est):
+        # scikit-learn's FrozenEstimator: fitting is a no-op (its fit(X, y) signature would reject a
+        # transformer's single training argument); it only checks that the wrapped estimator is fitted
+        check_is_fitted(est.estimator)
+        call = _frozen_fit(est)
+    if resolved is not None:
+        info = {"device": str(resolved.device), "path": resolved.path}
+        if getattr(resolved, "reason", ""):
+            info["reason"] = resolved.reason
+        with fit_context(resolved), serialized(groups):
+            result = call(*values, **kw)
+    else:
+        with serialized(groups):
+            result = call(*values, **kw)
+    if method != "fit":
+        info["output"] = result
+    info["seconds"] = time.perf_counter() - start
+    shape = getattr(values[0], "shape", None) if values else None
+    info["n_rows"] = int(shape[0]) if shape else None
+    return est, info
+
+
+def partial_fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None,
+                          times: int = 1, keywords: tuple[str, ...] = ()) -> tuple[Any, dict[str, Any]]:
+    """Call ``est.partial_fit(*values)`` ``times`` times (a warm update's passes); return it and where it ran.
+
+    ``est`` is a copy of a fitted estimator (never a committed state): like :func:`fit_estimator`,
+    pure apart from training ``est`` itself.
+    """
+    seconds = 0.0
+    info: dict[str, Any] = {}
+    for _ in range(times):
+        est, info = fit_estimator(est, values, resolved, method="partial_fit", keywords=keywords)
+        info.pop("output", None)
+        seconds += info["seconds"]
+    info["seconds"] = seconds
+    return est, info
+
+
+def is_stateless(model: Any) -> bool:
+    """Whether ``model`` may be applied without being fitted (a *static* model, as MLJ calls it).
+
+    True when scikit-learn's ``requires_fit`` tag is False (``FunctionTransformer``, ``Normalizer``,
+    ``Binarizer``), or when the model says it is fitted as it is (``__sklearn_is_fitted__()`` True).
+
+    >>> from sklearn.preprocessing import FunctionTransformer, StandardScaler
+    >>> is_stateless(FunctionTransformer()), is_stateless(StandardScaler())
+    (True, False)
+    """
+    tags = getattr(model, "__sklearn_tags__", None)
+    if callable(tags):
+        try:
+            if tags().requires_fit is False:
+                return True
+        except Exception:  # noqa: BLE001 - a model whose tags fail is simply not known to be stateless
+            pass
+    fitted = getattr(model, "__sklearn_is_fitted__", None)
+    if callable(fitted):
+        try:
+            return bool(fitted())
+        except Exception:  # noqa: BLE001 - as above
+            return False
+    return False
+
+
+def static_estimator(est: Any, resolved: Any = None) -> tuple[Any, dict[str, Any]]:
+    """A static machine's "fit": nothing is called; return the unfitted copy ``est`` and where it runs."""
+    info: dict[str, Any] = {"device": "cpu", "path": "sklearn"}
+    if resolved is not None:
+        info = {"device": str(resolved.device), "path": resolved.path}
+    info.update(seconds=0.0, n_rows=None)
+    return est, info
+
+
+def _frozen_fit(est: Any) -> Any:
+    def fit(*values: Any, **kw: Any) -> Any:
+        return est
+
+    return fit
+
+
+def is_frozen_estimator(est: Any) -> bool:
+    """Whether ``est`` is scikit-learn's ``FrozenEstimator`` (``sklearn.frozen``, scikit-learn 1.6+)."""
+    cls = type(est)
+    return cls.__name__ == "FrozenEstimator" and cls.__module__.startswith("sklearn.")
+
+
+def fit_transform_estimator(est: Any, values: tuple[Any, ...],
+                            resolved: Any = None, keywords: tuple[str, ...] = ()) -> tuple[Any, dict[str, Any], Any]:
+    """Like :func:`fit_estimator` with ``est.fit_transform``: the fitted estimator, where it ran, and the
+    transform of its training input (scikit-learn's contract: ``fit(X, y).transform(X)``)."""
+    est, info = fit_estimator(est, values, resolved, method="fit_transform", keywords=keywords)
+    return est, info, info.pop("output")
+
+
+def apply_estimator(est: Any, op: str, values: tuple[Any, ...], path: str = "sklearn",
+                    params: dict[str, Any] | None = None) -> Any:
+    """Call operation ``op`` of the fitted estimator ``est`` on ``values`` (and keyword ``params``)."""
+    method = getattr(est, op, None)
+    if method is None:
+        msg = f"The fitted {type(est).__name__} has no method {op!r}."
+        raise AttributeError(msg)
+    if params:
+        method = functools.partial(method, **params)
+    groups = unsafe_groups(est, calls=True)
+    if groups:   # declared not thread-safe by the user: its calls run one at a time too
+        with serialized(groups):
+            return _apply(method, values, path)
+    return _apply(method, values, path)
+
+
+def _apply(method: Any, values: tuple[Any, ...], path: str) -> Any:
+    if path in ("array_api", "cuml"):
+        try:  # the GPU the inputs were moved to is the one the estimator runs on
+            dev = next((d for d in map(device_of, values) if d.is_cuda), None)
+        except ValueError:  # inputs on several devices: let the estimator report it
+            dev = None
+        with call_context(path, dev):
+            return method(*values)
+    return method(*values)
+
+
+def sklearn_config_delta() -> dict[str, Any] | None:
+    """scikit-learn's configuration in this thread where it differs from a new thread's (None: it does not).
+
+    ``sklearn.set_config`` and ``config_context`` are per thread, so a task run on a worker thread (or a Dask
+    worker) would not see the caller's ``transform_output``, ``enable_metadata_routing``... A run captures the
+    difference where it is planned, and :func:`sklearn_config` applies it around its tasks, as scikit-learn's own
+    ``Parallel`` does.
+    """
+    import sklearn
+
+    try:
+        from sklearn._config import _global_config as defaults   # what a new thread starts from
+    except ImportError:  # pragma: no cover - a scikit-learn without it: carry everything
+        defaults = {}
+    current = sklearn.get_config()
+    delta = {k: v for k, v in current.items() if k not in defaults or defaults[k] != v}
+    return delta or None
+
+
+@contextlib.contextmanager
+def sklearn_config(delta: dict[str, Any] | None) -> Iterator[None]:
+    """scikit-learn's ``config_context`` with the caller's configuration ``delta`` (nothing when None)."""
+    if not delta:
+        yield
+        return
+    import sklearn
+
+    with sklearn.config_context(**delta):
+        yield
+
+
+def under_sklearn_config(delta: dict[str, Any] | None, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` under the caller's scikit-learn configuration (a task sent to another process)."""
+    with sklearn_config(delta):
+        return fn(*args)

@@ -1,0 +1,395 @@
+"""The fake GPU's CUDA runtime: devices, streams, events and the logs of what the lane checks.
+
+Part of :mod:`gpunets.devices.fakegpu` (see there): the legacy and per-thread default streams, non-blocking
+streams, events that complete at a random (seeded) moment, the order checker, and the logs (legacy-stream work,
+implicit conversions, order violations).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from gpunets.base.exceptions import StreamOrderError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gpunets.devices.fakegpu import ndarray
+
+
+class _State:
+    """How many fake devices there are, and the fake modules once built."""
+
+    count = 0
+    cupy: Any = None
+    xp: Any = None
+
+
+_state = _State()
+_lock = threading.RLock()
+_tls = threading.local()
+_keys = itertools.count(3)
+_LEGACY = 0
+_IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. "
+             "Please use `.get()` to construct a NumPy array explicitly.")
+
+_legacy: list[str] = []
+_implicit: list[str] = []
+_violations: list[str] = []
+_host_seen: dict[int, int] = {}          # stream key -> last op the host has synchronised with
+_seq: dict[int, int] = {}                # stream key -> ops issued on it so far
+_waited: dict[int, dict[int, int]] = {}  # stream key -> {producer key: op it waited for}
+_nonblocking: set[int] = set()          # keys of streams made with non_blocking=True
+_streams_by_ptr: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+_buffers: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()   # data pointer -> array
+_allocator: list[Any] = []               # what set_allocator was given (the fake does not allocate through it)
+_rng = random.Random(int(os.environ.get("GPUNETS_FAKE_GPU_SEED", "0") or 0))
+
+
+def legacy_work() -> list[str]:
+    """Operations issued on the legacy default stream (``Stream.null``) since the last :func:`reset_log`."""
+    with _lock:
+        return list(_legacy)
+
+
+def implicit_conversions() -> list[str]:
+    """Refused implicit host conversions (each also raised ``TypeError``) since the last :func:`reset_log`."""
+    with _lock:
+        return list(_implicit)
+
+
+def order_violations() -> list[str]:
+    """Stream-order violations (each also raised :class:`StreamOrderError`) since the last :func:`reset_log`."""
+    with _lock:
+        return list(_violations)
+
+
+def seed(value: int) -> None:
+    """Reseed the generator that decides when queued work has finished (see ``Event.done``); default
+    ``GPUNETS_FAKE_GPU_SEED`` (0).  The same seed and the same single-threaded calls give the same answers."""
+    with _lock:
+        _rng.seed(int(value))
+
+
+def reset_log() -> None:
+    """Forget the logged legacy-stream work, implicit conversions and order violations."""
+    with _lock:
+        _legacy.clear()
+        _implicit.clear()
+        _violations.clear()
+
+
+# ----------------------------------------------------------------- devices, streams, events
+
+
+class CUDARuntimeError(RuntimeError):
+    """What CuPy raises for a bad CUDA call (here: an invalid device ordinal)."""
+
+
+class Device:
+    """``cupy.cuda.Device``: a device ordinal and a per-thread context manager making it current."""
+
+    def __init__(self, device: Any = None) -> None:
+        if device is None:
+            device = _current_device()
+        device = int(getattr(device, "id", device))
+        if not 0 <= device < _count():
+            raise CUDARuntimeError(f"cudaErrorInvalidDevice: invalid device ordinal {device} "
+                                   f"(fake GPU with {_count()} device(s))")
+        self.id = device
+        self._prev: list[int] = []
+
+    def __enter__(self) -> "Device":
+        self._prev.append(_current_device())
+        _tls.device = self.id
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _tls.device = self._prev.pop()
+
+    def use(self) -> None:
+        _tls.device = self.id
+
+    def synchronize(self) -> None:
+        with _lock:
+            for key, n in _seq.items():
+                _host_seen[key] = max(_host_seen.get(key, 0), n)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Device) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(("fake-cuda", self.id))
+
+    def __repr__(self) -> str:
+        return f"<CUDA Device {self.id}>"
+
+
+def _count() -> int:
+    return _state.count
+
+
+def _current_device() -> int:
+    return getattr(_tls, "device", 0)
+
+
+class _StreamMeta(type):
+    @property
+    def null(cls) -> "Stream":
+        """The legacy default stream (a device-wide barrier on a real GPU)."""
+        return _NULL
+
+    @property
+    def ptds(cls) -> "Stream":
+        """This thread's per-thread default stream."""
+        s = getattr(_tls, "ptds", None)
+        if s is None:
+            s = _tls.ptds = Stream(_ptds=True)
+        return s
+
+
+class Stream(metaclass=_StreamMeta):
+    """``cupy.cuda.Stream``: a queue of work; ``with stream:`` makes it this thread's current stream."""
+
+    def __init__(self, null: bool = False, non_blocking: bool = False, ptds: bool = False,
+                 *, _ptds: bool = False) -> None:
+        if (null or ptds) and not _ptds and _NULL_READY:
+            raise ValueError("Use cupy.cuda.Stream.null / cupy.cuda.Stream.ptds for the default streams.")
+        self.key = _LEGACY if null else next(_keys)
+        self.ptr = 0 if null else (2 if _ptds else 0x7F000000 + self.key)
+        self.non_blocking = non_blocking
+        self.is_ptds = _ptds
+        # as CuPy: the default streams belong to whichever device is current (-1), others to their creator's
+        self.device_id = -1 if (null or _ptds) else _current_device()
+        self._prev: list[tuple[int, Stream]] = []
+        with _lock:
+            _seq.setdefault(self.key, 0)
+            _waited.setdefault(self.key, {})
+            if non_blocking:
+                _nonblocking.add(self.key)
+        if not (null or _ptds):
+            _streams_by_ptr[self.ptr] = self
+
+    @classmethod
+    def from_external(cls, stream: Any, device_id: int = -1) -> "Stream":
+        """``Stream.from_external`` (CuPy >= 14): the stream behind an object with ``__cuda_stream__``."""
+        return _external(int(stream.__cuda_stream__()[1]))
+
+    def _check_device(self) -> int:
+        cur = _current_device()
+        if self.device_id not in (-1, cur):   # CuPy's check_stream_device_match
+            raise RuntimeError(f"The device that the stream is created on ({self.device_id}) does not match with "
+                               f"the current device ({cur})")
+        return cur
+
+    def __enter__(self) -> "Stream":
+        dev = self._check_device()
+        self._prev.append((dev, get_current_stream()))
+        _current_streams()[dev] = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        dev, prev = self._prev.pop()
+        _current_streams()[dev] = prev
+
+    def use(self) -> "Stream":
+        _current_streams()[self._check_device()] = self
+        return self
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """The CUDA stream protocol: (version, pointer), as CuPy's."""
+        return (0, self.ptr)
+
+    @property
+    def is_non_blocking(self) -> bool:
+        return self.non_blocking
+
+    def record(self, event: "Event | None" = None) -> "Event":
+        event = event if event is not None else Event()
+        event.record(self)
+        return event
+
+    def wait_event(self, event: "Event") -> None:
+        if event._snapshot is None:
+            return
+        with _lock:
+            mine = _waited[self.key]
+            for key, n in event._snapshot.items():
+                if n > mine.get(key, 0):
+                    mine[key] = n
+
+    def synchronize(self) -> None:
+        with _lock:
+            snap = dict(_waited[self.key])
+            snap[self.key] = _seq[self.key]
+            _host_sees(snap)
+
+    @property
+    def done(self) -> bool:
+        """``cudaStreamQuery``: all work done?  Random (seeded) until the stream is synchronised."""
+        with _lock:
+            snap = dict(_waited[self.key])
+            snap[self.key] = _seq[self.key]
+            if _seen_all(snap) or _finished():
+                _host_sees(snap)
+                return True
+            return False
+
+    def __repr__(self) -> str:
+        name = "null" if self.key == _LEGACY else ("ptds" if self.is_ptds else str(self.key))
+        return f"<fake Stream {name} (device {self.device_id})>"
+
+
+def _external(ptr: int) -> Stream:
+    if ptr == 0:
+        return _NULL
+    if ptr == 2:
+        return Stream.ptds
+    s = _streams_by_ptr.get(ptr)
+    if s is None:
+        raise CUDARuntimeError(f"cudaErrorInvalidResourceHandle: invalid resource handle (no fake stream {ptr:#x})")
+    return s
+
+
+def ExternalStream(ptr: int, device_id: int = -1) -> Stream:  # noqa: N802 - CuPy's name
+    """``cupy.cuda.ExternalStream`` (deprecated in CuPy 14): the fake stream with pointer ``ptr``."""
+    return _external(int(ptr))
+
+
+def _host_sees(snap: dict[int, int]) -> None:
+    for key, n in snap.items():
+        if n > _host_seen.get(key, 0):
+            _host_seen[key] = n
+
+
+def _seen_all(snap: dict[int, int]) -> bool:
+    return all(_host_seen.get(key, 0) >= n for key, n in snap.items())
+
+
+def _finished() -> bool:
+    """Whether queued GPU work has finished by the time the host asks (``query``/``done``): random, seeded.
+
+    On a GPU, work completes some time after it is issued; the fake answers a query at random (with
+    ``GPUNETS_FAKE_GPU_SEED``, default 0, seeding one generator per process), so code that polls once and
+    then reads without waiting shows its missing wait on some runs, and a failing run can be replayed.
+    """
+    return _rng.random() < 0.5
+
+
+def _device_error(what: str, event_dev: int, stream_dev: int) -> "CUDARuntimeError":
+    return CUDARuntimeError(f"cudaErrorInvalidResourceHandle: invalid resource handle ({what}: the event was "
+                            f"created on device {event_dev}, the stream belongs to device {stream_dev}; create "
+                            f"the event under `with cupy.cuda.Device({stream_dev}):`)")
+
+
+class Event:
+    """``cupy.cuda.Event``: a point in a stream's work; ``wait_event`` on it orders another stream after it."""
+
+    def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False) -> None:
+        if interprocess and not disable_timing:
+            raise ValueError("Timing must be disabled for interprocess events")
+        self._snapshot: dict[int, int] | None = None
+        self._complete = False
+        self._time = 0.0
+        self.timing = not disable_timing
+        self.block = block
+        self.device_id = _current_device()   # an event belongs to the device current when it is made
+        self.ptr = 0x7E000000 + next(_keys)
+
+    def record(self, stream: Stream | None = None) -> None:
+        stream = stream if stream is not None else get_current_stream()
+        sdev = stream.device_id if stream.device_id != -1 else _current_device()
+        if sdev != self.device_id:   # cudaEventRecord: event and stream on one device
+            raise _device_error("Event.record", self.device_id, sdev)
+        with _lock:
+            snap = dict(_waited[stream.key])
+            snap[stream.key] = _seq[stream.key]
+            self._snapshot = snap
+            self._complete = False
+            self._time = time.perf_counter()
+
+    @property
+    def done(self) -> bool:
+        """``cudaEventQuery``: has the recorded work finished?  Random (seeded) until it has been waited for."""
+        if self._snapshot is None or self._complete:
+            return True
+        with _lock:
+            if _seen_all(self._snapshot) or _finished():
+                _host_sees(self._snapshot)
+                self._complete = True
+        return self._complete
+
+    def synchronize(self) -> None:
+        if self._snapshot is not None:
+            with _lock:
+                _host_sees(self._snapshot)
+                self._complete = True
+
+
+def get_elapsed_time(start_event: Event, end_event: Event) -> float:
+    """``cupy.cuda.get_elapsed_time``: milliseconds between two completed timing events of one device."""
+    for ev in (start_event, end_event):
+        if not ev.timing:
+            raise CUDARuntimeError("cudaErrorInvalidResourceHandle: invalid resource handle (get_elapsed_time on "
+                                   "an event made with disable_timing=True)")
+        if ev._snapshot is None:
+            raise CUDARuntimeError("cudaErrorInvalidResourceHandle: invalid resource handle (get_elapsed_time on "
+                                   "an event that was never recorded)")
+        if not ev._complete:
+            raise CUDARuntimeError("cudaErrorNotReady: device not ready (get_elapsed_time before the event "
+                                   "completed: synchronize it first)")
+    if start_event.device_id != end_event.device_id:
+        raise _device_error("get_elapsed_time", start_event.device_id, end_event.device_id)
+    return (end_event._time - start_event._time) * 1e3
+
+
+_NULL_READY = False
+_NULL = Stream(null=True)
+_NULL_READY = True
+
+
+def _current_streams() -> dict[int, Stream]:
+    d = getattr(_tls, "streams", None)
+    if d is None:
+        d = _tls.streams = {}
+    return d
+
+
+def get_current_stream(device_id: int = -1) -> Stream:
+    """This thread's current stream on ``device_id`` (default: the current device), as CuPy's: one per device;
+    ``Stream.ptds`` when ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``, else ``Stream.null``."""
+    s = _current_streams().get(_current_device() if device_id == -1 else int(device_id))
+    if s is not None:
+        return s
+    return Stream.ptds if os.environ.get("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "0") == "1" else _NULL
+
+
+def _issue(what: str, inputs: list["ndarray"]) -> tuple[int, int]:
+    """Check that the current stream may read ``inputs``; count one operation on it; return (stream, op)."""
+    s = get_current_stream()
+    with _lock:
+        if s.key == _LEGACY:
+            _legacy.append(what)
+        mine = _waited[s.key]
+        for a in inputs:
+            k, n = a._key, a._seq
+            if k == s.key:
+                continue
+            # the legacy stream synchronises with blocking streams only (not with non_blocking=True ones)
+            if (k == _LEGACY and s.key not in _nonblocking) or (s.key == _LEGACY and k not in _nonblocking):
+                continue
+            if mine.get(k, 0) >= n or _host_seen.get(k, 0) >= n:
+                continue
+            msg = (f"fake GPU: {what} on stream {s!r} (thread {threading.current_thread().name}) reads a value "
+                   f"made on another stream (op {n} of stream {k}) without waiting for an event recorded after "
+                   f"it (Stream.wait_event) or a host synchronisation.")
+            _violations.append(msg)
+            raise StreamOrderError(msg)
+        _seq[s.key] += 1
+        return s.key, _seq[s.key]
+
+

@@ -1,0 +1,465 @@
+"""The streams executor's backends: real CUDA streams and events through CuPy, or CPU-emulated streams.
+
+Part of :mod:`gpunets.executors.streams` (see there for the model): the check of the default streams
+(``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM``, ``CUDF_PER_THREAD_STREAM``), the race checker of emulated streams,
+and :class:`CudaBackend`: a lane per worker thread and device, events recorded after each GPU task, consumers
+waiting on the GPU (a CPU consumer on the host, on a blocking event).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import threading
+import time
+import warnings
+from typing import Any, Callable
+
+from gpunets.devices import _gpulibs
+from gpunets.devices.placement import Device, local_ordinal
+from gpunets.base.exceptions import StreamOrderError
+from gpunets.devices.gpu_memory import ensure_gpu_memory
+
+__all__ = ["EmulatedBackend", "CudaBackend", "StreamChecker", "MAX_GPU_LANES", "LegacyStreamWarning",
+           "check_default_streams"]
+
+
+class LegacyStreamWarning(UserWarning):
+    """Some GPU work will go to CUDA's legacy default stream, a device-wide barrier between lanes."""
+
+
+_WARNED: set[str] = set()
+
+
+def check_default_streams(kind: str) -> None:
+    """Check, when the CUDA backend starts, that no library puts the lanes' work on the legacy default stream.
+
+    * cuDF without ``CUDF_PER_THREAD_STREAM=1`` (read once, when libcudf starts) runs every operation
+      on the legacy default stream.  With ``stream="new"`` (non-blocking lane streams, which the
+      legacy stream does not wait for) that is a race: refused.  With ``stream="ptds"`` it is
+      correct but serializes the lanes: a warning, once.
+    * CuPy without ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1`` (read when CuPy is imported): the lanes
+      issue on their own streams, but CuPy work outside them (where the sources were made, where
+      the outputs are read) goes to the legacy stream: a warning, once.
+    """
+    # cuDF switches to per-thread default streams only for the value "1" (libcudf's own test): "0", "true" or
+    # any other value leaves it on the legacy default stream
+    if "cudf" in sys.modules and os.environ.get("CUDF_PER_THREAD_STREAM") != "1":
+        if kind == "new":
+            msg = ("stream='new' cannot be used with cuDF on the legacy default stream: cuDF runs its work on "
+                   "the legacy default stream unless CUDF_PER_THREAD_STREAM=1, and a non-blocking lane "
+                   "stream is not ordered with it, so a lane could read a cuDF result before it is written. "
+                   "Set CUDF_PER_THREAD_STREAM=1 in the environment before starting Python, or use "
+                   "stream='ptds'.")
+            raise StreamOrderError(msg)
+        _warn_once("cudf", "cuDF runs on CUDA's legacy default stream (CUDF_PER_THREAD_STREAM is not 1), a "
+                           "device-wide barrier: the GPU lanes will not overlap while cuDF works. Set "
+                           "CUDF_PER_THREAD_STREAM=1 in the environment before starting Python.")
+    try:
+        ptds = int(os.environ.get("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "0")) != 0
+    except ValueError:
+        ptds = False
+    if not ptds:
+        _warn_once("cupy", "CuPy's default stream is CUDA's legacy default stream "
+                           "(CUPY_CUDA_PER_THREAD_DEFAULT_STREAM is not set): the GPU lanes run on their own "
+                           "streams, but CuPy work outside them (where the sources are made, where the outputs "
+                           "are read) is a device-wide barrier. Set CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1 in the "
+                           "environment before CuPy is imported.")
+
+
+def _warn_once(what: str, msg: str) -> None:
+    if what not in _WARNED:
+        _WARNED.add(what)
+        warnings.warn(msg, LegacyStreamWarning, stacklevel=4)
+
+
+def _max_gpu_lanes() -> int:
+    try:
+        return max(1, int(os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "8")))
+    except ValueError:
+        return 8
+
+
+#: The most lanes (streams, worker threads) per GPU: the number of hardware queues
+#: (``CUDA_DEVICE_MAX_CONNECTIONS``, 8 by default); more streams than that share queues.
+MAX_GPU_LANES = _max_gpu_lanes()
+
+_THREAD = threading.local()    # per worker thread: its streams, made once and kept for the thread's life
+
+
+def _cupy() -> Any:
+    """CuPy (or the fake GPU), imported here only when the CUDA backend is used (tests replace this function)."""
+    return _gpulibs.cupy()
+
+
+class StreamChecker:
+    """Records event records, waits and reads on emulated streams and checks their order."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.log: list[tuple[str, int, int]] = []      # (what, task, other task)
+        self.recorded: set[int] = set()
+        self.waited: set[tuple[int, int]] = set()
+        self.violations: list[str] = []
+
+    def record(self, key: int) -> None:
+        with self.lock:
+            self.recorded.add(key)
+            self.log.append(("record", key, key))
+
+    def wait(self, consumer: int, producer: int) -> None:
+        with self.lock:
+            if producer not in self.recorded:
+                self.violations.append(f"task {consumer} waited on the event of task {producer} before it was recorded")
+            self.waited.add((consumer, producer))
+            self.log.append(("wait", consumer, producer))
+
+    def read(self, consumer: Any, producer: Any, cross_lane: bool, finished: bool) -> None:
+        problem = None
+        with self.lock:
+            self.log.append(("read", consumer.key, producer.key))
+            if cross_lane and (consumer.key, producer.key) not in self.waited:
+                problem = (f"cross-lane edge without a wait: task {consumer.key} ({consumer.label}, lane "
+                           f"{consumer.lane}) read the value of task {producer.key} ({producer.label}, lane "
+                           f"{producer.lane}) without waiting on its event")
+            elif not finished:
+                problem = (f"task {consumer.key} ({consumer.label}) read the value of task {producer.key} "
+                           f"({producer.label}) before its producer finished")
+            if problem:
+                self.violations.append(problem)
+        if problem:
+            raise StreamOrderError(problem + ". The plan is missing a dependency.")
+
+
+class _HostEvent:
+    __slots__ = ("flag",)
+
+    def __init__(self) -> None:
+        self.flag = threading.Event()
+
+    def query(self) -> bool:
+        return self.flag.is_set()
+
+    def synchronize(self) -> None:
+        self.flag.wait()
+
+
+class EmulatedBackend:
+    """CPU-emulated streams: a lane is its worker thread, an event a host-side flag."""
+
+    name = "emulated"
+
+    def __init__(self, delays: tuple[float, float] | None = None, seed: int | None = None,
+                 check: bool = False) -> None:
+        self.delays = delays
+        self.rng = random.Random(seed)
+        self.checker = StreamChecker() if check else None
+
+    def begin(self, tasks: Any) -> None:
+        return None
+
+    def device_key(self, task: Any) -> None:
+        return None   # every emulated lane is a CPU thread
+
+    def pool_key(self, group: tuple) -> tuple:
+        return ("cpu", group[1])
+
+    def lane_context(self, group: tuple) -> Any:
+        return _Null()
+
+    def done(self, event: _HostEvent | None) -> bool:
+        return event is not None and event.flag.is_set()
+
+    def quiesce(self, run: Any) -> None:
+        return None
+
+    def timings(self, run: Any) -> None:
+        return None
+
+    def record(self, task: Any) -> _HostEvent:
+        if self.checker is not None:
+            self.checker.record(task.key)
+        event = _HostEvent()
+        event.flag.set()
+        return event
+
+    def wait(self, event: _HostEvent, consumer: Any, producer: Any, cross_lane: bool) -> None:
+        if not cross_lane:  # a lane runs its tasks in order: nothing to wait for
+            return
+        if self.checker is not None:
+            self.checker.wait(consumer.key, producer.key)
+        event.flag.wait()
+
+    def wait_source(self, consumer: Any, source: Any) -> None:
+        return None
+
+    def task_context(self, task: Any) -> Any:
+        return _Null()
+
+    def before_task(self, task: Any = None) -> Callable[[], None] | None:
+        if not self.delays:
+            return None
+        lo, hi = self.delays
+        pause = self.rng.uniform(lo, hi)
+
+        def sleep() -> None:
+            threading.Event().wait(pause)
+
+        return sleep
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: object) -> None:
+        return None
+
+
+def _ordinal(device: str) -> int | None:
+    """The CUDA ordinal of a task's device name in this process; None for the CPU."""
+    if not device.startswith("cuda"):
+        return None
+
+    return local_ordinal(Device.parse(device).index)
+
+
+class _CudaTask:
+    """One task on a CUDA lane: its GPU current, then the lane's stream for that GPU current."""
+
+    __slots__ = ("backend", "ordinal", "device", "stream")
+
+    def __init__(self, backend: CudaBackend, ordinal: int) -> None:
+        self.backend, self.ordinal = backend, ordinal
+
+    def __enter__(self) -> None:
+        self.device = self.backend.cupy.cuda.Device(self.ordinal)
+        self.device.__enter__()
+        try:
+            self.stream = self.backend._stream(self.ordinal)
+            self.stream.__enter__()   # CuPy's current stream is per thread and per device
+        except BaseException:
+            self.device.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *a: object) -> None:
+        try:
+            self.stream.__exit__(*a)
+        finally:
+            self.device.__exit__(*a)
+
+
+class _LaneDevice:
+    """A GPU lane's whole job: its GPU made current for the worker thread (which serves only that GPU)."""
+
+    __slots__ = ("backend", "ordinal")
+
+    def __init__(self, backend: CudaBackend, ordinal: int) -> None:
+        self.backend, self.ordinal = backend, ordinal
+
+    def __enter__(self) -> None:
+        # A lane thread serves one GPU for life (pool key): cuML's per-thread handle, made on the GPU
+        # current when it is first used, and CuPy's per-thread handles stay on this GPU.
+        self.backend.cupy.cuda.Device(self.ordinal).use()
+
+    def __exit__(self, *a: object) -> None:
+        return None
+
+
+class CudaBackend:
+    """Real CUDA streams and events through CuPy (imported only here, only when used).
+
+    A lane is a worker thread of one device for life (the pool key is
+    ``("cuda", ordinal, lane)`` or ``("cpu", lane)``); a GPU lane issues its
+    tasks on its stream (``Stream.ptds`` of its thread, or a non-blocking stream
+    made once per thread), current while each task is issued.  Every GPU task
+    records an event (made and recorded in its own task context, so on its own
+    GPU: an event must be recorded on a stream of the device it was created
+    on).  A GPU task waits (GPU-side) on the events of its producers on another
+    stream; a CPU task waits on the host for its producers' events, since it
+    reads their values on the host.  The streams also wait for an event
+    recorded on the caller's current stream when the run started, where the
+    sources were made.
+    """
+
+    name = "cuda"
+
+    def __init__(self, stream: str = "ptds", timing: bool = False) -> None:
+        check_default_streams(stream)
+        self.cupy = _cupy()
+        self.timing = timing
+        self.clock: dict[int, tuple[Any, float]] = {}   # ordinal -> (timed event at the start, host time then)
+        self.timed: dict[int, list[Any]] = {}           # task key -> [ordinal, start event, end event]
+        self.kind = stream
+        self.checker = None
+        self.delays = None
+        self.start: list[Any] = []      # events on the caller's streams at the start of the run
+        self.ordinals: list[int] = []   # the GPUs the plan uses
+        self.tasks: list[Any] = []
+        self._local = threading.local()
+
+    def begin(self, tasks: Any) -> None:
+        """In the calling thread: record, on its current stream of every GPU the plan uses, the start events."""
+        cp = self.cupy
+        self.tasks = tasks
+        self.ordinals = sorted({o for t in tasks if (o := _ordinal(str(t.device))) is not None})
+
+        ensure_gpu_memory(self.ordinals)   # gn.set_config(gpu_memory=...) made before a GPU was seen
+        for o in self.ordinals:
+            with cp.cuda.Device(o):
+                # blocking: a CPU lane that waits for it on the host sleeps instead of spinning a core
+                ev = cp.cuda.Event(block=True, disable_timing=True)
+                ev.record(cp.cuda.get_current_stream())   # this thread's current stream on this device
+                self.start.append(ev)
+                if self.timing:
+                    t0 = cp.cuda.Event()   # timing on: the zero of this GPU's clock
+                    t0.record(cp.cuda.get_current_stream())
+                    self.clock[o] = (t0, time.perf_counter())
+
+    def device_key(self, task: Any) -> int | None:
+        """The GPU ordinal of a task (its lane's device), None for the CPU."""
+        return _ordinal(str(task.device))
+
+    def pool_key(self, group: tuple) -> tuple:
+        ordinal, lane = group
+        return ("cpu", lane) if ordinal is None else ("cuda", ordinal, lane)
+
+    def lane_context(self, group: tuple) -> Any:
+        self._local.streams = {}       # ordinal -> this lane's stream on that GPU, in this run
+        self._local.start_synced = False
+        return _Null() if group[0] is None else _LaneDevice(self, group[0])
+
+    def _stream(self, ordinal: int) -> Any:
+        """This lane's stream on GPU ``ordinal`` (current device); it waits for the start of the run."""
+        streams = self._local.streams
+        s = streams.get(ordinal)
+        if s is None:
+            cp = self.cupy
+            if self.kind == "ptds":
+                s = cp.cuda.Stream.ptds
+            else:   # made once per worker thread and device, kept for the thread's life
+                made = getattr(_THREAD, "streams", None)
+                if made is None:
+                    made = _THREAD.streams = {}
+                key = (id(cp), ordinal)   # per CuPy module: a test's stand-in never gets another's stream
+                s = made.get(key)
+                if s is None:
+                    s = made[key] = cp.cuda.Stream(non_blocking=True)
+            for ev in self.start:   # an event may be waited on by a stream of another device
+                s.wait_event(ev)
+                if self.kind == "new":
+                    cp.cuda.Stream.ptds.wait_event(ev)
+            streams[ordinal] = s
+        return s
+
+    def done(self, event: Any) -> bool:
+        if event is None:  # not recorded yet (cudaEventQuery would say cudaSuccess for it)
+            return False
+        if isinstance(event, _HostEvent):
+            return event.flag.is_set()
+        return event.done   # CuPy's Event: .done is cudaEventQuery; it has no .query()
+
+    def record(self, task: Any) -> Any:
+        """An event recorded on the current stream, after the task's work (inside its task context).
+
+        A CPU task's value is host data, ready when the task returns: its event is a host flag (an
+        event recorded on the legacy default stream would be a device-wide barrier).
+        """
+        if _ordinal(str(task.device)) is None:
+            host = _HostEvent()
+            host.flag.set()
+            return host
+        cp = self.cupy
+        # GPU consumers wait for it on the GPU (Stream.wait_event); a CPU consumer waits on the host, and a
+        # blocking event lets that thread sleep instead of spinning a core (cudaEventBlockingSync)
+        ev = cp.cuda.Event(block=True, disable_timing=True)
+        if self.kind == "new":
+            # cuML runs on the per-thread default stream whatever CuPy's current stream is: join it in
+            cp.cuda.get_current_stream().wait_event(cp.cuda.Stream.ptds.record(cp.cuda.Event(disable_timing=True)))
+        ev.record(cp.cuda.get_current_stream())
+        if self.timing and task.key in self.timed:
+            end = cp.cuda.Event()
+            end.record(cp.cuda.get_current_stream())
+            self.timed[task.key].append(end)
+        return ev
+
+    def wait(self, event: Any, consumer: Any, producer: Any, cross_lane: bool) -> None:
+        """Order ``consumer`` after ``producer``'s event (called inside the consumer's task context)."""
+        if event is None or isinstance(event, _HostEvent):  # a CPU task's value: on the host, and ready
+            return
+        mine = _ordinal(str(consumer.device))
+        if mine is None:    # a CPU task reads its inputs on the host
+            event.synchronize()
+            return
+        cp = self.cupy
+        if cross_lane or _ordinal(str(producer.device)) != mine:   # else: the same stream, in issue order
+            cp.cuda.get_current_stream().wait_event(event)
+        if self.kind == "new":  # cuML's work goes to the per-thread default stream
+            cp.cuda.Stream.ptds.wait_event(event)
+
+    def wait_source(self, consumer: Any, source: Any) -> None:
+        """A CPU task reading a GPU source waits on the host for the start events (once per lane)."""
+        if _ordinal(str(consumer.device)) is None and _ordinal(str(source.device)) is not None \
+                and not self._local.start_synced:
+            for ev in self.start:
+                ev.synchronize()
+            self._local.start_synced = True
+
+    def before_task(self, task: Any = None) -> Callable[[], None] | None:
+        """With timing on, a GPU task records a timed event on its stream just before its work is issued."""
+        if not self.timing or task is None or (o := _ordinal(str(task.device))) is None:
+            return None
+        cp = self.cupy
+
+        def start() -> None:
+            ev = cp.cuda.Event()
+            ev.record(cp.cuda.get_current_stream())
+            self.timed[task.key] = [o, ev]
+
+        return start
+
+    def timings(self, run: Any) -> None:
+        """After the run: GPU start/end of each timed task into its trace record (host issue time kept)."""
+        if not self.timed:
+            return
+        cp = self.cupy
+        gpu: dict[int, tuple[float, float]] = {}
+        for key, (o, *evs) in self.timed.items():
+            if len(evs) != 2 or o not in self.clock:
+                continue   # the task failed: no end event
+            t0, host0 = self.clock[o]
+            for ev in (t0, *evs):   # cudaEventElapsedTime needs both events complete
+                ev.synchronize()
+            base = host0 - run.t0
+            gpu[key] = (base + cp.cuda.get_elapsed_time(t0, evs[0]) / 1e3,
+                        base + cp.cuda.get_elapsed_time(t0, evs[1]) / 1e3)
+        for r in run.trace.records:
+            if r.key in gpu and r.issued is None:
+                r.issued = (r.start, r.end)
+                r.start, r.end = gpu[r.key]
+
+    def task_context(self, task: Any) -> Any:
+        """Make the task's GPU and this lane's stream on it current while the task is issued.
+
+        A CPU task that reads GPU values (a move to the host, a host-only function) runs with its first
+        GPU input's device and this lane's stream on it current: ``cupy.asnumpy(x)`` copies on the
+        current stream, which would otherwise be the legacy default stream, a device-wide barrier.
+        """
+        o = _ordinal(str(task.device))
+        if o is None:
+            tasks = self.tasks
+            o = next((p for d in task.deps if (p := _ordinal(str(tasks[d].device))) is not None), None)
+        return _Null() if o is None else _CudaTask(self, o)
+
+    def quiesce(self, run: Any) -> None:
+        """After a failed run: wait until no kernel of the run can still read a value, before any is freed.
+
+        A failed task may have issued work without recording its event, and lanes stopped early leave
+        values their readers never finished with: synchronize every GPU the run used.
+        """
+        cp = self.cupy
+        for o in self.ordinals:
+            cp.cuda.Device(o).synchronize()
+
+

@@ -1,0 +1,519 @@
+"""Saving and loading fitted networks and composites, without their training data.
+
+:func:`save` writes a node (with every machine upstream of it and their
+fitted states), a machine, a fitted composite or stack, or any estimator
+holding them, to one file; :func:`load` reads it back.  As MLJ's
+``serializable`` does, the file never holds training data: sources keep their
+name (so the loaded network can be called on new data, ``yhat(Xnew)``) but not
+their data, and nothing a fit kept of them (a composite's own copy of ``X``,
+fingerprints, traces) is written.
+
+Values on a GPU (CuPy arrays in fitted states, cuDF objects, fitted cuML
+estimators, which are stored as their scikit-learn twins) are copied to the
+host when saved.  When loaded they go back to the device they were on where
+that device exists here; elsewhere they stay on the host and the machines
+run on the CPU, with the usual :class:`~gpunets.DeviceFallbackWarning` (or
+the error ``gn.config(fallback="raise")`` asks for).
+
+The file is a zip archive: ``gpunets.json`` (the gpunets version, the format
+and its version, read before anything else) and the payload, written with
+:mod:`pickle` (``format="pickle"``, the default) or with ``skops.io``
+(``format="skops"``, needs ``pip install "gpunets[persist]"``).
+
+.. warning::
+   Loading a pickle runs code chosen by whoever wrote the file.  Load pickle
+   files only from sources you trust; for files from elsewhere use
+   ``format="skops"``, which loads only types on a trusted list (gpunets'
+   own, NumPy's, scikit-learn's, and those you name with ``trusted=[...]``).
+
+The object saved is encoded by :mod:`gpunets.persistence._persist_codec`: the graph as a
+table (one entry per source, node and machine, referred to by index), so
+shared parts are written once and deep networks need no deep recursion.
+
+>>> import os, tempfile, numpy as np, gpunets as gn
+>>> from sklearn.linear_model import Ridge
+>>> X, y = gn.source(np.eye(3), name="X"), gn.source(np.arange(3.0), name="y")
+>>> yhat = gn.machine(Ridge(), X, y).predict(X)
+>>> _ = yhat.fit()
+>>> path = os.path.join(tempfile.mkdtemp(), "ridge.gn")
+>>> _ = gn.save(yhat, path)
+>>> loaded = gn.load(path, allow_pickle=True)   # our own file: we trust it
+>>> np.allclose(loaded(np.eye(3)), yhat())
+True
+>>> loaded.origins[0].data is None
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import json
+import os
+import pickle
+import platform
+import re
+import tempfile
+import zipfile
+import zlib
+from importlib import metadata
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import sklearn
+
+from gpunets import __version__
+from gpunets.persistence._persist_codec import Archive, DamagedFile, Decoder, Encoder
+from gpunets.base.exceptions import GpunetsError
+from gpunets.core.machines import Machine
+from gpunets.core.nodes import AbstractNode
+
+__all__ = ["save", "load", "FORMATS", "FORMAT_VERSION", "TRUSTED_TYPES", "PersistenceError", "UntrustedTypesError"]
+
+#: The file formats :func:`save` writes.
+FORMATS = ("pickle", "skops")
+
+#: The version of the file layout; a file with another one is refused with both versions named.
+FORMAT_VERSION = 1
+
+_META = "gpunets.json"
+_PAYLOAD = {"pickle": "payload.pkl", "skops": "payload.skops"}
+_MAGIC = "gpunets.save"
+
+#: Types and functions of gpunets (and of the Python library, for the node arithmetic) that the skops format
+#: loads without being named in ``trusted=``: plain data holders and the operations gpunets' own nodes use.
+TRUSTED_TYPES: tuple[str, ...] = (
+    "gpunets.persistence._persist_codec.Archive", "gpunets.persistence._persist_codec.Ref", "gpunets.persistence._persist_codec.Record",
+    "gpunets.persistence._persist_codec.Items", "gpunets.persistence._persist_codec.HostValue",
+    "gpunets.devices.placement.Device",
+    "gpunets.compose.stacking.StackingRegressor", "gpunets.compose.stacking.StackingClassifier",
+    "gpunets.core.ops.combine",
+    "gpunets.compose.stacking.take_rows", "gpunets.compose.stacking.assemble_folds", "gpunets.compose.stacking.enforce_order",
+    "gpunets.compose.stacking.concat_predictions", "gpunets.compose.stacking.decode_labels",
+    "gpunets.compose.stacking.MemberSummary", "gpunets.compose.stacking.summarize_members", "gpunets.compose.stacking.average_folds",
+    "gpunets.compose.stacking.prefit_output", "gpunets.compose.stacking.decode_multilabel", "gpunets.compose.stacking.multilabel_proba",
+    "gpunets.compose.stacking.enforce_order_partial",
+    "functools.partial",
+    "sklearn.utils._bunch.Bunch",
+    # a search's scorers: they hold a metric (a public function of sklearn.metrics, trusted below) and its kwargs
+    "sklearn.metrics._scorer._PassthroughScorer", "sklearn.metrics._scorer._Scorer",
+    "sklearn.metrics._scorer._MultimetricScorer",
+    *(f"_operator.{op}" for op in ("add", "sub", "mul", "truediv", "pow", "matmul", "neg", "abs", "getitem")),
+    # scikit-learn's cross-validation splitters (a stack's cv=): plain parameter holders, like its estimators
+    *(f"sklearn.model_selection._split.{name}" for name in (
+        "KFold", "StratifiedKFold", "GroupKFold", "StratifiedGroupKFold", "RepeatedKFold", "RepeatedStratifiedKFold",
+        "ShuffleSplit", "StratifiedShuffleSplit", "GroupShuffleSplit", "TimeSeriesSplit", "PredefinedSplit",
+        "LeaveOneOut", "LeavePOut", "LeaveOneGroupOut", "LeavePGroupsOut")),
+)
+
+
+
+class PersistenceError(GpunetsError, ValueError):
+    """A file cannot be loaded: not written by :func:`gpunets.save`, or by an incompatible gpunets version."""
+
+
+class UntrustedTypesError(GpunetsError, TypeError):
+    """A ``format="skops"`` file holds types that are not trusted (name them in ``trusted=[...]``)."""
+
+
+def _check_target(obj: Any) -> None:
+    def ok(x: Any) -> bool:
+        if isinstance(x, (AbstractNode, Machine)) or callable(getattr(x, "fit", None)):
+            return not isinstance(x, type)
+        if isinstance(x, (list, tuple)):
+            return len(x) > 0 and all(ok(v) for v in x)
+        if isinstance(x, dict):
+            return len(x) > 0 and all(ok(v) for v in x.values())
+        return False
+
+    if not ok(obj):
+        msg = (f"gn.save saves a node, a machine, a composite or another estimator (or a list or dict of them); "
+               f"got {obj!r} of type {type(obj).__name__}. Hint: gn.save(yhat, path) with yhat = mach.predict(X).")
+        raise TypeError(msg)
+
+
+def _skops_io() -> Any:
+    try:
+        import skops.io as sio  # lazy: skops is an optional extra, imported only for format="skops"
+    except ImportError as exc:
+        msg = ('format="skops" needs the skops package: pip install "gpunets[persist]" (or pip install skops); '
+               'or use format="pickle" for files you will only load yourself.')
+        raise ImportError(msg) from exc
+    return sio
+
+
+def _versions() -> dict[str, Any]:
+    try:
+        sk: str | None = metadata.version("skops")   # read from the metadata: skops stays unimported
+    except metadata.PackageNotFoundError:
+        sk = None
+    return {"gpunets": __version__, "python": platform.python_version(), "numpy": np.__version__,
+            "sklearn": sklearn.__version__, "skops": sk}
+
+
+def save(obj: Any, path: str | os.PathLike[str], *, format: str = "pickle") -> str:  # noqa: A002 - the word users know
+    """Save a fitted network, machine or composite to ``path``, without its training data.
+
+    Parameters
+    ----------
+    obj : node, machine, estimator, or a list or dict of them
+        A node is saved with every machine upstream of it and their fitted
+        states; a composite or stack (or any estimator holding one) with its
+        fitted network.  Objects saved together share their machines.
+    path : str or path-like
+        The file to write (replaced if it exists).
+    format : {"pickle", "skops"}, default "pickle"
+        ``"pickle"`` stores anything picklable, but loading it runs code:
+        only load pickle files you trust.  ``"skops"`` (needs the ``skops``
+        package) writes a file that :func:`load` checks against a list of
+        trusted types before building anything: use it for files you share.
+
+    Returns
+    -------
+    str
+        The path written.
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``format``.
+    TypeError
+        For an object that is not a node, machine or estimator, or a node whose operation is a lambda or a
+        local function (pickle and skops store functions by name).
+    ImportError
+        For ``format="skops"`` where skops is not installed.
+
+    Examples
+    --------
+    >>> import os, tempfile, numpy as np, gpunets as gn
+    >>> from sklearn.linear_model import Ridge
+    >>> X = gn.source(np.eye(3), name="X")
+    >>> mach = gn.machine(Ridge(), X, gn.source(np.ones(3), name="y"))
+    >>> _ = mach.fit()
+    >>> gn.save(mach.predict(X), os.path.join(tempfile.mkdtemp(), "m.gn"), format="json")
+    Traceback (most recent call last):
+    ...
+    ValueError: gn.save: format='json' is not a format; use 'pickle' or 'skops'...
+    """
+    if format not in FORMATS:
+        msg = (f"gn.save: format={format!r} is not a format; use 'pickle' or 'skops' (skops for files others "
+               f"will load: loading a pickle runs code).")
+        raise ValueError(msg)
+    _check_target(obj)
+    sio = _skops_io() if format == "skops" else None
+    enc = Encoder()
+    archive = enc.run(obj)
+    if sio is not None:
+        try:
+            payload = sio.dumps(archive)
+        except TypeError as exc:
+            msg = (f"gn.save(format='skops') cannot store this object: {exc} Use format='pickle' for objects "
+                   f"skops does not support (and only load that file where you trust it).")
+            raise TypeError(msg) from exc
+    else:
+        payload = pickle.dumps(archive, protocol=pickle.HIGHEST_PROTOCOL)
+    meta = {"magic": _MAGIC, "format": format, "format_version": FORMAT_VERSION, "object": type(obj).__name__,
+            "devices": sorted(enc.devices), **_versions()}
+    path = os.fspath(path)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr(_META, json.dumps(meta, indent=1))
+        zf.writestr(_PAYLOAD[format], payload)
+    _write_atomically(path, buf.getvalue())
+    return path
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all.
+
+    The bytes go to a temporary file of its own in the same folder (unique to this call, so two threads or
+    processes saving to one path never share it), are flushed to disk, and replace ``path`` in one
+    ``os.replace``: a reader sees the old file or a complete new one, and the last complete save wins.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".partial", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)   # mkstemp makes it private (0o600); a saved file gets open()'s mode
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def _read_umask() -> int:
+    mask = os.umask(0)   # the only way to read it; done once, at import, not while other threads save
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
+# ----------------------------------------------------------------- loading
+
+
+def _series(version: str) -> tuple[str, ...]:
+    m = re.match(r"^(\d+)\.(\d+)", version)
+    return m.groups() if m else (version,)
+
+
+def _read_meta(zf: zipfile.ZipFile, path: str) -> dict[str, Any]:
+    if _META not in zf.namelist():
+        raise _foreign(path, f"it is a zip archive without {_META}")
+    raw = _read(zf, _META, path)
+    try:
+        meta = json.loads(raw)
+    except ValueError as exc:
+        raise _damaged(path, f"its {_META} is not readable JSON") from exc
+    if not isinstance(meta, dict) or meta.get("magic") != _MAGIC:
+        raise _foreign(path, f"its {_META} is not gpunets'")
+    theirs, fv = str(meta.get("gpunets", "?")), meta.get("format_version")
+    if fv != FORMAT_VERSION or _series(theirs) != _series(__version__):
+        msg = (f"{path!r} was written by gpunets {theirs} (file format {fv}); this is gpunets {__version__} "
+               f"(file format {FORMAT_VERSION}), which loads only files written by gpunets "
+               f"{'.'.join(_series(__version__))}.x. Load it with gpunets {theirs}, or fit the network again "
+               f"with this version and save it anew.")
+        raise PersistenceError(msg)
+    if meta.get("format") not in FORMATS or _PAYLOAD[meta["format"]] not in zf.namelist():
+        raise _damaged(path, f"its format {meta.get('format')!r} comes without its payload")
+    return meta
+
+
+def _type_names(trusted: Iterable[Any]) -> list[str]:
+    out = []
+    for t in trusted:
+        if isinstance(t, str):
+            out.append(t)
+        elif hasattr(t, "__module__") and hasattr(t, "__name__"):
+            out.append(f"{t.__module__}.{t.__name__}")
+        else:
+            msg = f"gn.load: trusted= takes type names or types; got {t!r} of type {type(t).__name__}."
+            raise TypeError(msg)
+    return out
+
+
+def _resolve(name: str) -> Any:
+    """The object a full dotted name refers to (the longest importable module, then attributes), or None."""
+    parts = name.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[i:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return None
+        return obj
+    return None
+
+
+#: What a pickle of NumPy arrays, scikit-learn estimators and gpunets' objects refers to besides classes.
+_PICKLE_HELPERS = frozenset({
+    "copyreg._reconstructor", "copyreg.__newobj__", "builtins.object", "builtins.set", "builtins.frozenset",
+    "builtins.slice", "builtins.complex", "builtins.bytearray", "builtins.range", "builtins.dict",
+    "builtins.list", "builtins.tuple", "collections.OrderedDict", "collections.defaultdict",
+    "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct",
+    "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar", "numpy.dtype", "numpy.ndarray",
+    "numpy.core.numeric._frombuffer", "numpy._core.numeric._frombuffer",
+    "numpy.random._pickle.__bit_generator_ctor", "numpy.random._pickle.__generator_ctor",
+    "numpy.random._pickle.__randomstate_ctor",
+})
+
+#: Classes of the trusted packages that are still not trusted by default (skops' own exceptions: a tree's node
+#: indices are not checked when it is built, so a crafted file could read memory out of bounds).
+_NOT_BY_DEFAULT = frozenset({"sklearn.tree._tree.Tree"})
+
+
+def _trusted_by_default(name: str, packages: tuple[str, ...] = ("gpunets",)) -> bool:
+    """The functions on :data:`TRUSTED_TYPES` and the classes of ``packages`` (types, not functions).
+
+    skops trusts NumPy's and scikit-learn's types itself, so its files add gpunets' classes only; a pickle loaded
+    with ``trusted=`` has no such list, and trusts gpunets', NumPy's and scikit-learn's classes here.
+    """
+    if name in TRUSTED_TYPES:
+        return True
+    if name.split(".")[0] not in packages or name in _NOT_BY_DEFAULT:
+        return False
+    obj = _resolve(name)   # a class: loading builds data; a function is called when the network runs, so only
+    return isinstance(obj, type) or getattr(obj, "__gn_saved_operation__", False) is True   # those gpunets marks
+
+
+def _is_metric(name: str) -> bool:
+    """A public metric of ``sklearn.metrics`` (what a search's scorer calls)."""
+    if not name.startswith("sklearn.metrics."):
+        return False
+    import sklearn.metrics
+
+    obj = _resolve(name)
+    return callable(obj) and getattr(sklearn.metrics, getattr(obj, "__name__", ""), None) is obj
+
+
+def _load_skops(payload: bytes, trusted: Sequence[Any] | None, path: str) -> Any:
+    sio = _skops_io()
+    named = _type_names(trusted or ())
+    try:
+        found = set(sio.get_untrusted_types(data=payload))
+    except Exception as exc:  # noqa: BLE001 - skops raises many kinds on a damaged payload
+        raise _damaged(path, f"its skops payload cannot be read ({type(exc).__name__}: {exc})") from exc
+    untrusted = sorted(t for t in found if t not in named and not _trusted_by_default(t) and not _is_metric(t))
+    if untrusted:
+        from skops.io.exceptions import UNTRUSTED_TYPE_REASONS  # lazy: skops is optional
+
+        notes = "".join(f"\n- {UNTRUSTED_TYPE_REASONS[t]}" for t in untrusted if t in UNTRUSTED_TYPE_REASONS)
+        msg = (f"gn.load: {path!r} holds types that are not trusted: {untrusted}. Loading a type can run its "
+               f"code, so gn.load builds nothing until you trust them: if you trust where the file comes from and "
+               f"these types, load it with gn.load(path, trusted={untrusted!r}).{notes}")
+        raise UntrustedTypesError(msg)
+    try:
+        return sio.loads(payload, trusted=sorted(found))
+    except UntrustedTypesError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a payload that skops cannot rebuild
+        raise _damaged(path, f"its skops payload cannot be rebuilt ({type(exc).__name__}: {exc})") from exc
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Unpickles only trusted globals: what ``trusted=`` allows for a pickle file (the pickle docs' recipe)."""
+
+    def __init__(self, data: bytes, named: set[str], path: str) -> None:
+        super().__init__(io.BytesIO(data))
+        self.named, self.path = named, path
+
+    def find_class(self, module: str, name: str) -> Any:
+        full = f"{module}.{name}"
+        if (full in self.named or full in _PICKLE_HELPERS or _is_metric(full)
+                or _trusted_by_default(full, ("gpunets", "numpy", "sklearn"))):
+            return super().find_class(module, name)
+        msg = (f"gn.load: {self.path!r} (a pickle file) refers to {full!r}, which is not trusted: a pickle calls "
+               f"what it names while it loads. Trust it by name if you trust where the file comes from: "
+               f"gn.load(path, trusted=[{full!r}]) (or allow_pickle=True to trust the whole file).")
+        raise UntrustedTypesError(msg)
+
+
+def _damaged(path: str, why: str) -> PersistenceError:
+    return PersistenceError(f"{path!r} is damaged: it was written by gn.save but {why}. Save it again from the "
+                            f"fitted object, or restore the file from a copy.")
+
+
+def _foreign(path: str, why: str) -> PersistenceError:
+    return PersistenceError(f"{path!r} is foreign: it was not written by gn.save ({why}); gn.load reads only "
+                            f"gn.save's files.")
+
+
+def _open_archive(path: str) -> zipfile.ZipFile:
+    try:
+        return zipfile.ZipFile(path)
+    except zipfile.BadZipFile as exc:
+        with open(path, "rb") as f:
+            head = f.read(512)
+        # a gn.save file begins with the local header of its metadata member: cut short or overwritten after it
+        if head.startswith(b"PK\x03\x04") and _META.encode() in head:
+            raise _damaged(path, "it is not a complete zip archive (truncated or overwritten)") from exc
+        raise _foreign(path, "it is not a zip archive") from exc
+
+
+def _read(zf: zipfile.ZipFile, name: str, path: str) -> bytes:
+    try:
+        return zf.read(name)
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:   # bad CRC, bad deflate stream, cut short
+        raise _damaged(path, f"its member {name!r} cannot be read ({type(exc).__name__}: {exc})") from exc
+
+
+def load(path: str | os.PathLike[str], *, allow_pickle: bool = False,
+         trusted: Sequence[Any] | None = None) -> Any:
+    """Load what :func:`save` wrote: the network, machine or estimator, fitted, without training data.
+
+    Sources come back without data: call a loaded node on new data (``yhat(Xnew)`` or ``yhat(X=Xnew)``), or
+    give its sources data (``X.data = ...``) before fitting it again.  Values saved from a GPU go back to it
+    where it exists here; elsewhere they stay on the host and their machines run on the CPU, with a
+    :class:`~gpunets.DeviceFallbackWarning` (``gn.config(fallback="raise")`` makes it an error).
+
+    As NumPy's ``np.load`` does, a pickle is loaded only when the caller asks: the file does not choose.
+    ``format="skops"`` files load by default (they build only trusted types); a ``format="pickle"`` file needs
+    ``allow_pickle=True`` (you trust the file: loading it may run any code it names) or ``trusted=[...]``
+    (it is unpickled with only gpunets', NumPy's and scikit-learn's classes and the names you list).
+
+    Parameters
+    ----------
+    path : str or path-like
+        A file written by :func:`save`.
+    allow_pickle : bool, default False
+        Load a ``format="pickle"`` file as it is.  Only for files you trust: unpickling runs code chosen by
+        whoever wrote the file.
+    trusted : list of str or type, optional
+        Types (or functions) to trust beyond gpunets', NumPy's and scikit-learn's classes, by their full name
+        as the error lists them (``"mymodule.MyComposite"``).  For a pickle file, loading with ``trusted=``
+        refuses any other global the pickle names.
+
+    Returns
+    -------
+    object
+        What was saved, with new identities (as a copy made with :mod:`copy` or :mod:`pickle` has).
+
+    Raises
+    ------
+    PersistenceError
+        A ``ValueError``: the file is *foreign* (not written by :func:`save`), *damaged* (written by it, then
+        cut short or altered), written by an incompatible gpunets version (both versions are named), or a
+        pickle file loaded without ``allow_pickle=True`` or ``trusted=``.
+    UntrustedTypesError
+        A ``TypeError``: the file holds types that are not trusted; the message names them.
+
+    Examples
+    --------
+    >>> import os, tempfile, zipfile, gpunets as gn
+    >>> path = os.path.join(tempfile.mkdtemp(), "not-mine.zip")
+    >>> with zipfile.ZipFile(path, "w") as zf:
+    ...     zf.writestr("model.pkl", b"...")
+    >>> gn.load(path)
+    Traceback (most recent call last):
+    ...
+    gpunets.persistence.persist.PersistenceError: '...not-mine.zip' is foreign: it was not written by gn.save ...
+    """
+    path = os.fspath(path)
+    if trusted is not None and (isinstance(trusted, (str, bytes)) or not isinstance(trusted, (list, tuple, set))):
+        msg = (f"gn.load: trusted= takes a list of type names or types, e.g. trusted=['mymodule.MyComposite']; "
+               f"got {trusted!r}.")
+        raise TypeError(msg)
+    if not isinstance(allow_pickle, bool):
+        msg = f"gn.load: allow_pickle= takes True or False; got {allow_pickle!r}."
+        raise TypeError(msg)
+    named = _type_names(trusted or ())
+    with _open_archive(path) as zf:
+        meta = _read_meta(zf, path)
+        fmt = meta["format"]
+        if fmt == "pickle" and not allow_pickle and trusted is None:
+            msg = (f"gn.load: {path!r} is a pickle file, and loading a pickle runs code chosen by whoever wrote "
+                   f"it, so gn.load does not unpickle unless asked (as np.load's allow_pickle). If you trust the "
+                   f"file, load it with gn.load(path, allow_pickle=True); to trust only gpunets', NumPy's and "
+                   f"scikit-learn's classes, gn.load(path, trusted=[]); for files from elsewhere, ask for one "
+                   f"saved with gn.save(obj, path, format='skops').")
+            raise PersistenceError(msg)
+        payload = _read(zf, _PAYLOAD[fmt], path)
+    if fmt == "skops":
+        archive = _load_skops(payload, named, path)
+    else:
+        try:
+            archive = (pickle.loads(payload) if allow_pickle
+                       else _RestrictedUnpickler(payload, set(named), path).load())
+        except UntrustedTypesError:
+            raise
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError,
+                IndexError, KeyError, MemoryError) as exc:
+            raise _damaged(path, f"its pickle payload cannot be read ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(archive, Archive):
+        raise _damaged(path, f"its payload is a {type(archive).__name__}, not a gpunets archive")
+    try:
+        return Decoder(archive, path).run()
+    except DamagedFile as exc:
+        raise _damaged(path, str(exc)) from exc
+    except (KeyError, AttributeError, IndexError) as exc:   # a payload that gn.save did not write
+        raise _damaged(path, f"{type(exc).__name__}: {exc} while rebuilding the network") from exc
