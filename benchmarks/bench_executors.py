@@ -57,7 +57,7 @@ def forest_branches(quick: bool) -> dict[str, Any]:
     preds: dict[str, Any] = {}
     runs = {"serial": gn.SerialExecutor(), "threads": gn.ThreadsExecutor(workers=2),
             "streams": gn.StreamsExecutor(workers=2)}
-    for rep in range(1 if quick else 2):
+    for _rep in range(1 if quick else 2):
         for name, ex in runs.items():   # interleaved, so that noise hits every executor alike
             t = time.perf_counter()
             out.fit(executor=ex, force=True)

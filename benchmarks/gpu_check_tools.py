@@ -21,6 +21,7 @@ A ``CUDA_HOME`` already set is kept. Whether NVVM really works is the environmen
 from __future__ import annotations
 
 import glob
+import importlib
 import json
 import os
 import site
@@ -62,11 +63,14 @@ def toolkit_candidates() -> list[str]:
     return roots
 
 
-def find_nvvm() -> dict[str, Any]:
-    """Where libNVVM is and how it was found; ``export_cuda_home`` is what the script should export (or None)."""
+def find_nvvm(roots: list[str] | None = None) -> dict[str, Any]:
+    """Where libNVVM is and how it was found; ``export_cuda_home`` is what the script should export (or None).
+
+    ``roots`` replaces :func:`toolkit_candidates` (for tests).
+    """
     info: dict[str, Any] = {"CUDA_HOME": os.environ.get("CUDA_HOME"), "export_cuda_home": None}
     try:
-        from cuda import pathfinder  # type: ignore[import-not-found]
+        pathfinder = importlib.import_module("cuda.pathfinder")
     except ImportError:
         info["pathfinder"] = "not installed"
     else:
@@ -81,7 +85,7 @@ def find_nvvm() -> dict[str, Any]:
         info.update(nvvm=_has_nvvm(info["CUDA_HOME"]), found_by="CUDA_HOME (already set)")
         return info
     tried = []
-    for root in toolkit_candidates():
+    for root in toolkit_candidates() if roots is None else roots:
         tried.append(root)
         lib = _has_nvvm(root) if os.path.isdir(root) else None
         if lib:
