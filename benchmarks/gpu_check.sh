@@ -63,7 +63,8 @@ try:
         info.update(gpu="fake GPU", cupy="fake (gpunets.fakegpu)")
     else:
         info.update(gpu=cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), cupy=cp.__version__)
-        cc = tuple(int(c) for c in cp.cuda.Device(0).compute_capability)   # "90" -> (9, 0)
+        cc_text = str(cp.cuda.Device(0).compute_capability)   # "90" -> (9, 0), "100" -> (10, 0)
+        cc = (int(cc_text[:-1]), int(cc_text[-1]))
 except Exception as e:  # noqa: BLE001
     info["cupy_error"] = repr(e); errors.append("CuPy unusable (see cupy_error)")
 info["cc"] = f"{cc[0]}{cc[1]}"
