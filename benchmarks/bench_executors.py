@@ -68,7 +68,7 @@ def forest_branches(quick: bool) -> dict[str, Any]:
         np.testing.assert_array_equal(preds[name], preds["serial"])
     res = {"rows": n, "trees": trees, "seconds": times}
     from gpunets.executors import explain_auto
-    from gpunets.plan import compile_fit
+    from gpunets.planning.plan import compile_fit
 
     chosen, why = explain_auto(compile_fit([out], force=True, max_lanes=2))
     res["auto_choice"] = {"value": chosen, "target": "threads", "met": chosen == "threads", "reason": why}
@@ -146,7 +146,7 @@ FAKE_NOTE = "fake GPU: harness check only (NumPy on the CPU; the times say nothi
 
 def gpu_cupy() -> tuple[Any, str | None]:
     """CuPy through gpunets' own seam (the fake GPU under ``GPUNETS_FAKE_GPU``), or why there is no GPU."""
-    from gpunets import _gpulibs
+    from gpunets.devices import _gpulibs
 
     try:
         cp = _gpulibs.cupy()
@@ -254,7 +254,7 @@ def gpu_streams(quick: bool, png: str | None) -> dict[str, Any]:
     cp, why = gpu_cupy()
     if cp is None:
         return {"skipped": why}
-    from gpunets import _gpulibs
+    from gpunets.devices import _gpulibs
 
     fake = bool(_gpulibs.fake_gpu_count())
     rng = np.random.default_rng(0)

@@ -113,7 +113,7 @@ def cpu_section(quick: bool) -> dict:
 def gpu_section(quick: bool) -> dict:
     """The CUDA mean against a device copy. On the fake GPU of ``GPUNETS_FAKE_GPU`` (the kernel on numba's
     simulator) it runs at n = 4,096 as a harness check: its figures claim no target."""
-    from gpunets import _gpulibs
+    from gpunets.devices import _gpulibs
 
     try:
         cp = _gpulibs.cupy()

@@ -56,11 +56,11 @@ info = {"fake_gpu": fake, "simulator": fake, "CUDA_HOME": os.environ.get("CUDA_H
 errors = []
 cc = (9, 0)
 try:
-    from gpunets import _gpulibs
+    from gpunets.devices import _gpulibs
     cp = _gpulibs.cupy()
     info["devices"] = cp.cuda.runtime.getDeviceCount()
     if fake:
-        info.update(gpu="fake GPU", cupy="fake (gpunets.fakegpu)")
+        info.update(gpu="fake GPU", cupy="fake (gpunets.devices.fakegpu)")
     else:
         info.update(gpu=cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), cupy=cp.__version__)
         cc_text = str(cp.cuda.Device(0).compute_capability)   # "90" -> (9, 0), "100" -> (10, 0)
@@ -122,7 +122,8 @@ else:
 res["ptx_seconds"] = round(time.perf_counter() - t0, 1)
 t1 = time.perf_counter()
 try:
-    from gpunets import _gpulibs, kernels
+    from gpunets import kernels
+    from gpunets.devices import _gpulibs
     cp = _gpulibs.cupy()
     for dt in (np.float32, np.float64):
         arrays = [cp.asarray(np.full(4096, i, dtype=dt)) for i in range(8)]
