@@ -1,0 +1,160 @@
+"""The GPU benchmark harness on the fake GPU: the executors' GPU section and ``benchmarks/gpu_check.sh --fake``.
+
+On the fake GPU the times say nothing about a GPU: these tests check that the harness runs, that results equal
+serial's, that the pictures are drawn and that no target is claimed. The timings themselves need a real GPU
+(``bash benchmarks/gpu_check.sh`` there).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from gpunets.testing import fake_gpu
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+HAS_MPL = importlib.util.find_spec("matplotlib") is not None
+
+
+def test_executors_gpu_section_runs_both_workloads_on_the_fake_gpu(tmp_path):
+    from benchmarks import bench_executors
+    from benchmarks.run import targets
+
+    with fake_gpu(1) as cp:
+        res = bench_executors.gpu_streams(quick=True, png=str(tmp_path / "gpu.png"))
+        assert cp.order_violations() == [] and cp.legacy_work() == []
+    assert res["fake_gpu"] and "harness check only" in res["note"], res
+    assert targets(res) == [], "the fake GPU claims no target"
+    for workload in ("midsize", "gemm"):
+        r = res[workload]
+        assert r["branches"] == 8 and r["workers"] == 8 and r["repeats"] == 3, r
+        assert set(r["seconds"]) == {"serial", "streams"} and min(r["seconds"].values()) > 0, r
+        assert r["max_abs_diff_vs_serial"] == 0.0, r   # the fake computes with NumPy: equal to the bit
+        assert set(r["speedup_streams"]) == {"value", "note"}, r
+        assert r["trace_overlap"] is not None and r["trace_overlap"] >= 0.9, r
+        if HAS_MPL:
+            assert r["timeline_png"] == str(tmp_path / f"gpu_{workload}.png")
+            assert (tmp_path / f"gpu_{workload}.png").stat().st_size > 1000
+    assert res["midsize"]["kernels_per_branch"] == 5 * res["midsize"]["steps"] + 3
+
+
+def test_executors_gpu_section_claims_its_targets_on_a_real_gpu_only(monkeypatch):
+    """Off the fake GPU the ratio is a verdict: {"value", "target", "met"} (mid-size: >= 1.5 on a GPU)."""
+    import types
+
+    import numpy as np
+
+    from benchmarks import bench_executors
+
+    device = types.SimpleNamespace(synchronize=lambda: None)
+    cp = types.SimpleNamespace(asnumpy=np.asarray, cuda=types.SimpleNamespace(Device=lambda: device))
+    monkeypatch.setattr(bench_executors.gn, "evaluate",
+                        lambda *a, **k: types.SimpleNamespace(trace=types.SimpleNamespace(records=[])))
+    res = bench_executors.streams_vs_serial(cp, lambda executor, output: np.ones(3), workers=8, repeats=1,
+                                            png=None, title="t", target=">= 1.5 on a GPU", threshold=1.5,
+                                            fake=False)
+    sp = res["speedup_streams"]
+    assert set(sp) == {"value", "target", "met"} and sp["target"] == ">= 1.5 on a GPU"
+    assert sp["met"] == (sp["value"] >= 1.5) and res["max_abs_diff_vs_serial"] == 0.0
+
+
+def test_gpu_check_summary_lines(tmp_path):
+    from benchmarks import gpu_check_tools as tools
+
+    path = tmp_path / "gpu_check.json"
+    path.write_text(json.dumps({
+        "environment": {"gpu": "NVIDIA H200", "cupy": "14.0.1", "numba_cuda": "0.30.4",
+                        "nvvm_probe": "ok: compile_ptx for sm_90", "absent": ["cudf", "cuml", "dask"]},
+        "executors_gpu": {"midsize": {"speedup_streams": {"value": 2.31, "target": ">= 1.5 on a GPU (mid-size)",
+                                                          "met": True}},
+                          "gemm": {"speedup_streams": {"value": 1.02, "target": ">= 0.9 (saturating)", "met": True}}},
+        "gpu_tests_legacy_stream": {"tests": 40, "failures": 1, "errors": 0, "skipped": 3, "failed": ["t::a"],
+                                    "error": "pytest exited with 1 (124: the timeout; 5: no GPU test collected)"},
+        "gpu_tests_per_thread_stream": {"tests": 40, "failures": 0, "errors": 0, "skipped": 3},
+        "multi_gpu_dask": {"skipped": "1 GPU(s): the multi-GPU section needs 2 or more real ones"},
+    }))
+    assert tools.summary(str(path), "environment") == (
+        "[environment] ok: NVIDIA H200, CuPy 14.0.1, numba-cuda 0.30.4, NVVM ok, without cudf, cuml, dask")
+    assert tools.summary(str(path), "executors_gpu") == (
+        "[executors_gpu] ok: midsize streams/serial 2.31x (target >= 1.5 on a GPU: met), "
+        "gemm 1.02x (target >= 0.9: met)")
+    assert tools.summary(str(path), "gpu_tests_legacy_stream").startswith("[gpu_tests_legacy_stream] FAILED: pytest")
+    assert tools.summary(str(path), "gpu_tests_per_thread_stream") == (
+        "[gpu_tests_per_thread_stream] ok: 37 passed, 0 failed, 3 skipped")
+    assert tools.summary(str(path), "multi_gpu_dask").startswith("[multi_gpu_dask] skipped: 1 GPU(s)")
+    assert tools.summary(str(path), "kernels_gpu") == "[kernels_gpu] FAILED: no result"
+
+
+@pytest.mark.parametrize("layout", ["cuda12-wheel", "cuda13-wheel", "toolkit"])
+def test_find_nvvm_in_cuda_12_and_13_layouts_without_pathfinder(tmp_path, monkeypatch, layout):
+    from benchmarks import gpu_check_tools as tools
+
+    rel = {"cuda12-wheel": "site/nvidia/cuda_nvcc/nvvm/lib64/libnvvm.so",
+           "cuda13-wheel": "site/nvidia/cu13/lib/libnvvm.so.4",
+           "toolkit": "cuda-13.0/nvvm/lib64/libnvvm.so.4.0.0"}[layout]
+    lib = tmp_path / rel
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"")
+    roots = [str(tmp_path / "none"), str(tmp_path / "cuda-13.0"), str(tmp_path / "site/nvidia/cuda_nvcc"),
+             str(tmp_path / "site/nvidia/cu13")]
+    monkeypatch.setitem(sys.modules, "cuda.pathfinder", None)   # an image without cuda-pathfinder
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    info = tools.find_nvvm(roots=roots)
+    assert info["pathfinder"] == "not installed"
+    assert info["nvvm"] == str(lib) and info["export_cuda_home"] == str(lib.parents[2 if "/nvvm/" in rel else 1])
+    info = tools.find_nvvm(roots=[str(tmp_path / "none")])
+    assert info["nvvm"] is None and info["tried"] == [str(tmp_path / "none")]
+
+
+def test_find_nvvm_prefers_cuda_pathfinder():
+    pytest.importorskip("cuda.pathfinder")
+    from benchmarks import gpu_check_tools as tools
+
+    info = tools.find_nvvm(roots=[])
+    if info.get("nvvm") is None:
+        pytest.skip(f"no libNVVM here for cuda.pathfinder to find: {info.get('pathfinder')}")
+    assert info["found_by"].startswith("cuda.pathfinder") and info["export_cuda_home"] is None
+    assert os.path.basename(info["nvvm"]).startswith("libnvvm")
+
+
+# An image with CuPy and numba-cuda but neither RAPIDS nor Dask: these imports fail in every Python process the
+# script starts (a sitecustomize on PYTHONPATH), as where the packages are not installed.
+HIDE = ("dask", "distributed", "dask_cuda", "dask_ml", "cudf", "cuml", "rmm")
+SITECUSTOMIZE = f"import sys\nfor _n in {HIDE!r}:\n    sys.modules[_n] = None\n"
+
+
+@pytest.mark.slow   # 45-75 s on 2 shared cores
+def test_gpu_check_script_in_fake_mode_without_rapids_or_dask(tmp_path):
+    """``bash benchmarks/gpu_check.sh --fake`` runs every section on the CPU: one line each, all ok, the JSON."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(hide)}
+    for var in ("GPUNETS_FAKE_GPU", "GPU_CHECK_FAKE", "CUDA_HOME"):
+        env.pop(var, None)
+    proc = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--fake", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    sections = ["environment", "warm", "gpu_tests_legacy_stream", "gpu_tests_per_thread_stream", "executors_gpu",
+                "kernels_gpu", "tuning_gpu", "multi_gpu_dask"]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert [line.split("]")[0][1:] for line in lines] == sections, proc.stdout
+    assert all(" ok: " in line for line in lines[:-1]) and "skipped: 1 GPU(s)" in lines[-1], proc.stdout
+    assert "gpu_check: PASSED (fake GPU" in proc.stdout.splitlines()[-1]
+    res = json.loads((out / "gpu_check.json").read_text())
+    assert set(sections) <= set(res) and not [k for k, v in res.items() if isinstance(v, dict) and "error" in v]
+    assert set(HIDE[:2]) | {"cudf", "cuml"} <= set(res["environment"]["absent"]), res["environment"]
+    assert res["gpu_tests_per_thread_stream"]["skipped"] == res["gpu_tests_per_thread_stream"]["tests"] > 0
+    assert "could not import 'distributed'" in (out / "gpu_tests_legacy_stream.log").read_text()  # skipped cleanly
+    for workload in ("midsize", "gemm"):
+        assert res["executors_gpu"][workload]["max_abs_diff_vs_serial"] == 0.0
+        assert "target" not in res["executors_gpu"][workload]["speedup_streams"]
+        if HAS_MPL:
+            assert (out / f"executors_gpu_timeline_{workload}.png").exists()
