@@ -59,6 +59,7 @@ __all__ = [
     "GpunetsError", "NotFittedError", "CycleError", "NetworkError", "DeviceUnavailableError", "FitError",
     "EvaluationError", "StreamOrderError",
     "save", "load", "PersistenceError", "UntrustedTypesError",
+    "GridSearchCV", "RandomizedSearchCV", "HalvingGridSearchCV", "HalvingRandomSearchCV",
 ]
 
 _LAZY = {
@@ -71,6 +72,8 @@ _LAZY = {
     "StackingClassifier": ("gpunets.stacking", "StackingClassifier"),
     "GridSearchCV": ("gpunets.tuning", "GridSearchCV"),
     "RandomizedSearchCV": ("gpunets.tuning", "RandomizedSearchCV"),
+    "HalvingGridSearchCV": ("gpunets.tuning", "HalvingGridSearchCV"),
+    "HalvingRandomSearchCV": ("gpunets.tuning", "HalvingRandomSearchCV"),
     "from_sklearn": ("gpunets.sklearn_import", "from_sklearn"),
     "save": ("gpunets.persist", "save"),
     "load": ("gpunets.persist", "load"),
