@@ -31,7 +31,7 @@ import numpy as np
 from ..fingerprint import fingerprint
 from . import tasks
 
-__all__ = ["Memory", "Recorder", "is_dask", "of"]
+__all__ = ["Memory", "Recorded", "is_dask", "of", "record_in"]
 
 
 class Memory:
@@ -125,13 +125,24 @@ def is_dask(executor: Any) -> bool:
     return "dask" in type(executor).__module__
 
 
-class Recorder:
-    """A node's function: passes its input on, after handing it to ``record(candidate, fold, out)``."""
+class Recorded:
+    """A score task's function that also hands its result to ``record(candidate, fold, out)``."""
 
-    def __init__(self, record: Any, pair: tuple[int, int]) -> None:
-        self.record, self.pair = record, pair
-        self.__name__ = "record"
+    def __init__(self, fn: Any, record: Any, pair: tuple[int, int]) -> None:
+        self.fn, self.record, self.pair = fn, record, pair
+        self.__name__ = getattr(fn, "__name__", "task")
+        self.__wrapped__ = fn
 
-    def __call__(self, out: dict[str, Any]) -> dict[str, Any]:
-        self.record(*self.pair, out)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.fn(*args, **kwargs)
+        if isinstance(out, dict):
+            self.record(*self.pair, out)
         return out
+
+
+def record_in(score_node: Any, record: Any, pair: tuple[int, int]) -> None:
+    """Make ``score_node`` (a node of its own: one (candidate, fold)'s score) record its result as it runs."""
+    from ..nodes import Node
+
+    if isinstance(score_node, Node) and callable(score_node.operation):
+        score_node.operation = Recorded(score_node.operation, record, pair)

@@ -335,10 +335,9 @@ class _NetworkSearch(BaseSearchCV):
         ordered = [score_nodes[f][c] for c, f in pairs_done]
         executor = None if self.executor == "auto" else self.executor
         if self._gn_record is not None and not memory.is_dask(executor):
-            # each result kept as soon as it is computed: an interrupted fit continues where it stopped
-            ordered = [node(memory.Recorder(self._gn_record, (c, f)), n, name="record",
-                            device=str(gpu) if gpu is not None else "cpu")
-                       for (c, f), n in zip(pairs_done, ordered)]
+            # each result kept by the task that computes it: an interrupted fit continues where it stopped
+            for pair, n in zip(pairs_done, ordered):
+                memory.record_in(n, self._gn_record, pair)
         target = node(tasks.collect, *ordered, device=str(gpu) if gpu is not None else "cpu")
         opts = {"executor": executor, "workers": workers}
         start = time.perf_counter()
