@@ -524,3 +524,24 @@ def test_classifier_halving_on_a_pipeline_equals_sklearn(clf_data):
     grid = {"logisticregression__C": list(np.logspace(-3, 2, 6))}
     assert_same_halving(gn.HalvingGridSearchCV(pipe, grid, executor="threads", **kw).fit(X, y),
                         skms.HalvingGridSearchCV(pipe, grid, **kw).fit(X, y))
+
+
+def test_halving_on_a_gpu_equals_the_cpu(reg_data):
+    """Each rung's network on the search's GPU (CuPy data, ``device="cuda"``), streams and serial: the CPU's
+    results (the fake-GPU lane runs it without a GPU)."""
+    from gpunets import _gpulibs
+    from gpunets.devices import gpu_available
+
+    if not gpu_available():
+        pytest.skip("no GPU here (the fake-GPU lane: GPUNETS_FAKE_GPU=1)")
+    cp = _gpulibs.cupy()
+    X, y = reg_data
+    pipe = make_pipeline(StandardScaler(), PCA(n_components=4), Ridge(solver="svd"))
+    grid = {"ridge__alpha": list(np.logspace(-2, 2, 6))}
+    kw = dict(cv=KFold(3), random_state=0, factor=2)
+    cpu = gn.HalvingGridSearchCV(pipe, grid, executor="serial", **kw).fit(X, y)
+    for ex in ("serial", "streams"):
+        s = gn.HalvingGridSearchCV(pipe, grid, executor=ex, device="cuda", **kw).fit(cp.asarray(X), cp.asarray(y))
+        assert s.best_params_ == cpu.best_params_ and s.n_candidates_ == cpu.n_candidates_
+        np.testing.assert_allclose(s.cv_results_["mean_test_score"], cpu.cv_results_["mean_test_score"], atol=1e-8)
+        assert s.search_report_.fits == cpu.search_report_.fits
