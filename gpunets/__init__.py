@@ -25,19 +25,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from .cache import CacheInfo, cache_clear, cache_info
-from .config import config, get_config, set_config
-from .devices import Device, DeviceFallbackWarning, device
-from .exceptions import (CycleError, DeviceUnavailableError, EvaluationError, FitError, GpunetsError, NetworkError,
+from gpunets.devices.cache import CacheInfo, cache_clear, cache_info
+from gpunets.base.config import config, get_config, set_config
+from gpunets.devices.placement import Device, DeviceFallbackWarning, device
+from gpunets.base.exceptions import (CycleError, DeviceUnavailableError, EvaluationError, FitError, GpunetsError, NetworkError,
                          NotFittedError, StreamOrderError)
-from .executors import Executor, SerialExecutor, StreamsExecutor, ThreadsExecutor
-from .machines import Machine, machine
-from .network import Evaluation, evaluate, fit, last_trace
-from .nodes import AbstractNode, Node, Source, node, source
-from .ops import hstack, max, mean, min, sum, var, vote, weighted_sum
-from .replace import replace
-from .report import FitReport, fitted_params, report
-from .trace import Trace
+from gpunets.executors import Executor, SerialExecutor, StreamsExecutor, ThreadsExecutor
+from gpunets.core.machines import Machine, machine
+from gpunets.api.network import Evaluation, evaluate, fit, last_trace
+from gpunets.core.nodes import AbstractNode, Node, Source, node, source
+from gpunets.core.ops import hstack, max, mean, min, sum, var, vote, weighted_sum
+from gpunets.api.replace import replace
+from gpunets.api.report import FitReport, fitted_params, report
+from gpunets.base.trace import Trace
 
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
@@ -64,21 +64,21 @@ __all__ = [
 
 _LAZY = {
     "DaskExecutor": ("gpunets.executors.dask", "DaskExecutor"),
-    "Composite": ("gpunets.composite", "Composite"),
-    "CompositeRegressor": ("gpunets.composite", "CompositeRegressor"),
-    "CompositeClassifier": ("gpunets.composite", "CompositeClassifier"),
-    "CompositeTransformer": ("gpunets.composite", "CompositeTransformer"),
-    "StackingRegressor": ("gpunets.stacking", "StackingRegressor"),
-    "StackingClassifier": ("gpunets.stacking", "StackingClassifier"),
+    "Composite": ("gpunets.compose.composite", "Composite"),
+    "CompositeRegressor": ("gpunets.compose.composite", "CompositeRegressor"),
+    "CompositeClassifier": ("gpunets.compose.composite", "CompositeClassifier"),
+    "CompositeTransformer": ("gpunets.compose.composite", "CompositeTransformer"),
+    "StackingRegressor": ("gpunets.compose.stacking", "StackingRegressor"),
+    "StackingClassifier": ("gpunets.compose.stacking", "StackingClassifier"),
     "GridSearchCV": ("gpunets.tuning", "GridSearchCV"),
     "RandomizedSearchCV": ("gpunets.tuning", "RandomizedSearchCV"),
     "HalvingGridSearchCV": ("gpunets.tuning", "HalvingGridSearchCV"),
     "HalvingRandomSearchCV": ("gpunets.tuning", "HalvingRandomSearchCV"),
     "from_sklearn": ("gpunets.sklearn_import", "from_sklearn"),
-    "save": ("gpunets.persist", "save"),
-    "load": ("gpunets.persist", "load"),
-    "PersistenceError": ("gpunets.persist", "PersistenceError"),
-    "UntrustedTypesError": ("gpunets.persist", "UntrustedTypesError"),
+    "save": ("gpunets.persistence.persist", "save"),
+    "load": ("gpunets.persistence.persist", "load"),
+    "PersistenceError": ("gpunets.persistence.persist", "PersistenceError"),
+    "UntrustedTypesError": ("gpunets.persistence.persist", "UntrustedTypesError"),
 }
 _LAZY_MODULES = ("testing", "kernels", "data", "models", "plan", "scheduler", "graph")
 

@@ -529,8 +529,8 @@ def test_classifier_halving_on_a_pipeline_equals_sklearn(clf_data):
 def test_halving_on_a_gpu_equals_the_cpu(reg_data):
     """Each rung's network on the search's GPU (CuPy data, ``device="cuda"``), streams and serial: the CPU's
     results (the fake-GPU lane runs it without a GPU)."""
-    from gpunets import _gpulibs
-    from gpunets.devices import gpu_available
+    from gpunets.devices import _gpulibs
+    from gpunets.devices.placement import gpu_available
 
     if not gpu_available():
         pytest.skip("no GPU here (the fake-GPU lane: GPUNETS_FAKE_GPU=1)")

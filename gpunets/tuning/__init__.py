@@ -12,10 +12,10 @@
 
 from __future__ import annotations
 
-from .report import SearchReport
-from .halving import HalvingGridSearchCV, HalvingRandomSearchCV
-from .search import GridSearchCV, RandomizedSearchCV
-from .tasks import step_key
+from gpunets.tuning.report import SearchReport
+from gpunets.tuning.halving import HalvingGridSearchCV, HalvingRandomSearchCV
+from gpunets.tuning.search import GridSearchCV, RandomizedSearchCV
+from gpunets.tuning.tasks import step_key
 
 __all__ = ["GridSearchCV", "HalvingGridSearchCV", "HalvingRandomSearchCV", "RandomizedSearchCV", "SearchReport",
            "step_key"]

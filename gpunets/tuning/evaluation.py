@@ -13,7 +13,7 @@ from typing import Any
 
 from sklearn.model_selection._validation import _insert_error_scores, _warn_or_raise_about_fit_failures
 
-from . import dropin, tasks
+from gpunets.tuning import dropin, tasks
 
 __all__ = ["Run", "by_candidate"]
 

@@ -37,9 +37,9 @@ from sklearn.model_selection._search_successive_halving import BaseSuccessiveHal
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import _num_samples
 
-from . import memory, warm
-from .report import SearchReport
-from .search import _NetworkSearch
+from gpunets.tuning import memory, warm
+from gpunets.tuning.report import SearchReport
+from gpunets.tuning.search import _NetworkSearch
 
 __all__ = ["HalvingGridSearchCV", "HalvingRandomSearchCV"]
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from ..fingerprint import fingerprint
-from . import tasks
+from gpunets.devices.fingerprint import fingerprint
+from gpunets.tuning import tasks
 
 __all__ = ["Memory", "Recorded", "is_dask", "of", "record_in"]
 
@@ -117,7 +117,7 @@ def of(search: Any, X: Any, y: Any, fit_params: dict[str, Any], score_params: di
 def is_dask(executor: Any) -> bool:
     """Whether the search runs on Dask (its tasks run in other processes)."""
     if executor is None:
-        from ..config import get_config
+        from gpunets.base.config import get_config
 
         executor = get_config().get("executor")
     if isinstance(executor, str):
@@ -142,7 +142,7 @@ class Recorded:
 
 def record_in(score_node: Any, record: Any, pair: tuple[int, int]) -> None:
     """Make ``score_node`` (a node of its own: one (candidate, fold)'s score) record its result as it runs."""
-    from ..nodes import Node
+    from gpunets.core.nodes import Node
 
     if isinstance(score_node, Node) and callable(score_node.operation):
         score_node.operation = Recorded(score_node.operation, record, pair)

@@ -22,14 +22,14 @@ import numpy as np
 from sklearn.base import clone
 from sklearn.pipeline import Pipeline
 
-from .._composite_ops import same_value
-from ..composite import Composite
-from ..fitted_machine import MACHINE_VALUE, view_of_estimator
-from ..graph import op_nodes, upstream_machines
-from ..nodes import AbstractNode, Node, Source, node
-from . import tasks
-from ..models import resolve_estimator
-from .report import SearchReport, fit_name
+from gpunets.compose._composite_ops import same_value
+from gpunets.compose.composite import Composite
+from gpunets.core.fitted_machine import MACHINE_VALUE, view_of_estimator
+from gpunets.core.graph import op_nodes, upstream_machines
+from gpunets.core.nodes import AbstractNode, Node, Source, node
+from gpunets.tuning import tasks
+from gpunets.compute.models import resolve_estimator
+from gpunets.tuning.report import SearchReport, fit_name
 
 __all__ = ["CompositeFold", "StepsFold", "is_composite", "pipeline_steps"]
 
@@ -64,7 +64,7 @@ class StepsFold:
     ``fit_params`` is ``{step name: that step's fit parameters, already cut to the fold's training rows}``
     (the same for every candidate, so a step with fit parameters is shared like any other);
     ``score_params`` ``(test, train)`` go to the scorer; ``device`` is the search's CUDA device, or None on
-    the CPU (each step then runs on the route :func:`~gpunets.models.resolve_estimator` gives it).
+    the CPU (each step then runs on the route :func:`~gpunets.compute.models.resolve_estimator` gives it).
     """
 
     def __init__(self, report: SearchReport, folds: tuple[Any, ...], fit_params: dict[str, dict[str, Any]],
@@ -153,7 +153,7 @@ class StepsFold:
                                   else (self.Xtr, self.Xte, self.Xtr if self.train_score else None))
             fp = self.fp.get(name, {})
             if warm is not None:
-                from .warm import warm_fit_and_score
+                from gpunets.tuning.warm import warm_fit_and_score
 
                 users = (*users[:-1], 1)
                 out.append(node(_sk(warm_fit_and_score), est, warm[0], warm[1], route, fp, X, self.ytr, users, head,

@@ -119,7 +119,7 @@ class SearchReport:
 
         A fit task is recognised by its label, ``"fit <step>(...)"`` (see :func:`fit_name`).
 
-        >>> from gpunets.trace import TraceRecord
+        >>> from gpunets.base.trace import TraceRecord
         >>> r = SearchReport(fits={"pca": 1, "ridge": 2})
         >>> recs = [TraceRecord(k, "node", f"{fit_name(s)}(X)", lane, "cpu", 0.0, 1.0, "w")
         ...         for k, (s, lane) in enumerate([("pca", "w1"), ("ridge", "w1"), ("ridge", "w2")])]

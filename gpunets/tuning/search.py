@@ -61,20 +61,20 @@ from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.metadata_routing import _routing_enabled
 from sklearn.utils.validation import _check_method_params, indexable
 
-from ..config import config
-from ..data import device_of
-from ..devices import Device, override_placement
-from ..devices import device as device_block
-from ..executors import check_executor_spec
-from ..network import evaluate, last_trace
-from ..nodes import node
-from . import dropin, memory, tasks
-from ..models import fit_context, resolve_estimator
-from ..data import to_device
-from .networks import SKLEARN_CONFIG, CompositeFold, StepsFold, fold_data, is_composite, pipeline_steps
-from .evaluation import Run as _Run
-from .evaluation import by_candidate as _by_candidate
-from .report import SearchReport
+from gpunets.base.config import config
+from gpunets.devices.data import device_of
+from gpunets.devices.placement import Device, override_placement
+from gpunets.devices.placement import device as device_block
+from gpunets.executors import check_executor_spec
+from gpunets.api.network import evaluate, last_trace
+from gpunets.core.nodes import node
+from gpunets.tuning import dropin, memory, tasks
+from gpunets.compute.models import fit_context, resolve_estimator
+from gpunets.devices.data import to_device
+from gpunets.tuning.networks import SKLEARN_CONFIG, CompositeFold, StepsFold, fold_data, is_composite, pipeline_steps
+from gpunets.tuning.evaluation import Run as _Run
+from gpunets.tuning.evaluation import by_candidate as _by_candidate
+from gpunets.tuning.report import SearchReport
 
 __all__ = ["GridSearchCV", "RandomizedSearchCV", "SearchReport"]
 

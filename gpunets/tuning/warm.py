@@ -3,7 +3,7 @@
 With ``resource="n_estimators"`` (or ``max_iter``, any parameter of ``gn.config(warm_params=...)``)
 scikit-learn's halving refits every survivor from scratch at each rung.  gpunets continues it: the
 survivor's last step, fitted in the previous rung on the same fold, is copied and fitted further with
-``warm_start=True`` and the grown budget (the rule of :mod:`gpunets.machines`' warm updates).  For forests
+``warm_start=True`` and the grown budget (the rule of :mod:`gpunets.core.machines`' warm updates).  For forests
 with an integer ``random_state`` the trees added are those a cold fit would grow, so the scores equal a
 cold search's exactly; for estimators whose warm start is not exact (gradient boosting draws its
 subsamples from a new random stream; solvers restart from the previous coefficients), ``warm_start=False``
@@ -22,10 +22,10 @@ import traceback
 from collections.abc import Hashable
 from typing import Any
 
-from ..config import get_config
-from ..saved import saved_operation
-from .networks import is_composite, pipeline_steps
-from .tasks import Failed, Stage, aligned, moved, on_device, score_fit
+from gpunets.base.config import get_config
+from gpunets.base.saved import saved_operation
+from gpunets.tuning.networks import is_composite, pipeline_steps
+from gpunets.tuning.tasks import Failed, Stage, aligned, moved, on_device, score_fit
 
 __all__ = ["WarmPlan", "check_warm", "warm_fit_and_score", "warm_target"]
 
