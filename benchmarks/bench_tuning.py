@@ -22,7 +22,18 @@ must be set before Python starts); Ridge uses ``solver="svd"``, the solver that 
 those of the same search on the CPU within ``GPU_ATOL`` (1e-8, absolute: GPU linear algebra sums in another
 order; the fake GPU of ``GPUNETS_FAKE_GPU=1`` computes with NumPy and matches to the last bits).
 
-Run: ``python benchmarks/bench_tuning.py [--quick] [--gpu]``.
+Halving section (``halving``; ``--halving`` runs it alone), the workloads of issue 27, ratios in one run, warm,
+best of 3 (``--quick``: smaller, one round):
+
+* ``pipeline``: ``gn.HalvingGridSearchCV`` over the same pipeline, 30 alphas, ``factor=3``, ``cv=5`` (50k rows;
+  quick 5k) against scikit-learn's ``HalvingGridSearchCV(n_jobs=2)``: target <= 0.35x, same ``cv_results_``;
+* ``forest``: ``RandomForestRegressor`` with ``resource="n_estimators"`` (3 -> 81 trees, ``factor=3``, 27
+  candidates, 4k rows; quick: 1k rows, 3 -> 27 trees, 9 candidates), warm-started, against scikit-learn's
+  ``HalvingGridSearchCV(resource="n_estimators", n_jobs=2)``: target <= 0.85x, same best parameters and scores;
+* ``grow``: a ``GridSearchCV`` over the pipeline fitted on 10 alphas, refitted on 15 (the same object, same data)
+  against a new 15-candidate search: target <= 0.3x.
+
+Run: ``python benchmarks/bench_tuning.py [--quick] [--gpu] [--halving]``.
 """
 
 from __future__ import annotations
@@ -254,14 +265,111 @@ def gpu_search(quick: bool = False, rows: int | None = None, budget_s: float = 3
     return out
 
 
+def _same_results(a: Any, b: Any) -> float:
+    """The largest difference between two searches' test scores (inf when their candidates differ)."""
+    if list(a.cv_results_["params"]) != list(b.cv_results_["params"]):
+        return float("inf")
+    keys = [k for k in b.cv_results_ if k.endswith("_test_score") and not k.startswith("rank")]
+    return max(float(np.nanmax(np.abs(a.cv_results_[k] - b.cv_results_[k]))) for k in keys)
+
+
+def halving(quick: bool = False) -> dict[str, Any]:
+    """The halving section (see the module's notes)."""
+    import sklearn.model_selection as skms
+    from sklearn.ensemble import RandomForestRegressor
+    from sklearn.experimental import enable_halving_search_cv  # noqa: F401
+    from sklearn.model_selection import KFold
+
+    import gpunets as gn
+
+    repeat = 1 if quick else 3
+    out: dict[str, Any] = {"load_before": list(os.getloadavg())}
+    # --- the pipeline, 30 alphas
+    n = 5_000 if quick else 50_000
+    X, y = make_data(n)
+    grid = {"ridge__alpha": list(np.logspace(-3, 3, 30))}
+    kw = dict(cv=KFold(5), factor=3, random_state=0)
+    found: dict[str, Any] = {}
+
+    def sk_pipe():
+        found["sk"] = skms.HalvingGridSearchCV(pipeline(), grid, n_jobs=2, **kw).fit(X, y)
+
+    def gn_pipe():
+        found["gn"] = gn.HalvingGridSearchCV(pipeline(), grid, executor="threads", workers=2, **kw).fit(X, y)
+    res: dict[str, Any] = {"rows": n, "candidates": 30}
+    for peer, fn in (("sklearn_n_jobs_2", sk_pipe), ("gpunets", gn_pipe)):
+        res[peer] = {"seconds": best_of(fn, repeat)[0]}
+        print(f"   halving pipeline {peer}: {res[peer]['seconds']:.3f} s", flush=True)
+    v = res["gpunets"]["seconds"] / res["sklearn_n_jobs_2"]["seconds"]
+    res["ratio_vs_sklearn_n_jobs_2"] = {"value": v, "target": "<= 0.35", "met": v <= 0.35}
+    d = _same_results(found["gn"], found["sk"])
+    res["same_cv_results"] = {"value": d, "target": "<= 1e-12", "met": d <= 1e-12}
+    res["fits"] = dict(found["gn"].search_report_.fits)
+    out["pipeline"] = res
+    # --- a forest, n_estimators as the resource, warm-started
+    n, top = (1_000, 27) if quick else (4_000, 81)
+    Xf, yf = make_data(n, d=20, seed=1)
+    fgrid = {"max_depth": [4, 8, None], "min_samples_leaf": [1, 4, 16]}
+    if not quick:
+        fgrid["max_features"] = [0.3, 0.6, 1.0]
+    fkw = dict(cv=KFold(5), factor=3, resource="n_estimators", min_resources=3, max_resources=top, random_state=0)
+    rf = RandomForestRegressor(random_state=0)
+
+    def sk_forest():
+        found["skf"] = skms.HalvingGridSearchCV(rf, fgrid, n_jobs=2, **fkw).fit(Xf, yf)
+
+    def gn_forest():
+        found["gnf"] = gn.HalvingGridSearchCV(rf, fgrid, executor="threads", workers=2, **fkw).fit(Xf, yf)
+    res = {"rows": n, "candidates": int(np.prod([len(v) for v in fgrid.values()])), "trees": [3, top]}
+    for peer, fn in (("sklearn_n_jobs_2", sk_forest), ("gpunets_warm", gn_forest)):
+        res[peer] = {"seconds": best_of(fn, repeat)[0]}
+        print(f"   halving forest {peer}: {res[peer]['seconds']:.3f} s", flush=True)
+    v = res["gpunets_warm"]["seconds"] / res["sklearn_n_jobs_2"]["seconds"]
+    res["ratio_vs_sklearn_n_jobs_2"] = {"value": v, "target": "<= 0.85", "met": v <= 0.85}
+    d = _same_results(found["gnf"], found["skf"])
+    same = found["gnf"].best_params_ == found["skf"].best_params_ and d <= 1e-12
+    res["same_best_params_and_scores"] = {"value": d, "target": "same best_params_, scores <= 1e-12", "met": same}
+    res["warm_fits"] = found["gnf"].search_report_.warm
+    out["forest"] = res
+    # --- a grid grown from 10 to 15 candidates in the same process
+    X, y = make_data(5_000 if quick else 50_000)
+    alphas = list(np.logspace(-3, 3, 15))
+    g10, g15 = {"ridge__alpha": alphas[::3] + alphas[1::3]}, {"ridge__alpha": alphas}
+    gkw = dict(cv=KFold(5), executor="threads", workers=2)
+    gn.GridSearchCV(pipeline(), g15, **gkw).fit(X, y)  # warm
+    grown, cold = float("inf"), float("inf")
+    for _ in range(repeat):
+        s = gn.GridSearchCV(pipeline(), g10, **gkw).fit(X, y)
+        t = time.perf_counter()
+        s.set_params(param_grid=g15).fit(X, y)
+        grown = min(grown, time.perf_counter() - t)
+        t = time.perf_counter()
+        gn.GridSearchCV(pipeline(), g15, **gkw).fit(X, y)
+        cold = min(cold, time.perf_counter() - t)
+    print(f"   grow 10 -> 15: {grown:.3f} s, cold 15: {cold:.3f} s", flush=True)
+    v = grown / cold
+    out["grow"] = {"rows": len(X), "grown_seconds": grown, "cold_seconds": cold,
+                   "ratio_vs_cold": {"value": v, "target": "<= 0.3", "met": v <= 0.3},
+                   "remembered": s.search_report_.remembered}
+    out["load_after"] = list(os.getloadavg())
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--gpu", action="store_true", help="the one-stage grid on CuPy data: streams vs serial")
     p.add_argument("--rows", type=int, default=None, help="rows of the GPU mode (default 50k, --quick 2k)")
+    p.add_argument("--halving", action="store_true", help="the halving section alone")
     p.add_argument("--out", default=None)
     a = p.parse_args()
-    res = gpu_search(quick=a.quick, rows=a.rows) if a.gpu else run(quick=a.quick)
+    if a.gpu:
+        res = gpu_search(quick=a.quick, rows=a.rows)
+    elif a.halving:
+        res = halving(quick=a.quick)
+    else:
+        res = run(quick=a.quick)
+        res["halving"] = halving(quick=a.quick)
     text = json.dumps(res, indent=2, default=str)
     if a.out:
         with open(a.out, "w") as f:

@@ -63,6 +63,7 @@ __all__ = [
     "GpunetsError", "NotFittedError", "CycleError", "NetworkError", "DeviceUnavailableError", "FitError",
     "EvaluationError", "StreamOrderError",
     "save", "load", "PersistenceError", "UntrustedTypesError",
+    "GridSearchCV", "RandomizedSearchCV", "HalvingGridSearchCV", "HalvingRandomSearchCV",
 ]
 
 _LAZY = {
@@ -75,6 +76,8 @@ _LAZY = {
     "StackingClassifier": ("gpunets.compose.stacking", "StackingClassifier"),
     "GridSearchCV": ("gpunets.tuning", "GridSearchCV"),
     "RandomizedSearchCV": ("gpunets.tuning", "RandomizedSearchCV"),
+    "HalvingGridSearchCV": ("gpunets.tuning", "HalvingGridSearchCV"),
+    "HalvingRandomSearchCV": ("gpunets.tuning", "HalvingRandomSearchCV"),
     "from_sklearn": ("gpunets.sklearn_import", "from_sklearn"),
     "save": ("gpunets.persistence.persist", "save"),
     "load": ("gpunets.persistence.persist", "load"),

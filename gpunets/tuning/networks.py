@@ -92,11 +92,14 @@ class StepsFold:
             self.routes[k] = resolve_estimator(est, self.device, what=f"search step {name!r}")
         return self.routes[k]
 
-    def candidate(self, steps: list[tuple[str, Any]]) -> None:
+    def candidate(self, steps: list[tuple[str, Any]], warm: tuple[Any, str] | None = None) -> None:
         """Add one candidate's steps (its last step and score are made by :meth:`scores`, once all are known).
 
         Each upstream step is one task (:func:`~gpunets.tuning.tasks.fit_stage`): it fits, transforms the
         test rows (and the training rows to score) and passes on a :class:`~gpunets.tuning.tasks.Stage`.
+        ``warm`` (an iteration budget warm-started, :mod:`gpunets.tuning.warm`): ``(the candidate's fitted
+        last step of the previous rung or None, the budget's parameter)``; its last step is then a task of
+        its own that continues that fit and returns it with the scores.
         """
         stage = None   # the previous upstream step's node; None before the first
         key: Any = ()
@@ -107,7 +110,11 @@ class StepsFold:
             keys.append(key)
             route = self._route(name, est)
             if i == len(steps) - 1:   # the last step: one fit per distinct step, made by scores()
-                if key not in self.last:
+                if warm is not None:   # one fit per candidate, which continues its own previous fit
+                    self.report.fits[name] += 1
+                    self.report.warm += warm[0] is not None
+                    self.last.setdefault(key, (name, clone(est)))
+                elif key not in self.last:
                     self.last[key] = (name, clone(est))
                     self.report.fits[name] += 1
                 break
@@ -123,7 +130,7 @@ class StepsFold:
             stage = hit
         for k in keys:
             self.users[k] = self.users.get(k, 0) + 1
-        self.pending.append((route, stage, keys))
+        self.pending.append((route, stage, keys, warm))
 
     def scores(self) -> list[AbstractNode]:
         """The score node of every candidate added, in order (fit times shared out among the users).
@@ -139,12 +146,19 @@ class StepsFold:
         ytr = self.ytr if self.train_score else None
         fits: dict[Any, AbstractNode] = {}
         out: list[AbstractNode] = []
-        for route, stage, keys in self.pending:
+        for route, stage, keys, warm in self.pending:
             name, est = self.last[keys[-1]]
             users = tuple(self.users[k] for k in keys)
             X, X_test, X_train = ((stage, None, None) if stage is not None
                                   else (self.Xtr, self.Xte, self.Xtr if self.train_score else None))
             fp = self.fp.get(name, {})
+            if warm is not None:
+                from gpunets.tuning.warm import warm_fit_and_score
+
+                users = (*users[:-1], 1)
+                out.append(node(_sk(warm_fit_and_score), est, warm[0], warm[1], route, fp, X, self.ytr, users, head,
+                                X_test, self.yte, X_train, ytr, name=fit_name(name)))
+                continue
             if self.users[keys[-1]] == 1:
                 out.append(node(_sk(tasks.fit_and_score), est, route, fp, X, self.ytr, users, head, X_test, self.yte,
                                 X_train, ytr, name=fit_name(name)))

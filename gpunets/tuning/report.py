@@ -43,6 +43,14 @@ class SearchReport:
     where : dict or None
         ``{step label: {lane: fits}}``: where the fits ran (on Dask, each worker's address; else
         the executor's lane); None with ``ran``.
+    remembered : int
+        (candidate, fold) results the search's memory gave instead of fitting them again (a fit
+        resumed after an interrupt, or a grid grown on the same data: :mod:`gpunets.tuning.memory`).
+    warm : int
+        Last-step fits that continued the candidate's fit of the previous rung (successive halving with
+        an iteration budget as the resource, warm-started) instead of refitting it.
+    rungs : list of SearchReport
+        Successive halving: the report of each rung (one network each); these totals are their sums.
     """
 
     fits: dict[str, int] = field(default_factory=dict)
@@ -50,9 +58,56 @@ class SearchReport:
     transforms: int = 0
     seconds: float = 0.0
     errors: dict = field(default_factory=dict)
+    candidates: int = field(default=0, repr=False)   # candidates of the run (their indices in ``errors``)
     refit_route: tuple | None = field(default=None, repr=False)  # (route, device) of a search on a GPU
     ran: dict[str, int] | None = None
     where: dict[str, dict[str, int]] | None = None
+    remembered: int = 0
+    warm: int = 0
+    rungs: list[SearchReport] = field(default_factory=list, repr=False)
+
+    @property
+    def last(self) -> SearchReport:
+        """The report of the last network run (the last rung of a successive-halving search)."""
+        return self.rungs[-1] if self.rungs else self
+
+    @classmethod
+    def merged(cls, reports: list[SearchReport]) -> SearchReport:
+        """One report summing ``reports`` (one per network run: the rungs of a successive-halving search),
+        each kept in ``rungs``.
+
+        >>> a, b = SearchReport({"pca": 2}, {"pca": 4}, warm=0), SearchReport({"pca": 1}, {"pca": 2}, warm=1)
+        >>> m = SearchReport.merged([a, b])
+        >>> m.fits, m.naive, m.warm, len(m.rungs)
+        ({'pca': 3}, {'pca': 6}, 1, 2)
+        """
+        out = cls(rungs=list(reports))
+        for r in reports:
+            for k, v in r.fits.items():
+                out.fits[k] = out.fits.get(k, 0) + v
+            for k, v in r.naive.items():
+                out.naive[k] = out.naive.get(k, 0) + v
+            out.transforms += r.transforms
+            out.seconds += r.seconds
+            out.remembered += r.remembered
+            out.warm += r.warm
+        offset = 0
+        for r in reports:   # candidate indices of cv_results_ (rung after rung)
+            for c, e in r.errors.items():
+                out.errors[offset + c] = e
+            offset += r.candidates
+        if all(r.ran is not None for r in reports) and reports:
+            out.ran, out.where = {}, {}
+            for r in reports:
+                assert r.ran is not None and r.where is not None
+                for k, v in r.ran.items():
+                    out.ran[k] = out.ran.get(k, 0) + v
+                for k, lanes in r.where.items():
+                    for lane, n in lanes.items():
+                        out.where.setdefault(k, {})
+                        out.where[k][lane] = out.where[k].get(lane, 0) + n
+        out.refit_route = reports[-1].refit_route if reports else None
+        return out
 
     @property
     def total(self) -> tuple[int, int]:
@@ -99,5 +154,11 @@ class SearchReport:
             if self.ran is not None and self.where is not None:
                 line += f" {self.ran[k]:>6}  " + ", ".join(f"{n} on {lane}" for lane, n in self.where[k].items())
             lines.append(line)
+        if self.remembered or self.warm:
+            lines.append(f"  {self.remembered} (candidate, fold) results remembered, {self.warm} warm-started fits")
+        for i, r in enumerate(self.rungs):
+            done, naive = r.total
+            lines.append(f"  rung {i}: {r.candidates} candidates, {done} fits instead of {naive} "
+                         f"({r.warm} warm, {naive - done} shared fits saved, {r.remembered} remembered)")
         lines += [f"  candidate {i} {params} failed: {err}" for i, (params, err) in self.errors.items()]
         return "\n".join(lines)

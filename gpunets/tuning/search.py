@@ -47,9 +47,9 @@ read from the run's trace, count the fit tasks the executor ran and where
 from __future__ import annotations
 
 import contextlib
+import inspect
 import numbers
 import time
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,10 +57,6 @@ import numpy as np
 from sklearn.base import _fit_context, clone, is_classifier
 from sklearn.model_selection import ParameterGrid, ParameterSampler, check_cv
 from sklearn.model_selection._search import BaseSearchCV
-from sklearn.model_selection._validation import (
-    _insert_error_scores,
-    _warn_or_raise_about_fit_failures,
-)
 from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.metadata_routing import _routing_enabled
 from sklearn.utils.validation import _check_method_params, indexable
@@ -72,10 +68,12 @@ from gpunets.devices.placement import device as device_block
 from gpunets.executors import check_executor_spec
 from gpunets.api.network import evaluate, last_trace
 from gpunets.core.nodes import node
-from gpunets.tuning import tasks
+from gpunets.tuning import dropin, memory, tasks
 from gpunets.compute.models import fit_context, resolve_estimator
 from gpunets.devices.data import to_device
 from gpunets.tuning.networks import SKLEARN_CONFIG, CompositeFold, StepsFold, fold_data, is_composite, pipeline_steps
+from gpunets.tuning.evaluation import Run as _Run
+from gpunets.tuning.evaluation import by_candidate as _by_candidate
 from gpunets.tuning.report import SearchReport
 
 __all__ = ["GridSearchCV", "RandomizedSearchCV", "SearchReport"]
@@ -84,7 +82,10 @@ __all__ = ["GridSearchCV", "RandomizedSearchCV", "SearchReport"]
 # --- the searches ----------------------------------------------------------------------------------------------
 
 class _NetworkSearch(BaseSearchCV):
-    """What both searches share: scikit-learn's ``BaseSearchCV`` with ``fit`` run as one gpunets network."""
+    """What the searches share: scikit-learn's ``BaseSearchCV`` with each ``evaluate_candidates`` call
+    run as one gpunets network."""
+
+    _gn_record: Any = None   # while a network runs: where each (candidate, fold) result is kept at once
 
     _parameter_constraints: dict = {
         "estimator": [HasMethods(["fit"])],
@@ -96,13 +97,31 @@ class _NetworkSearch(BaseSearchCV):
         "executor": "no_validation",
         "device": "no_validation",
         "workers": [Interval(numbers.Integral, 1, None, closed="left"), None],
+        "n_jobs": [numbers.Integral, None],
+        "verbose": ["verbose"],
+        "pre_dispatch": [numbers.Integral, str],
     }
 
     def _candidates(self) -> list[dict[str, Any]]:  # pragma: no cover - subclasses
         raise NotImplementedError
 
     def _run_search(self, evaluate_candidates: Any, *, callback_ctx: Any = None) -> None:
-        evaluate_candidates(self._candidates())
+        candidates = self._candidates()
+        ctx = dropin.subcontext(callback_ctx, "search", max_subtasks=len(candidates) * self.n_splits_,
+                                sequential_subtasks=False).call_on_fit_task_begin(estimator=self)
+        evaluate_candidates(candidates, callback_ctx=ctx)
+        ctx.call_on_fit_task_end(estimator=self)
+
+    def _check_candidates(self) -> None:
+        """Refuse an empty search before anything is built."""
+        if not self._candidates():
+            msg = (f"{type(self).__name__} has no candidate to evaluate: the parameter grid is empty. "
+                   "Hint: give at least one value per parameter, e.g. {'alpha': [0.1, 1.0]}.")
+            raise ValueError(msg)
+
+    def _check_search_input(self, X: Any, y: Any, split_params: dict[str, Any]) -> None:
+        """Checks of a subclass (successive halving's), before any fit."""
+        self._check_input_parameters(X=X, y=y, split_params=split_params)
 
     @_fit_context(prefer_skip_nested_validation=False)
     def fit(self, X: Any, y: Any = None, **params: Any) -> _NetworkSearch:
@@ -120,6 +139,9 @@ class _NetworkSearch(BaseSearchCV):
         -------
         self
         """
+        return self._fit(X, y, **params)
+
+    def _fit(self, X: Any, y: Any = None, **params: Any) -> _NetworkSearch:
         # --- everything that can be wrong is checked here, before any fit ---
         scorers, refit_metric = self._get_scorers()
         X, y = indexable(X, y)
@@ -130,54 +152,30 @@ class _NetworkSearch(BaseSearchCV):
         routed = self._get_routed_params_for_fit(params)
         split_params = dict(routed.splitter.split)
         fit_params, score_params = dict(routed.estimator.fit), dict(routed.scorer.score)
-        candidates = self._candidates()
-        if not candidates:
-            msg = (f"{type(self).__name__} has no candidate to evaluate: the parameter grid is empty. "
-                   "Hint: give at least one value per parameter, e.g. {'alpha': [0.1, 1.0]}.")
-            raise ValueError(msg)
+        workers = dropin.workers(self)
+        self._check_candidates()
         check_executor_spec(self.executor)  # a bad executor fails now, not after the folds are built
         base = clone(self.estimator)
-        specs = [clone(base).set_params(**clone(p, safe=False)) for p in candidates]  # unknown names raise here
-        cv = check_cv(self.cv, y, classifier=is_classifier(self.estimator))
-        self.n_splits_ = cv.get_n_splits(X, y, **split_params)
-        splits = list(cv.split(X, y, **split_params))
-        if len(splits) != self.n_splits_:
-            msg = (f"cv.split and cv.get_n_splits return inconsistent results. Expected {self.n_splits_} "
-                   f"splits, got {len(splits)}")
+        self._checked_cv_orig = check_cv(self.cv, y, classifier=is_classifier(self.estimator))
+        self._check_search_input(X, y, split_params)
+        self.n_splits_ = self._checked_cv_orig.get_n_splits(X, y, **split_params)
+        metadata = {"sample_weight": params["sample_weight"]} if params.get("sample_weight") is not None else None
+        root_ctx = dropin.root_context(self, max_subtasks=1 + (self.refit is not False))
+        root_ctx.call_on_fit_task_begin(estimator=self, X=X, y=y, metadata=metadata)
+        run = _Run(self, base, X, y, split_params, fit_params, score_params, scorers, workers)
+        self._gn_reports: list[SearchReport] = []
+        if "callback_ctx" in inspect.signature(self._run_search).parameters:
+            self._run_search(run.evaluate_candidates, callback_ctx=root_ctx)
+        else:   # a scikit-learn without callbacks
+            self._run_search(run.evaluate_candidates)
+        if not run.outs:   # scikit-learn's words, when a search evaluated nothing
+            msg = ("No fits were performed. Was the CV iterator empty? Were there no candidates? "
+                   "(Hint: give at least one candidate and a cv that yields train/test splits.)")
             raise ValueError(msg)
-        if not splits:   # scikit-learn's words (BaseSearchCV.fit), before anything is built
-            msg = (f"No fits were performed. Was the CV iterator empty? Were there no candidates? "
-                   f"(cv={self.cv!r} yielded no train/test split. Hint: pass cv=5, a splitter whose split() "
-                   f"yields pairs, or a list of (train, test) index arrays.)")
-            raise ValueError(msg)
-
-        device = self.device
-        if device is not None and device != "auto":
-            with config(device=device), override_placement(device):  # nodes take their placement when built
-                outs, report = self._run_network(specs, X, y, splits, scorers, fit_params, score_params)
-        else:
-            outs, report = self._run_network(specs, X, y, splits, scorers, fit_params, score_params)
-        self.search_report_ = report
-        # scikit-learn's accounting, in its order (candidate-major): a fit failure raises with
-        # error_score="raise"; a scoring error scikit-learn lets through raises whatever error_score
-        for o in outs:
-            if o.get("_raise") is not None:
-                raise tasks.unwrap_error(o["_raise"])
-            if self.error_score == "raise" and o.get("_error") is not None:
-                raise tasks.unwrap_error(o["_error"])
-        for o in outs:   # "Scoring failed" warnings, issued here (their tasks may have run elsewhere)
-            for msg in o.pop("_warnings", ()):
-                warnings.warn(msg, UserWarning, stacklevel=2)
-        for i, o in enumerate(outs):
-            o.pop("_error", None)
-            o.pop("_raise", None)
-            c = i // self.n_splits_
-            if o["fit_error"] is not None and c not in report.errors:
-                report.errors[c] = (candidates[c], o["fit_error"].strip().splitlines()[-1])
-        _warn_or_raise_about_fit_failures(outs, self.error_score)
-        if callable(self.scoring):
-            _insert_error_scores(outs, self.error_score)
-        results = self._format_results(candidates, self.n_splits_, outs)
+        self.search_report_ = self._search_report(self._gn_reports)
+        del self._gn_reports
+        results = run.results
+        outs = run.outs
         self.multimetric_ = isinstance(outs[0]["test_scores"], dict)
         if callable(self.scoring) and self.multimetric_:
             self._check_refit_for_multimetric(outs[0]["test_scores"])
@@ -190,25 +188,98 @@ class _NetworkSearch(BaseSearchCV):
             self.best_params_ = results["params"][self.best_index_]
         if self.refit:
             self.best_estimator_ = clone(base).set_params(**clone(self.best_params_, safe=False))
-            start = time.time()
-            with _refit_context(report) as Xr:
-                if y is not None:
-                    self.best_estimator_.fit(*Xr(X, y), **fit_params)
-                else:
-                    self.best_estimator_.fit(Xr(X, None)[0], **fit_params)
-            self.refit_time_ = time.time() - start
+            refit_ctx = root_ctx.subcontext(task_name="refit-with-best-params")
+            report = self.search_report_
+            with dropin.propagating(refit_ctx, self.best_estimator_):
+                refit_ctx.call_on_fit_task_begin(estimator=self, X=X, y=y, metadata=metadata)
+                start = time.time()
+                with _refit_context(getattr(report, "last", report)) as Xr:
+                    if y is not None:
+                        self.best_estimator_.fit(*Xr(X, y), **fit_params)
+                    else:
+                        self.best_estimator_.fit(Xr(X, None)[0], **fit_params)
+                self.refit_time_ = time.time() - start
             if hasattr(self.best_estimator_, "feature_names_in_"):
                 self.feature_names_in_ = self.best_estimator_.feature_names_in_
+            refit_ctx.call_on_fit_task_end(estimator=self, X=X, y=y, metadata=metadata)
         from sklearn.metrics._scorer import _MultimetricScorer
 
         self.scorer_ = scorers._scorers if isinstance(scorers, _MultimetricScorer) else scorers
         self.cv_results_ = results
+        root_ctx.call_on_fit_task_end(estimator=self, X=X, y=y, metadata=metadata)
         return self
+
+    def _search_report(self, reports: list[SearchReport]) -> Any:
+        """``search_report_`` from the reports of the network runs (one per ``evaluate_candidates`` call)."""
+        return reports[0] if len(reports) == 1 else SearchReport.merged(reports)
+
+    def forget(self) -> _NetworkSearch:
+        """Empty the search's memory of fitted (candidate, fold) results (see :mod:`gpunets.tuning.memory`).
+
+        Returns
+        -------
+        self
+        """
+        self.__dict__.pop("_gn_memory", None)
+        return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_gn_memory", None)   # the search's memory of fitted results stays in this process
+        return state
+
+    def _evaluate(self, candidates: list[dict[str, Any]], splits: list[tuple[np.ndarray, np.ndarray]],
+                  data: Any) -> list[dict[str, Any]]:
+        """scikit-learn's ``_fit_and_score`` outputs of every (candidate, fold), candidate-major: those
+        the search's memory holds for the same data, the others computed as one network."""
+        X, y, fit_params, score_params, scorers, workers, base = data
+        specs = [clone(base).set_params(**clone(p, safe=False)) for p in candidates]  # unknown names raise here
+        mem = memory.of(self, X, y, fit_params, score_params, scorers)
+        keys, todo = mem.lookup(specs, splits, self._warm_keys(candidates))
+        warm = self._warm_plan(candidates, splits, mem)
+        outs: list[Any] = [mem.get(k) for k in keys]
+        if any(todo):
+            def record(c: int, f: int, out: dict[str, Any]) -> None:
+                mem.put(keys[c * len(splits) + f], out)
+
+            self._gn_record = record
+            device = self.device
+            args = (specs, X, y, splits, scorers, fit_params, score_params, todo, warm, workers)
+            if device is not None and device != "auto":
+                with config(device=device), override_placement(device):  # nodes take their placement when built
+                    new, report = self._run_network(*args)
+            else:
+                new, report = self._run_network(*args)
+            self._gn_record = None
+            for (c, f), o in new.items():
+                i = c * len(splits) + f
+                outs[i] = o
+                mem.put(keys[i], o)
+        else:
+            report = SearchReport(fits={}, naive={})
+        report.remembered = sum(len(splits) - len(t) for t in _by_candidate(todo, len(specs)))
+        report.candidates = len(specs)
+        self._gn_reports.append(report)
+        self._after_run(candidates, splits, outs, mem)
+        return outs
+
+    def _warm_keys(self, candidates: list[dict[str, Any]]) -> Any:
+        return None
+
+    def _warm_plan(self, candidates: list[dict[str, Any]], splits: Any, mem: Any) -> Any:
+        return None
+
+    def _after_run(self, candidates: list[dict[str, Any]], splits: Any, outs: list[dict[str, Any]],
+                   mem: Any) -> None:
+        return None
 
     # --- the network ---------------------------------------------------------------------------------
     def _run_network(self, specs: list[Any], X: Any, y: Any, splits: list[tuple[np.ndarray, np.ndarray]],
-                     scorers: Any, params: dict[str, Any],
-                     score_params: dict[str, Any]) -> tuple[list[dict[str, Any]], SearchReport]:
+                     scorers: Any, params: dict[str, Any], score_params: dict[str, Any],
+                     todo: list[list[int]], warm: Any, workers: int | None,
+                     ) -> tuple[dict[tuple[int, int], dict[str, Any]], SearchReport]:
+        """Run the (candidate, fold) pairs ``todo`` (per fold, the candidates to run) as one network:
+        ``({(candidate, fold): its _fit_and_score output}, report)``."""
         from sklearn.metrics._scorer import _MultimetricScorer
 
         composite = not params and all(is_composite(s) for s in specs)
@@ -230,7 +301,8 @@ class _NetworkSearch(BaseSearchCV):
         if self.device in (None, "auto") and not composite:
             dev = device_of(X)  # CuPy data: the search runs on its GPU
         gpu = dev if dev.is_cuda and not composite else None
-        report = SearchReport(fits={n: 0 for n in names}, naive={n: len(specs) * len(splits) for n in names})
+        pairs = sum(len(t) for t in todo)
+        report = SearchReport(fits={n: 0 for n in names}, naive={n: pairs for n in names})
         if gpu is not None:
             routes = {resolve_estimator(est, gpu, what=f"search step {name!r}", fallback="silent").path
                       for steps_ in steps for name, est in steps_}
@@ -252,31 +324,43 @@ class _NetworkSearch(BaseSearchCV):
         try:
             with device_block(str(gpu) if gpu is not None else "cpu"):
                 score_nodes = self._fold_nodes(X, y, splits, specs, steps, composite, by_step, score_params,
-                                               weights, score_args, train_score, report, gpu)
+                                               weights, score_args, train_score, report, gpu, todo, warm)
         finally:
             SKLEARN_CONFIG.reset(token)
         # scikit-learn's order: candidate-major, fold-minor
-        ordered = [score_nodes[f][c] for c in range(len(specs)) for f in range(len(splits))]
+        pairs_done = [(c, f) for c in range(len(specs)) for f in range(len(splits)) if c in score_nodes[f]]
+        ordered = [score_nodes[f][c] for c, f in pairs_done]
+        executor = None if self.executor == "auto" else self.executor
+        if self._gn_record is not None and not memory.is_dask(executor):
+            # each result kept by the task that computes it: an interrupted fit continues where it stopped
+            for pair, n in zip(pairs_done, ordered):
+                memory.record_in(n, self._gn_record, pair)
         target = node(tasks.collect, *ordered, device=str(gpu) if gpu is not None else "cpu")
-        opts = {"executor": None if self.executor == "auto" else self.executor, "workers": self.workers}
+        opts = {"executor": executor, "workers": workers}
         start = time.perf_counter()
         outs = evaluate(target, output="device", **opts)
         report.seconds = time.perf_counter() - start
         trace = last_trace()
         report.read_trace(() if trace is None else trace.records)   # the fits that ran, and where
-        return outs, report
+        return dict(zip(pairs_done, outs)), report
 
     def _fold_nodes(self, X: Any, y: Any, splits: list[tuple[np.ndarray, np.ndarray]], specs: list[Any],
                     steps: Any, composite: bool, by_step: Any, score_params: dict[str, Any], weights: bool,
                     score_args: tuple[Any, ...], train_score: bool, report: SearchReport,
-                    gpu: Any) -> list[list[Any]]:
-        """Per fold, the score node of every candidate."""
+                    gpu: Any, todo: list[list[int]], warm: Any = None) -> list[dict[int, Any]]:
+        """Per fold, ``{candidate: its score node}`` for the candidates ``todo`` gives that fold.
+
+        ``warm`` (an iteration budget as the resource): per (candidate, fold), the fitted last step to
+        continue from (or None: a first fit), the resource's step parameter and its value."""
         from sklearn.utils import get_tags
 
         Xs, ys = tasks.as_node(X, "X"), tasks.as_node(y, "y")
         pairwise = get_tags(self.estimator).input_tags.pairwise
         score_nodes = []
-        for train, test in splits:
+        for f, (train, test) in enumerate(splits):
+            if not todo[f]:
+                score_nodes.append({})
+                continue
             if composite:
                 fold: Any = CompositeFold(report, fold_data(X, y, train, test), score_args, train_score)
             else:
@@ -292,9 +376,13 @@ class _NetworkSearch(BaseSearchCV):
                     sp = (_check_method_params(X, params=score_params, indices=test),
                           _check_method_params(X, params=score_params, indices=train))
                 fold = StepsFold(report, (Xtr, Xte, ytr, yte, len(test)), fp, score_args, train_score, sp, gpu)
-            for s in (specs if composite else steps):
-                fold.candidate(s)
-            score_nodes.append(fold.scores())
+            run = todo[f]
+            for c in run:
+                if warm is not None:
+                    fold.candidate(steps[c], warm=warm.step(c, f))
+                else:
+                    fold.candidate(specs[c] if composite else steps[c])
+            score_nodes.append(dict(zip(run, fold.scores())))
         return score_nodes
 
 
@@ -376,6 +464,13 @@ class GridSearchCV(_NetworkSearch):
         ``"auto"``, ``"cpu"``, ``"cuda"``...: placement of the network.
     workers : int, optional
         Threads or lanes (default: the cores).
+    n_jobs : int, optional
+        scikit-learn's name for ``workers``: ``-1`` all cores, ``None`` the executor's default.
+    verbose : int
+        ``> 0`` prints scikit-learn's "Fitting ... folds" line.
+    pre_dispatch : int or str
+        Accepted for scikit-learn's code; no effect (the network dispatches a task when its inputs are
+        ready).
 
     Attributes
     ----------
@@ -398,12 +493,16 @@ class GridSearchCV(_NetworkSearch):
 
     _parameter_constraints: dict = {**_NetworkSearch._parameter_constraints, "param_grid": [dict, list]}
 
-    def __init__(self, estimator: Any, param_grid: Any, *, scoring: Any = None, refit: Any = True, cv: Any = None,
+    def __init__(self, estimator: Any, param_grid: Any, *, scoring: Any = None, n_jobs: int | None = None,
+                 refit: Any = True, cv: Any = None, verbose: int = 0, pre_dispatch: Any = "2*n_jobs",
                  error_score: Any = np.nan, return_train_score: bool = False, executor: Any = "auto",
                  device: Any = "auto", workers: int | None = None) -> None:
         self.estimator = estimator
         self.param_grid = param_grid
         self.scoring = scoring
+        self.n_jobs = n_jobs
+        self.verbose = verbose
+        self.pre_dispatch = pre_dispatch
         self.refit = refit
         self.cv = cv
         self.error_score = error_score
@@ -444,13 +543,17 @@ class RandomizedSearchCV(_NetworkSearch):
     }
 
     def __init__(self, estimator: Any, param_distributions: Any, *, n_iter: int = 10, scoring: Any = None,
-                 refit: Any = True, cv: Any = None, random_state: Any = None, error_score: Any = np.nan,
+                 n_jobs: int | None = None, refit: Any = True, cv: Any = None, verbose: int = 0,
+                 pre_dispatch: Any = "2*n_jobs", random_state: Any = None, error_score: Any = np.nan,
                  return_train_score: bool = False, executor: Any = "auto", device: Any = "auto",
                  workers: int | None = None) -> None:
         self.estimator = estimator
         self.param_distributions = param_distributions
         self.n_iter = n_iter
         self.scoring = scoring
+        self.n_jobs = n_jobs
+        self.verbose = verbose
+        self.pre_dispatch = pre_dispatch
         self.refit = refit
         self.cv = cv
         self.random_state = random_state
