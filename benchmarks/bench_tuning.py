@@ -257,8 +257,11 @@ def gpu_search(quick: bool = False, rows: int | None = None, budget_s: float = 3
     worst = max(out["serial"]["max_abs_diff_vs_cpu"], out["streams"]["max_abs_diff_vs_cpu"])
     out["scores_equal_cpu"] = {"value": worst, "target": f"<= {GPU_ATOL} (absolute)", "met": worst <= GPU_ATOL}
     v = out["streams"]["seconds"] / out["serial"]["seconds"]
-    out["ratio_streams_vs_serial"] = {"value": v, "target": "< 1 (informative: streams overlap the candidates)",
-                                      "met": v < 1}
+    if out.get("fake_gpu"):   # timings of the fake GPU say nothing of a GPU: no target is claimed
+        out["ratio_streams_vs_serial"] = {"value": v, "note": "fake GPU: harness check only, no target"}
+    else:
+        out["ratio_streams_vs_serial"] = {"value": v, "target": "< 1 (informative: streams overlap the candidates)",
+                                          "met": v < 1}
     out["section_seconds"] = time.perf_counter() - t_start
     if out["scores_equal_cpu"]["met"] is False:
         out["error"] = f"GPU scores differ from the CPU search by {worst:.3g} > {GPU_ATOL}"

@@ -438,9 +438,17 @@ def test_get_elapsed_time_as_cupy(cp):
     t1.record(s)
     with pytest.raises(RuntimeError, match="NotReady"):
         cp.cuda.get_elapsed_time(t0, t1)      # before the events have completed
-    t0.synchronize()
-    t1.synchronize()
+    t1.synchronize()   # as on CUDA, the earlier event of the same stream has completed too (stream order)
     assert cp.cuda.get_elapsed_time(t0, t1) >= 0.0
+    t2, t3 = cp.cuda.Event(), cp.cuda.Event()
+    _ = cp.ones(4) * 4
+    t2.record(s)
+    with cp.cuda.Stream(non_blocking=True) as other:
+        _ = cp.ones(4) * 3
+        t3.record(other)
+    t3.synchronize()   # another stream's event says nothing of this one's
+    with pytest.raises(RuntimeError, match="NotReady"):
+        cp.cuda.get_elapsed_time(t2, t3)
     quiet = cp.cuda.Event(disable_timing=True)
     quiet.record(s)
     quiet.synchronize()

@@ -339,7 +339,9 @@ def get_elapsed_time(start_event: Event, end_event: Event) -> float:
         if ev._snapshot is None:
             raise CUDARuntimeError("cudaErrorInvalidResourceHandle: invalid resource handle (get_elapsed_time on "
                                    "an event that was never recorded)")
-        if not ev._complete:
+        with _lock:   # complete: synchronized itself, or covered by a later event the host waited for (stream order)
+            complete = ev._complete or _seen_all(ev._snapshot)
+        if not complete:
             raise CUDARuntimeError("cudaErrorNotReady: device not ready (get_elapsed_time before the event "
                                    "completed: synchronize it first)")
     if start_event.device_id != end_event.device_id:

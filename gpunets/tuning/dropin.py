@@ -52,7 +52,8 @@ def workers(search: Any) -> int | None:
                "(the executor's default). Hint: pass n_jobs=-1 or n_jobs=2.")
         raise ValueError(msg)
     cores = os.cpu_count() or 1
-    n = int(n_jobs) if n_jobs > 0 else max(1, cores + 1 + int(n_jobs))
+    jobs = int(n_jobs)
+    n = jobs if jobs > 0 else max(1, cores + 1 + jobs)
     if own is not None and own != n:
         msg = (f"n_jobs={n_jobs!r} (scikit-learn's name for workers: {n}) and workers={own!r} disagree. "
                "Hint: give only one of them.")
