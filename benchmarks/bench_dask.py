@@ -29,8 +29,6 @@ Run: ``python benchmarks/bench_dask.py [--quick] [--out benchmarks/results/dask.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -43,6 +41,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import gpunets as gn  # noqa: E402
+from benchmarks._runner import bench_main  # noqa: E402 - after the path set-up
 
 
 def best_of(fn: Callable[[], Any], repeats: int) -> float:
@@ -262,12 +261,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     return res
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes, one repeat")
-    ap.add_argument("--out", default=None, help="write the figures as JSON here")
-    args = ap.parse_args(argv)
-    res = run(quick=args.quick)
+def summary(res: dict[str, Any]) -> None:
     s, o = res["stacking"], res["overhead"]
     print(f"stacking ({s['fits']} fits, {s['rows']} rows): threads {s['threads_s']:.2f} s, "
           f"dask {s['dask_s']:.2f} s (dask/threads {s['dask_over_threads']:.2f}), "
@@ -283,12 +277,7 @@ def main(argv: list[str] | None = None) -> int:
           f"not sent); target {st['bytes_per_eval']['target']} met: {st['bytes_per_eval']['met']}; "
           f"evaluation {st['eval_seconds']['dask'] * 1e3:.0f} ms on dask vs {st['eval_seconds']['threads'] * 1e3:.0f} "
           f"ms on threads ({st['dask_over_threads']:.1f}x); same predictions: {st['same_predictions']}")
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(res, f, indent=2)
-    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(bench_main(run, __doc__, name="dask", summary=summary))

@@ -26,8 +26,6 @@ Run: ``python benchmarks/bench_dask_search.py [--quick] [--out benchmarks/result
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -37,6 +35,7 @@ import numpy as np
 from sklearn.decomposition import PCA
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks._runner import bench_main  # noqa: E402 - after the path set-up
 
 
 class CountingPCA(PCA):
@@ -181,21 +180,12 @@ def run(quick: bool = False) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", default=None)
-    a = p.parse_args()
+def _run(quick: bool) -> dict[str, Any]:
     # run from the package so that the workers unpickle CountingPCA by reference, not from __main__
     from benchmarks import bench_dask_search
 
-    res = bench_dask_search.run(quick=a.quick)
-    text = json.dumps(res, indent=2, default=str)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
-    print(text)
+    return bench_dask_search.run(quick=quick)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(bench_main(_run, __doc__, name="dask_search"))

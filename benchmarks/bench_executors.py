@@ -18,9 +18,7 @@ Run: ``python benchmarks/bench_executors.py [--quick] [--out benchmarks/results/
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import os
 import sys
 import time
@@ -31,6 +29,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import gpunets as gn  # noqa: E402
+from benchmarks._runner import bench_main  # noqa: E402 - after the path set-up
 
 
 def best_of(fn: Callable[[], Any], repeats: int) -> float:
@@ -303,18 +302,5 @@ def run(quick: bool = False, out_dir: str | None = None) -> dict[str, Any]:
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="small sizes: checks the harness runs")
-    p.add_argument("--out", default=None, help="JSON file to write")
-    a = p.parse_args(argv)
-    res = run(a.quick, os.path.dirname(a.out) if a.out else None)
-    out = a.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "executors.json")
-    with open(out, "w") as f:
-        json.dump(res, f, indent=2, default=str)
-    print(json.dumps(res, indent=2, default=str))
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(bench_main(run, __doc__, name="executors"))

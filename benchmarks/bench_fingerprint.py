@@ -15,8 +15,6 @@ Run: ``python benchmarks/bench_fingerprint.py [--quick]``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -28,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import gpunets as gn  # noqa: E402
 from gpunets.devices.fingerprint import fingerprint  # noqa: E402
+from benchmarks._runner import bench_main  # noqa: E402 - after the path set-up
 
 
 def _best(fn: Callable[[], Any], repeats: int) -> float:
@@ -66,13 +65,4 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args()
-    res = run(quick=a.quick)
-    text = json.dumps(res, indent=2)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
+    raise SystemExit(bench_main(run, __doc__, name="fingerprint"))

@@ -24,13 +24,14 @@ Run: ``python benchmarks/bench_from_sklearn.py [--quick]``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
+import sys
 import time
 from typing import Any
 
 import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # run as a script
+from benchmarks._runner import bench_main  # noqa: E402 - after the path set-up
 
 
 def make_data(n: int, seed: int = 0) -> tuple[Any, np.ndarray]:
@@ -164,18 +165,5 @@ def run(quick: bool = False, repeats: int | None = None) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", default=None)
-    a = p.parse_args()
-    res = run(quick=a.quick)
-    text = json.dumps(res, indent=2, default=str)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
-
-
 if __name__ == "__main__":
-    main()
+    raise SystemExit(bench_main(run, __doc__, name="from_sklearn"))

@@ -23,16 +23,16 @@ Results go to ``--out`` (default ``benchmarks/results/kernels.json``) as JSON.
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
-import json
 import os
 import platform
+import sys
 import time
-from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # run as a script
+from benchmarks._runner import bench_main  # noqa: E402 - after the path set-up
 
 TARGETS = {"vs_stack": 4.0, "vs_sum_div_k": 2.0, "bandwidth_vs_copy": 0.80, "gpu_bandwidth_vs_copy": 0.75}
 
@@ -195,15 +195,7 @@ def run(quick: bool = False) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="n = 10^6 on the CPU, fewer rounds")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "kernels.json"))
-    args = p.parse_args(argv)
-    res = run(quick=args.quick)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2) + "\n")
+def summary(res: dict[str, Any]) -> None:
     for section in ("cpu", "gpu"):
         r = res[section]
         if "skipped" in r:
@@ -215,9 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         if "ratios_no_pool" in r:
             for name, v in r["ratios_no_pool"].items():
                 print(f"{section} {name} [no pool]: {v['value']:.2f} (target {v['target']})")
-    print(f"wrote {out}")
-    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(bench_main(run, __doc__, name="kernels", summary=summary))

@@ -21,8 +21,6 @@ Run: ``python benchmarks/bench_scaling.py [--quick] [--out benchmarks/results/sc
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -36,6 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 import gpunets as gn  # noqa: E402
+from benchmarks._runner import bench_main  # noqa: E402 - after the path set-up
 
 EXECUTORS = ("serial", "threads", "streams")
 WORKERS = 2
@@ -365,30 +364,26 @@ def run(quick: bool = False, out_dir: str | None = None) -> dict[str, Any]:
     return res
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="small sizes (seconds): checks the harness runs")
-    p.add_argument("--out", default=os.path.join(HERE, "results", "scaling.json"), help="JSON results file")
-    p.add_argument("--planning", action="store_true", help="only the planning part (no RandomForest sweeps)")
-    a = p.parse_args(argv)
+def _run(quick: bool, planning_only: bool) -> dict[str, Any]:
     t = time.perf_counter()
-    if a.planning:
-        res = planning(quick=a.quick)
-        print_planning(res)
-        print(f"planning part only, not written to {a.out}: {time.perf_counter() - t:.1f} s")
-        return 0
-    res = run(quick=a.quick, out_dir=os.path.dirname(os.path.abspath(a.out)))
+    if planning_only:
+        return {"planning": planning(quick=quick), "seconds_total": time.perf_counter() - t}
+    res = run(quick=quick)
     res["seconds_total"] = time.perf_counter() - t
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=2, default=str)
-    for label, rows in (("width", res["width"]), ("size", res["size"])):
-        for r in rows:
+    return res
+
+
+def summary(res: dict[str, Any]) -> None:
+    for label in ("width", "size"):
+        for r in res.get(label, []):
             sp = ", ".join(f"{k} {v:.2f}x" for k, v in r["speedup"].items())
             print(f"{label:>5}: width {r['width']}, {r['rows']} rows: serial {r['seconds']['serial'] * 1e3:.0f} ms; {sp}")
     print_planning(res["planning"])
-    print(f"wrote {a.out} and {', '.join(res['plots'])} in {res['seconds_total']:.1f} s")
-    return 0
+    if "plots" in res:
+        print(f"pictures: {', '.join(res['plots'])} in {res['seconds_total']:.1f} s")
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(bench_main(_run, __doc__, name="scaling", summary=summary, options=[
+        (["--planning"], {"action": "store_true", "dest": "planning_only",
+                          "help": "only the planning part (no RandomForest sweeps)"})]))

@@ -17,14 +17,15 @@ Run: ``python benchmarks/bench_stacking.py [--quick] [--out benchmarks/results/s
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
+import sys
 import time
 from typing import Any
 
 import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # run as a script
+from benchmarks._runner import bench_main  # noqa: E402 - after the path set-up
 
 
 def make_data(n: int, d: int = 8, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -155,19 +156,6 @@ def voting(X: np.ndarray, y: np.ndarray, Xt: np.ndarray, ests: list[tuple[str, A
             "max_abs_diff_vs_sklearn": float(np.max(np.abs(preds["gpunets"] - preds["sklearn"])))}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="~20k rows instead of ~200k")
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--out", default=None, help="write the figures as JSON here")
-    args = ap.parse_args()
-    res = run(quick=args.quick, repeats=args.repeats)
-    print(json.dumps(res, indent=2))
-    if args.out:
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=2)
-
-
 if __name__ == "__main__":
-    main()
+    raise SystemExit(bench_main(run, __doc__, name="stacking",
+                                options=[(["--repeats"], {"type": int, "default": 1, "help": "best of this many"})]))

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import collections
 import pickle
 
 import numpy as np
 import pandas as pd
 import pytest
 import sklearn.ensemble as ske
-from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.linear_model import LinearRegression, LogisticRegression, Ridge
 from sklearn.model_selection import GridSearchCV, KFold, StratifiedKFold
 from sklearn.naive_bayes import GaussianNB
@@ -20,58 +18,14 @@ from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 import gpunets as gn
 from gpunets.core.graph import machine_parents
 
-FITS: collections.Counter = collections.Counter()
-
-
-class CountingRegressor(RegressorMixin, BaseEstimator):
-    def __init__(self, tag="r", alpha=1.0):
-        self.tag, self.alpha = tag, alpha
-
-    def fit(self, X, y):
-        FITS[self.tag] += 1
-        self.model_ = Ridge(alpha=self.alpha).fit(X, y)
-        return self
-
-    def predict(self, X):
-        return self.model_.predict(X)
-
-
-class CountingClassifier(ClassifierMixin, BaseEstimator):
-    def __init__(self, tag="c"):
-        self.tag = tag
-
-    def fit(self, X, y):
-        FITS[self.tag] += 1
-        self.model_ = LogisticRegression().fit(X, y)
-        self.classes_ = self.model_.classes_
-        return self
-
-    def predict_proba(self, X):
-        return self.model_.predict_proba(X)
-
-    def predict(self, X):
-        return self.model_.predict(X)
-
-
-@pytest.fixture(autouse=True)
-def _reset():
-    FITS.clear()
-
-
-@pytest.fixture
-def reg_data():
-    rng = np.random.default_rng(1)
-    X = rng.normal(size=(150, 5))
-    y = X[:, 0] - 2 * X[:, 1] ** 2 + 0.1 * rng.normal(size=150)
-    return X, y
-
-
-@pytest.fixture
-def clf_data():
-    rng = np.random.default_rng(2)
-    X = rng.normal(size=(150, 4))
-    y = np.array(["cat", "dog", "eel"])[(X[:, 0] > 0).astype(int) + (X[:, 1] > 0.3).astype(int)]
-    return X, y
+from tests.stacking_support import (  # noqa: F401 - the shared fixtures, used by name
+    FITS,
+    CountingClassifier,
+    CountingRegressor,
+    _reset,
+    clf_data,
+    reg_data,
+)
 
 
 def _reg_estimators():

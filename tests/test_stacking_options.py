@@ -3,12 +3,10 @@ cv_scores_ (MLJ's cv_report) and the cv-ensemble (MLJ's), on every executor."""
 
 from __future__ import annotations
 
-import collections
 
 import numpy as np
 import pytest
 import sklearn.ensemble as ske
-from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.datasets import make_multilabel_classification
 from sklearn.exceptions import NotFittedError
 from sklearn.frozen import FrozenEstimator
@@ -20,40 +18,13 @@ from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 
 import gpunets as gn
 
-FITS: collections.Counter = collections.Counter()
-
-
-class Counting(RegressorMixin, BaseEstimator):
-    def __init__(self, tag="r", alpha=1.0):
-        self.tag, self.alpha = tag, alpha
-
-    def fit(self, X, y):
-        FITS[self.tag] += 1
-        self.model_ = Ridge(alpha=self.alpha).fit(X, y)
-        return self
-
-    def predict(self, X):
-        return self.model_.predict(X)
-
-
-@pytest.fixture(autouse=True)
-def _reset():
-    FITS.clear()
-
-
-@pytest.fixture
-def reg_data():
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(90, 4))
-    return X, X @ np.array([1.0, -2.0, 0.5, 0.0]) + 0.3 * rng.normal(size=90)
-
-
-@pytest.fixture
-def clf_data():
-    rng = np.random.default_rng(1)
-    X = rng.normal(size=(90, 3))
-    y = np.array(["lo", "mid", "hi"])[np.digitize(X[:, 0] + 0.5 * rng.normal(size=90), [-0.4, 0.4])]
-    return X, y
+from tests.stacking_support import (  # noqa: F401 - the shared fixtures, used by name
+    FITS,
+    _reset,
+    clf_data,
+    reg_data,
+)
+from tests.stacking_support import CountingRegressor as Counting
 
 
 def _regs():
@@ -232,7 +203,7 @@ def test_cv_scores_of_decision_function_members(clf_data):
     X, y = clf_data
     from sklearn.svm import LinearSVC
 
-    yb = (y == "hi").astype(int)
+    yb = (y == "eel").astype(int)
     clf = gn.StackingClassifier([("svc", LinearSVC())], cv=3, executor="serial").fit(X, yb)
     assert clf.stack_method_ == ["decision_function"]
     np.testing.assert_allclose(clf.cv_scores_["svc"], cross_val_score(LinearSVC(), X, yb, cv=StratifiedKFold(3)))
