@@ -251,3 +251,12 @@ def test_files_of_other_kinds_are_foreign(content, tmp_path):
     path.write_bytes(content)
     with pytest.raises(gn.PersistenceError, match=r"is foreign: it was not written by gn.save"):
         gn.load(path, allow_pickle=True)
+
+
+def test_old_module_paths_of_trusted_functions_stay_trusted():
+    """Files saved before gpunets' modules moved into packages name functions by their old paths."""
+    from gpunets.persistence.persist import _trusted_by_default
+
+    assert _trusted_by_default("gpunets.stacking.take_rows")          # now gpunets.compose._stack_network
+    assert _trusted_by_default("gpunets.compose.stacking.take_rows")  # re-exported there
+    assert not _trusted_by_default("gpunets.compose.stacking.np")     # a module is not a trusted type

@@ -89,11 +89,11 @@ TRUSTED_TYPES: tuple[str, ...] = (
     "gpunets.devices.placement.Device",
     "gpunets.compose.stacking.StackingRegressor", "gpunets.compose.stacking.StackingClassifier",
     "gpunets.core.ops.combine",
-    "gpunets.compose.stacking.take_rows", "gpunets.compose.stacking.assemble_folds", "gpunets.compose.stacking.enforce_order",
-    "gpunets.compose.stacking.concat_predictions", "gpunets.compose.stacking.decode_labels",
-    "gpunets.compose.stacking.MemberSummary", "gpunets.compose.stacking.summarize_members", "gpunets.compose.stacking.average_folds",
-    "gpunets.compose.stacking.prefit_output", "gpunets.compose.stacking.decode_multilabel", "gpunets.compose.stacking.multilabel_proba",
-    "gpunets.compose.stacking.enforce_order_partial",
+    "gpunets.compose._stack_network.take_rows", "gpunets.compose._stack_network.assemble_folds", "gpunets.compose._stack_network.enforce_order",
+    "gpunets.compose._stack_network.concat_predictions", "gpunets.compose._stack_network.decode_labels",
+    "gpunets.compose._stack_network.MemberSummary", "gpunets.compose._stack_network.summarize_members", "gpunets.compose._stack_network.average_folds",
+    "gpunets.compose._stack_network.prefit_output", "gpunets.compose._stack_network.decode_multilabel", "gpunets.compose._stack_network.multilabel_proba",
+    "gpunets.compose._stack_network.enforce_order_partial",
     "functools.partial",
     "sklearn.utils._bunch.Bunch",
     # a search's scorers: they hold a metric (a public function of sklearn.metrics, trusted below) and its kwargs
@@ -342,7 +342,11 @@ def _trusted_by_default(name: str, packages: tuple[str, ...] = ("gpunets",)) -> 
         return True
     if name.split(".")[0] not in packages or name in _NOT_BY_DEFAULT:
         return False
-    obj = _resolve(name)   # a class: loading builds data; a function is called when the network runs, so only
+    obj = _resolve(name)
+    # a trusted object under another name: where it was defined before gpunets' modules moved into packages
+    # (an old file), or where it is re-exported; the same object, so the same trust
+    if f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}" in TRUSTED_TYPES:
+        return True   # a class: loading builds data; a function is called when the network runs, so only
     return isinstance(obj, type) or getattr(obj, "__gn_saved_operation__", False) is True   # those gpunets marks
 
 
