@@ -23,11 +23,12 @@ machine), and every network runs on the CPU too, with the same answers.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from gpunets.base import moved as _moved
 
-_moved.install()   # old module paths (gpunets.plan, ...) are aliases of where the modules live now
+_moved.install(sys.modules[__name__])   # old module paths (gpunets.plan, ...) are aliases of where the modules live now
 
 from gpunets.devices.cache import CacheInfo, cache_clear, cache_info
 from gpunets.base.config import config, get_config, set_config

@@ -107,6 +107,9 @@ def test_old_module_paths_are_aliases_of_the_new_ones():
 
     for old, new in MOVED.items():
         assert importlib.import_module(f"gpunets.{old}") is importlib.import_module(f"gpunets.{new}")
+    # importing gpunets.report (an old path) leaves gn.report, gn.config, gn.replace as they are
+    assert callable(gn.report) and not isinstance(gn.report, type(importlib))
+    assert isinstance(gn.config, type) and callable(gn.replace) and not isinstance(gn.replace, type(importlib))
     # a pickle naming the old path of a class loads as the class
     data = pickle.dumps(gn.Device("cpu"), protocol=0).replace(b"gpunets.devices.placement", b"gpunets.devices")
     assert pickle.loads(data) == gn.Device("cpu")

@@ -16,6 +16,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import types
 from typing import Any
 
 __all__ = ["MOVED", "install"]
@@ -64,7 +65,24 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 del self._specs[old]
 
 
-def install() -> None:
-    """Put the alias finder on ``sys.meta_path`` (once; ``import gpunets`` does it)."""
+class _Package(types.ModuleType):
+    """The ``gpunets`` package, whose API names outlive the import of an old module path of the same name.
+
+    Importing ``gpunets.report`` (an old path, as a saved file may) makes Python set the package's attribute
+    ``report`` to that module, over ``gn.report`` the function; as before the move, the API name stays.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if (name in MOVED and isinstance(value, types.ModuleType)
+                and not isinstance(self.__dict__.get(name, value), types.ModuleType)):
+            return
+        super().__setattr__(name, value)
+
+
+def install(package: Any = None) -> None:
+    """Put the alias finder on ``sys.meta_path`` (once; ``import gpunets`` does it) and keep the API names
+    of ``package`` (the ``gpunets`` module) when an old path of the same name is imported."""
     if not any(isinstance(f, _Alias) for f in sys.meta_path):
         sys.meta_path.append(_Alias())
+    if package is not None and type(package) is types.ModuleType:
+        package.__class__ = _Package
