@@ -118,7 +118,8 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
         progress_bar = _Progress.open(n_fits, show)
         if progress_bar is not None:
             token = _PROGRESS.set(progress_bar)   # before the run: its worker threads copy this context
-    callback = (outer or progress_bar).on_task_done if (outer or progress_bar) is not None else None
+    bar = outer or progress_bar
+    callback = bar.on_task_done if bar is not None else None
     try:
         run = ex.run(plan, on_task_done=callback)
     finally:
@@ -176,7 +177,7 @@ def _remember_site() -> None:
         remember_user_site()
 
 
-def _say_what_will_retrain(err: BaseException, plan: Any, before: dict[Any, int]) -> None:
+def _say_what_will_retrain(err: FitError, plan: Any, before: dict[Any, int]) -> None:
     """Append to a fit's error exactly which machines the next fit retrains: those this one did not commit."""
     if not getattr(err, "_gn_task_named", False) or getattr(err, "_gn_retrain_said", False) or not err.args:
         return

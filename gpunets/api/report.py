@@ -172,6 +172,7 @@ class FitReport:
         for r in trace.records:
             if r.kind == "fit":
                 task = plan.tasks[r.key]
+                assert task.machine is not None   # a fit task fits its machine
                 lanes[task.machine] = r.lane
                 times[task.machine] = r.seconds
                 self._fit_tasks[r.key] = task.machine

@@ -23,6 +23,7 @@ import sys
 import threading
 import warnings
 import weakref
+from types import FrameType
 from typing import Any, Hashable
 
 __all__ = ["warn_user", "warn_once", "fallback_owner", "remember_user_site"]
@@ -47,7 +48,7 @@ def fallback_owner() -> Any:
 
 def remember_user_site() -> None:
     """Record the first frame outside gpunets as the place later warnings of this run point at."""
-    f = sys._getframe(1)
+    f: FrameType | None = sys._getframe(1)
     while f is not None and f.f_code.co_filename.startswith(_PKG):
         f = f.f_back
     if f is not None:
@@ -55,7 +56,7 @@ def remember_user_site() -> None:
 
 
 def _warn(msg: str, category: type[Warning]) -> None:
-    f = sys._getframe(0)
+    f: FrameType | None = sys._getframe(0)
     level = 1
     # out of gpunets, and out of the standard library's context managers gpunets' own `with` blocks use
     while f is not None and (f.f_code.co_filename.startswith(_PKG) or f.f_code.co_filename == contextlib.__file__):

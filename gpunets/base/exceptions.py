@@ -33,6 +33,11 @@ __all__ = [
 class GpunetsError(Exception):
     """Base class of every gpunets exception."""
 
+    # what a run marks on the error of a failed task (annotations only: set on instances, never on the class)
+    _gn_task_named: bool        # the message names the task (gpunets.executors.scheduler)
+    _gn_original: BaseException  # the exception the task raised
+    _gn_retrain_said: bool      # the message says which machines the next fit retrains (gpunets.api.network)
+
 
 class NotFittedError(GpunetsError, _SklearnNotFittedError):
     """A machine was used before it was trained.
@@ -84,10 +89,10 @@ def _rebuild(kind, original, message):
     return wrap_exception(kind, message, original.__new__(original))
 
 
-_WRAPPER_CACHE: dict[tuple[type, type], type] = {}
+_WRAPPER_CACHE: dict[tuple[type, type], type[GpunetsError]] = {}
 
 
-def wrap_exception(kind: type[GpunetsError], message: str, original: BaseException) -> BaseException:
+def wrap_exception(kind: type[GpunetsError], message: str, original: BaseException) -> GpunetsError:
     """Build an exception that is both ``kind`` and ``type(original)``.
 
     The message names the culprit; ``original`` should be chained with

@@ -207,11 +207,12 @@ class Trace:
         from matplotlib.figure import Figure
 
         lanes = _lanes(self.all_records())
-        ax = Figure(figsize=(10, 0.6 * max(len(lanes), 1) + 1.5)).subplots()
+        fig = Figure(figsize=(10, 0.6 * max(len(lanes), 1) + 1.5))
+        ax = fig.subplots()
         self._draw(ax, lanes, title)
-        ax.figure.tight_layout()
+        fig.tight_layout()
         buf = io.StringIO()
-        ax.figure.savefig(buf, format="svg")
+        fig.savefig(buf, format="svg")
         return buf.getvalue()
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 from sklearn.utils.validation import check_is_fitted
@@ -139,6 +139,12 @@ def feature_names_of(node: AbstractNode, names: np.ndarray, owner: str) -> list[
 class CompositeViews:
     """What a fitted composite shows: its report, fitted parameters, machines and pictures (mixed into Composite)."""
 
+    if TYPE_CHECKING:  # pragma: no cover - Composite's (its fitted state is set on the instance by fit)
+        _gn_state: NetworkState
+
+        def _gn_build(self, sources: dict[str, Source],
+                      extra: dict[str, Any] | None = None) -> dict[str, AbstractNode]: ...
+
     # --- reports -------------------------------------------------------------------------------------
     @property
     def report_(self) -> dict[str, dict[str, Any]]:
@@ -217,6 +223,11 @@ class CompositeViews:
 
 class CompositeChecks:
     """The checks of a composite's network and of the data given to fit and to its calls (mixed into Composite)."""
+
+    if TYPE_CHECKING:  # pragma: no cover - Composite's class attribute, and scikit-learn's BaseEstimator method
+        _default_operation: str
+
+        def __sklearn_tags__(self) -> Any: ...
 
     def _gn_check_outputs(self, result: Any) -> dict[str, AbstractNode]:
         name = type(self).__name__

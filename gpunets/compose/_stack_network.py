@@ -8,7 +8,7 @@ call (assembling out-of-fold predictions, decoding labels, averaging the folds' 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy import stats
@@ -42,21 +42,22 @@ def _to_numpy(p: Any) -> Any:
 @host_only  # NumPy inside: runs on the CPU, its GPU inputs moved to the host by the plan
 def assemble_folds(test_indices: tuple[np.ndarray, ...], n_rows: int, *preds: Any) -> Any:
     """Out-of-fold predictions in original row order (``cross_val_predict``'s result)."""
-    preds = [_to_numpy(p) for p in preds]
-    if isinstance(preds[0], list):  # pragma: no cover - multi-output predict_proba lists
-        return [assemble_folds(test_indices, n_rows, *[p[j] for p in preds]) for j in range(len(preds[0]))]
-    first = np.asarray(preds[0])
-    out = np.empty((n_rows,) + first.shape[1:], dtype=np.result_type(*[np.asarray(p).dtype for p in preds]))
-    for idx, p in zip(test_indices, preds):
+    folds = [_to_numpy(p) for p in preds]
+    if isinstance(folds[0], list):  # pragma: no cover - multi-output predict_proba lists
+        return [assemble_folds(test_indices, n_rows, *[p[j] for p in folds]) for j in range(len(folds[0]))]
+    first = np.asarray(folds[0])
+    out = np.empty((n_rows,) + first.shape[1:], dtype=np.result_type(*[np.asarray(p).dtype for p in folds]))
+    for idx, p in zip(test_indices, folds):
         out[idx] = p
     return out
 
 
 @host_only  # NumPy inside: runs on the CPU, its GPU inputs moved to the host by the plan
-def enforce_order(classes: np.ndarray, n_classes: int, method: str, predictions: Any) -> Any:
+def enforce_order(classes: Any, n_classes: Any, method: str, predictions: Any) -> Any:
     """Columns for classes absent from a fold's training rows (``cross_val_predict``'s rule).
 
-    Multilabel predictions (a list, one array per label) take a list of classes and of counts.
+    ``classes`` is an array of labels and ``n_classes`` their count; multilabel predictions (a list, one
+    array per label) take a list of classes and of counts.
     """
     from sklearn.model_selection._validation import _enforce_prediction_order
 
@@ -72,7 +73,7 @@ def concat_predictions(methods: tuple[str, ...], n_classes: int, passthrough: bo
     from scipy import sparse
 
     preds = values[:len(methods)]
-    X_meta = []
+    X_meta: list[Any] = []
     for meth, p in zip(methods, preds):
         p = _to_numpy(p)
         if isinstance(p, list):
@@ -210,6 +211,17 @@ def _fold_order(y_train: np.ndarray, classes: Any, method: str, multilabel: bool
 class StackNetwork:
     """Builds a stack's learning network from its parameters (mixed into the stacking estimators)."""
 
+    if TYPE_CHECKING:  # pragma: no cover - the stacking estimator's parameters, fitted classes and checks
+        cv: Any
+        passthrough: bool
+        cv_ensemble: bool
+        classes_: Any                  # an array of labels, or one per output (multilabel)
+
+        def _validate_estimators(self) -> tuple[list[str], list[Any]]: ...
+        def _validate_final(self) -> Any: ...
+        def _methods(self, names: list[str], ests: list[Any]) -> list[str]: ...
+        def _devices(self) -> dict[str, Any]: ...
+
     # --- the network --------------------------------------------------------------------------------------
     def network(self, X: Source, y: Source, sample_weight: Source | None = None) -> dict[str, Any]:
         """One branch per (base model, fold), full-data refits, the final estimator (module docstring).
@@ -221,6 +233,7 @@ class StackNetwork:
         final_est = self._validate_final()
         methods = self._methods(names, ests)
         weighted, final_weighted = self._weight_routes(names, ests, final_est, sample_weight)
+        final_w: dict[str, Any] = {"sample_weight": sample_weight} if final_weighted else {}
         dev = self._devices()
         y_data = np.asarray(y.data)
         n = len(y_data)
@@ -236,7 +249,7 @@ class StackNetwork:
             summary = machine(MemberSummary(), node(summarize_members, (), kinds, tuple(methods), n_classes, y,
                                                     *preds, name="widths"), name=SUMMARY)
             final = machine(final_est, meta, y, name="final_estimator", device=dev.get("final_estimator"),
-                            **({"sample_weight": sample_weight} if final_weighted else {}))
+                            **final_w)
             return self._outputs(final, meta, summary.transform(meta))
         cv = check_cv(self.cv, y_data, classifier=is_classifier(self))
         if hasattr(cv, "random_state") and cv.random_state is None:
@@ -253,9 +266,9 @@ class StackNetwork:
         multilabel = y_data.ndim == 2 and n_classes > 0
         folds = [(node(take_rows, X, tr, name=f"X[train {k}]"), node(take_rows, y, tr, name=f"y[train {k}]"),
                   node(take_rows, X, te, name=f"X[test {k}]")) for k, (tr, te) in enumerate(splits)]
-        fold_w = [{"sample_weight": node(take_rows, sample_weight, tr, name=f"w[train {k}]")}
-                  for k, (tr, _) in enumerate(splits)] if weighted else [{} for _ in splits]
-        full_w = {"sample_weight": sample_weight} if weighted else {}
+        fold_w: list[dict[str, Any]] = [{"sample_weight": node(take_rows, sample_weight, tr, name=f"w[train {k}]")}
+                                        for k, (tr, _) in enumerate(splits)] if weighted else [{} for _ in splits]
+        full_w: dict[str, Any] = {"sample_weight": sample_weight} if weighted else {}
         tests = tuple(te for _, te in splits)
         oof, full_preds = [], []
         self._gn_n_folds = len(splits)
@@ -285,7 +298,7 @@ class StackNetwork:
         meta_train = node(concat_predictions, tuple(methods), n_classes, bool(self.passthrough), *oof, *extra,
                           name="X_meta[train]")
         final = machine(final_est, meta_train, y, name="final_estimator", device=dev.get("final_estimator"),
-                        **({"sample_weight": sample_weight} if final_weighted else {}))
+                        **final_w)
         meta = node(concat_predictions, tuple(methods), n_classes, bool(self.passthrough), *full_preds, *extra,
                     name="X_meta")
         return self._outputs(final, meta, summary.transform(meta))

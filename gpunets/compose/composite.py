@@ -198,7 +198,7 @@ class Composite(CompositeChecks, CompositeViews, BaseEstimator):
         return {k: v for k, v in self.get_params(deep=False).items() if _is_estimator(v)}
 
     def _gn_plain_params(self) -> dict[str, Any]:
-        out = {}
+        out: dict[str, Any] = {}
         for k, v in self.get_params(deep=False).items():
             if _is_estimator(v):
                 out[k] = ("<estimator>", type(v))
@@ -277,7 +277,7 @@ class Composite(CompositeChecks, CompositeViews, BaseEstimator):
         # the same X and y: the fitted states carry over (new metadata, e.g. new sample weights, retrain only
         # the machines that take them: each source's content is part of its dependants' fitted-state stamp)
         same = old is not None and all(k in old.fingerprints and old.fingerprints[k] == fps[k] for k in ("X", "y"))
-        if same:
+        if old is not None and same:
             sources = {k: old.sources[k] if old.fingerprints.get(k) == fps[k] and k in old.sources
                        else Source(v, name=k) for k, v in data.items()}
         else:
@@ -290,7 +290,7 @@ class Composite(CompositeChecks, CompositeViews, BaseEstimator):
         check_extra_names(type(self).__name__, extras, set(names.values()))
         route_to_members(self, machines, names, {k: sources[k] for k in routed})   # before any training
         plain = self._gn_plain_params()
-        if same:
+        if old is not None and same:
             strict = plain.keys() != old.plain_params.keys() or not all(
                 _same_param(plain[k], v) for k, v in old.plain_params.items())
             mapping = match_machines(machines, old.machines, new_names=names, old_names=old.names, strict=strict)
@@ -483,7 +483,9 @@ class CompositeClassifier(ClassifierMixin, Composite):
         return Xo, yo
 
 
-class CompositeTransformer(TransformerMixin, Composite, auto_wrap_output_keys=None):
+# scikit-learn's _SetOutputMixin.__init_subclass__ takes auto_wrap_output_keys; mypy sees the untyped sklearn bases
+# as Any and checks the keyword against object.__init_subclass__
+class CompositeTransformer(TransformerMixin, Composite, auto_wrap_output_keys=None):  # type: ignore[call-arg]
     """A composite whose network transforms ``X`` (``y`` is optional); a single node is its ``transform``.
 
     Output feature names (:meth:`get_feature_names_out`) are derived from the

@@ -349,6 +349,7 @@ class _BaseStacking(StackNetwork, TransformerMixin, _BaseComposition, Composite)
                 raise TypeError(msg)
         # the final estimator runs where it was fitted (on a GPU: the meta-features go there), as in the network
         st = self.machines_["final_estimator"]._state
+        assert st is not None   # the stack is fitted (machines_ checks it), so is its final machine
         meta = self._gn_call("transform", X)
         dev = Device.parse(st.device)
         if dev.is_cuda:

@@ -486,6 +486,7 @@ def fit_context(resolved: Union[Resolved, str], device: Union[str, Device, None]
             stack.enter_context(sklearn.config_context(array_api_dispatch=True))
         cp = loaded_cupy()
         if path in ("array_api", "cuml") and dev is not None and dev.is_cuda and cp is not None:
+            assert dev.index is not None   # a CUDA device always has an index
             ordinal = local_ordinal(dev.index)
             note_gpu_estimator(ordinal, path)   # its memory resource settled first (gpu_memory="auto")
             stack.enter_context(cp.cuda.Device(ordinal))

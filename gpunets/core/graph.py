@@ -138,7 +138,8 @@ def _cycle_message(start: AbstractNode) -> str:
     except graphlib.CycleError as e:
         cycle = list(e.args[1])
     names = " -> ".join(by_uid[u]._short() for u in reversed(cycle))
-    machines = sorted({by_uid[u].machine.label for u in cycle if getattr(by_uid[u], "machine", None) is not None})
+    on_cycle = [getattr(by_uid[u], "machine", None) for u in cycle]
+    machines = sorted({m.label for m in on_cycle if m is not None})
     return (f"The network has a cycle: {names} (each depends on the next through an operation or a "
             f"machine's training arguments). It was closed by reassigning a machine's args "
             f"(machines on the cycle: {machines}); give the machine training arguments that do not depend "
@@ -248,11 +249,10 @@ class Upstream:
 
     def stamp(self, m: "Machine", expected: bool = False) -> bytes:
         """The digest of the versions of what ``m`` trains on (see the class docstring)."""
-        i = 2 if expected else 1
         parts: list[bytes] = [b"u"]
         for a in m.args:
             f = self._facts(a)
-            parts += (f[i], f[3])
+            parts += (f[2] if expected else f[1], f[3])
         return _digest(*parts)
 
     def parents(self, m: "Machine", expected: bool = False) -> tuple[tuple["Machine", int], ...]:

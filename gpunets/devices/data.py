@@ -45,7 +45,7 @@ import contextlib
 import sys
 import threading
 import types
-from typing import Any, Iterator, Union
+from typing import Any, Iterator, Union, cast
 
 import numpy as np
 
@@ -150,7 +150,7 @@ def to_device(value: Any, device: DeviceLike, *, stream: Any = None, frames: str
         raise ValueError(f"frames={frames!r}: expected 'cudf' or 'array'.")
     if isinstance(value, tuple):
         moved = [to_device(v, dev, stream=stream, frames=frames) for v in value]
-        return type(value)._make(moved) if hasattr(value, "_fields") else type(value)(moved)
+        return cast(Any, type(value))._make(moved) if hasattr(value, "_fields") else type(value)(moved)
     if isinstance(value, list):
         return type(value)(to_device(v, dev, stream=stream, frames=frames) for v in value)
     if isinstance(value, dict):
@@ -185,14 +185,16 @@ def _to_gpu(value: Any, dev: Device, stream: Any, frames: str) -> Any:
     if is_sparse(value):
         raise TypeError(f"Cannot move a scipy.sparse {type(value).__name__} to {dev}: densify it with "
                         f".toarray() or place it on 'cpu'.")
-    with cp.cuda.Device(local_ordinal(dev.index)):
+    assert dev.index is not None   # a CUDA device always has an index
+    ordinal = local_ordinal(dev.index)
+    with cp.cuda.Device(ordinal):
         if is_pandas(value) or is_cudf(value):
             if frames == "array":
                 if is_cudf(value):  # on the GPU already: cuDF's own to_cupy, no round trip via the host
                     common = _common_numeric_dtype(value, dev)
                     floating = common is not None and np.issubdtype(common, np.floating)
                     arr = value.to_cupy(dtype=common, na_value=np.nan if floating else None)
-                    return arr if arr.device.id == local_ordinal(dev.index) else _with_stream(stream, arr.copy)
+                    return arr if arr.device.id == ordinal else _with_stream(stream, arr.copy)
                 return _with_stream(stream, lambda: cp.asarray(_numeric_frame_values(value, dev)))
             if not installed("cudf"):
                 raise ImportError(
@@ -242,7 +244,7 @@ def off_the_legacy_stream(value: Any) -> Iterator[None]:
         if cp.cuda.get_current_stream().ptr != 0:   # a per-thread default stream, or the caller's own stream
             yield
             return
-        streams = _COPY_STREAMS.__dict__
+        streams: dict[Any, Any] = _COPY_STREAMS.__dict__   # keyed by (CuPy module, device), not by name
         key = (id(cp), arr.device.id)
         stream = streams.get(key)
         if stream is None:

@@ -482,7 +482,10 @@ def same_device(a: Device, b: Device) -> bool:
     """
     if a == b:
         return True
-    return a.is_cuda and b.is_cuda and local_ordinal(a.index) == local_ordinal(b.index)
+    if not (a.is_cuda and b.is_cuda):
+        return False
+    assert a.index is not None and b.index is not None   # a CUDA device always has an index
+    return local_ordinal(a.index) == local_ordinal(b.index)
 
 
 def _visible_ids() -> list[str]:

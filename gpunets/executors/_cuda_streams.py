@@ -221,8 +221,9 @@ def _ordinal(device: str) -> int | None:
     """The CUDA ordinal of a task's device name in this process; None for the CPU."""
     if not device.startswith("cuda"):
         return None
-
-    return local_ordinal(Device.parse(device).index)
+    index = Device.parse(device).index
+    assert index is not None   # a CUDA device always has an index
+    return local_ordinal(index)
 
 
 class _CudaTask:

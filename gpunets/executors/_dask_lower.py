@@ -427,8 +427,8 @@ def _set_error(run: Run, key: int, message: str, exc: BaseException) -> None:
     task = run.plan.tasks[key]
     kind = FitError if task.kind == "fit" else EvaluationError
     err = wrap_exception(kind, message, exc)
-    err._gn_task_named = True  # type: ignore[attr-defined]
-    err._gn_original = exc  # type: ignore[attr-defined]
+    err._gn_task_named = True
+    err._gn_original = exc
     with run.lock:
         if run.error is None:
             run.error = err

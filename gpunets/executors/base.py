@@ -64,6 +64,7 @@ class Executor:
     """
 
     name = "executor"
+    _init_args: tuple[tuple[Any, ...], dict[str, Any]]   # set by __new__ (an annotation: no class attribute)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "Executor":
         self = super().__new__(cls)

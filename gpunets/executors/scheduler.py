@@ -120,6 +120,8 @@ class Run:
                  device: str | None = None, before: Callable[[], None] | None = None) -> bool:
         """Run task ``key`` here and now; return False if it failed."""
         task = self.plan.tasks[key]
+        fn = task.fn
+        assert fn is not None   # only source tasks have no function, and they are done before the run starts
         if inputs is None:
             inputs = self.inputs(task)
         start = time.perf_counter()
@@ -128,9 +130,9 @@ class Run:
                 before()
             if self.plan.sklearn_config:   # the caller's scikit-learn configuration, in this thread too
                 with sklearn_config(self.plan.sklearn_config):
-                    value = task.fn(*inputs)
+                    value = fn(*inputs)
             else:
-                value = task.fn(*inputs)
+                value = fn(*inputs)
         except BaseException as e:  # noqa: BLE001 - re-raised by raise_error
             self._record(task, lane, start, time.perf_counter(), device, failed=True)
             self.fail(key, e)
@@ -206,10 +208,12 @@ class Run:
         k = self.next_ready(block)
         while k is not None:
             task = tasks[k]
+            fn = task.fn
+            assert fn is not None   # only source tasks have no function, and they are never ready
             inputs = [vals[d] for d in task.deps]
             start = perf()
             try:
-                value = task.fn(*inputs)
+                value = fn(*inputs)
             except BaseException as e:  # noqa: BLE001 - re-raised by raise_error
                 record(task, lane, start - t0, perf() - t0, thread, None, True)
                 self.fail(k, e)

@@ -25,6 +25,7 @@ producer, the consumer's lane waits on it before the consumer (on a GPU
 from __future__ import annotations
 
 import threading
+from functools import partial
 from typing import Any, Callable
 
 from gpunets.devices.placement import gpu_available
@@ -228,8 +229,7 @@ class StreamsExecutor(Executor):
             for g, keys in sorted(lanes.items(), key=lambda kv: kv[1][0]):
                 ctx = task_context()
                 worker = pool.checkout(backend.pool_key(g))
-                jobs.append(worker.submit(lambda ctx=ctx, g=g, keys=keys: ctx.run(
-                    self._lane, run, backend, g, keys, host_ready, group)))
+                jobs.append(worker.submit(partial(ctx.run, self._lane, run, backend, g, keys, host_ready, group)))
             for k in plan.outputs:   # the host blocks only for the outputs
                 while not host_ready[k].wait(0.1):
                     pass

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from functools import partial
 from typing import Any
 
 from gpunets.executors.scheduler import Run
@@ -142,8 +143,7 @@ class ThreadsExecutor(Executor):
             try:
                 for i in range(n):
                     ctx = task_context()
-                    jobs.append(pool.checkout(("cpu", i)).submit(
-                        lambda ctx=ctx, i=i: ctx.run(self._work, run, i, per_task)))
+                    jobs.append(pool.checkout(("cpu", i)).submit(partial(ctx.run, self._work, run, i, per_task)))
                 run.wait()
             except BaseException as e:  # KeyboardInterrupt: stop cleanly, leave no work behind
                 run.abort(e)

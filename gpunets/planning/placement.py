@@ -49,7 +49,7 @@ from gpunets.planning.tasks import (  # noqa: F401 - moved there, used or re-exp
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gpunets.planning.plan import _Builder
+    from gpunets.planning.plan import Task, _Builder
 
 
 def _resolve_fit(b: "_Builder", m: "Machine", pending: Any, deps: Sequence[int] = ()) -> Any:
@@ -133,6 +133,20 @@ def _asked(spec: Any) -> str:
 
 class PlacementRules:
     """The compiler's placement methods (mixed into the plan builder, whose state they use)."""
+
+    if TYPE_CHECKING:  # pragma: no cover - the plan builder's state (set in its __init__) and methods
+        rows: Any
+        bindings: dict[int, Any]
+        mode: str
+        tasks: list[Task]
+        memo: dict[int, int]
+        dev: list[Any]
+        moves: dict[tuple[int, Any, str], int]
+        _placed: dict[Any, Any]
+        floating: set[int]
+        cache: bool
+
+        def add(self, *, device: Any = None, recipe: Any = None, **kw: Any) -> int: ...
 
     def placed(self, spec: Any, what: "str | Callable[[], str]", owner: Any = None) -> Any:
         """The device ``spec`` resolves to here (explicit, block, config), after the availability check.

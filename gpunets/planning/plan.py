@@ -215,7 +215,9 @@ class _Builder(PlacementRules):
     def _make(self, x: AbstractNode) -> int:
         if isinstance(x, Source):
             value = self._source_value(x)
-            recipe = ((), partial(_source_head, x, self.rows)) if self.cache else None
+            recipe: tuple[tuple[int, ...], Any] | None = None
+            if self.cache:
+                recipe = ((), partial(_source_head, x, self.rows))
             return self.add(kind="source", label=x.label, fn=None, node=x, value=value, device=device_of(value),
                             recipe=recipe)
         assert isinstance(x, Node)
@@ -232,6 +234,7 @@ class _Builder(PlacementRules):
             if fk is not None:
                 dev, path = self.mach_dev[m._uid]
             else:
+                assert st is not None   # not fitted in this plan: it has a state, or NotFittedError was raised
                 if self.mode == "call" and m._uid not in self.states:
                     self._check_in_step(m, st)
                 dev, path = Device.parse(st.device), st.path
@@ -256,15 +259,23 @@ class _Builder(PlacementRules):
                 spec.append((False, a))
                 run.append((False, _constant_on(a, dev)))
         if m is None:
-            fn = x.operation if plain else partial(_call_with_constants, x.operation, tuple(run))
+            func = x.operation
+            assert callable(func)   # Node() refuses an operation that is not callable without a machine
+            fn = func if plain else partial(_call_with_constants, func, tuple(run))
             recipe = (tuple(deps), partial(_function_head, x.operation, tuple(spec))) if self.cache else None
             return self.add(kind="eval", fn=fn, deps=tuple(deps), node=x, cost=1.0, device=dev, recipe=recipe)
+        op = x.operation
+        assert isinstance(op, str)   # a machine's node names the machine's operation
         ck, owner, recipe = None, 0, None
         if self.cache:
-            est = self.fit_args[m._uid][0] if fk is not None else st.estimator
+            if fk is not None:
+                est, version = self.fit_args[m._uid][0], m._version + 1
+            else:
+                assert st is not None   # not fitted in this plan: it has a state (checked above)
+                est, version = st.estimator, st.version
             owner = token(est) or 0
             head = None if not owner else digest(
-                b"op", str(owner).encode(), str(m._version + 1 if fk is not None else st.version).encode(),
+                b"op", str(owner).encode(), str(version).encode(),
                 str(x.operation).encode(), f"{dev} {frames}".encode(), _constants_key(spec))
             recipe = (tuple(deps), head)
             ck = self.key_of(recipe) if machine_caches(m) else None
@@ -279,9 +290,9 @@ class _Builder(PlacementRules):
             return self.add(kind="eval", fn=fn, deps=(fk,), node=x, machine=m, cost=1.0, device=dev, recipe=recipe)
         if fk is not None:
             deps.append(fk)  # the fitted estimator arrives as the last input
-            fn = partial(_apply_fitted, x.operation, tuple(run))
+            fn = partial(_apply_fitted, op, tuple(run))
         else:
-            fn = partial(_apply_state, x.operation, tuple(run), st)   # st.estimator: fetched only where it runs
+            fn = partial(_apply_state, op, tuple(run), st)   # st.estimator: fetched only where it runs
         if ck is not None:
             fn = partial(_store, ck, owner, self.budget, fn)
         return self.add(kind="eval", fn=fn, deps=tuple(deps), node=x, machine=m, cost=2.0, device=dev,
@@ -365,10 +376,12 @@ class _Builder(PlacementRules):
         if not callable(getattr(est, "fit_transform", None)):
             return False
         task = self.tasks[fk]
-        if task.fn.func is not _fit_task and task.fn.func is not _fit_transform_task:
+        fit = task.fn
+        assert isinstance(fit, partial)   # a fit task calls a partial of one of the fit functions
+        if fit.func is not _fit_task and fit.func is not _fit_transform_task:
             return False              # a static machine, or a warm update by partial_fit
-        if task.fn.func is not _fit_transform_task:
-            task.fn = partial(_fit_transform_task, est, n_args, resolved, **task.fn.keywords)
+        if fit.func is not _fit_transform_task:
+            task.fn = partial(_fit_transform_task, est, n_args, resolved, **fit.keywords)
         return True
 
     def _check_in_step(self, m: Any, st: Any) -> None:
