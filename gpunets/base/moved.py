@@ -72,6 +72,9 @@ class _Package(types.ModuleType):
     ``report`` to that module, over ``gn.report`` the function; as before the move, the API name stays.
     """
 
+    def __reduce__(self) -> Any:   # pickled (cloudpickle, Dask) as the module it is: by name
+        return importlib.import_module, (self.__name__,)
+
     def __setattr__(self, name: str, value: Any) -> None:
         if (name in MOVED and isinstance(value, types.ModuleType)
                 and not isinstance(self.__dict__.get(name, value), types.ModuleType)):
