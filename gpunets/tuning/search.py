@@ -63,6 +63,7 @@ from sklearn.utils.validation import _check_method_params, indexable
 
 from gpunets.base.config import config
 from gpunets.devices.data import device_of
+from gpunets.devices.store import current_store
 from gpunets.devices.placement import Device, override_placement
 from gpunets.devices.placement import device as device_block
 from gpunets.executors import check_executor_spec
@@ -338,8 +339,11 @@ class _NetworkSearch(BaseSearchCV):
         target = node(tasks.collect, *ordered, device=str(gpu) if gpu is not None else "cpu")
         opts = {"executor": executor, "workers": workers}
         start = time.perf_counter()
+        store = current_store()
+        hits = store.hits if store is not None else 0
         outs = evaluate(target, output="device", **opts)
         report.seconds = time.perf_counter() - start
+        report.stored = store.hits - hits if store is not None else 0   # step fits loaded, not fitted
         trace = last_trace()
         report.read_trace(() if trace is None else trace.records)   # the fits that ran, and where
         return dict(zip(pairs_done, outs)), report
