@@ -201,10 +201,11 @@ class Store:
     def put(self, key: bytes, obj: Any) -> bool:
         """Store ``obj`` (pickled) under ``key``; False when it was not written (one warning says why)."""
         try:
-            payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+            payload = _dumps(obj)
         except Exception as e:  # noqa: BLE001 - an unpicklable fitted state: not stored, said once
-            self._warn(0, f"a fitted {type(obj).__name__} could not be pickled ({type(e).__name__}: {e}), so "
-                          "it is not stored; it is fitted again next time.")
+            what = type(obj[0] if isinstance(obj, tuple) and obj else obj).__name__
+            self._warn(0, f"a fitted {what} could not be pickled ({type(e).__name__}: {e}), so it is not "
+                          "stored; it is fitted again next time.")
             return False
         return self.put_bytes(key, payload)
 
@@ -304,6 +305,19 @@ class Store:
         with self._lock:
             return StoreInfo(self.path, self.hits, self.misses, self.writes, self.corrupt, self.evictions,
                              self.failed, len(entries), sum(e[1] for e in entries), self.max_bytes)
+
+
+def _dumps(obj: Any) -> bytes:
+    """``obj`` pickled; by cloudpickle where it is installed (functions by value: a lambda in a
+    ``FunctionTransformer``) when pickle cannot.  Either loads with :func:`pickle.loads`."""
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        try:
+            import cloudpickle   # optional (Dask brings it): functions by value
+        except ImportError:
+            raise                # the pickling error: not stored, said once
+        return bytes(cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _write(f: Any, data: bytes) -> None:

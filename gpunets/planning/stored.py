@@ -157,9 +157,12 @@ def stored_task(est: Any, info: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
 
 def commit_and_store(store: Store, key: bytes, commit: Callable[..., None], est: Any, info: dict[str, Any],
                      *output: Any) -> None:
-    """Commit a fit, then write its state under ``key`` (a remote state, kept on a Dask worker, is not)."""
+    """Commit a fit, then write its state under ``key`` (a state kept on a Dask worker is fetched to write it:
+    the store is the client's)."""
     commit(est, info, *output)
     if isinstance(est, RemoteEstimator):
-        return
+        if est.lost:
+            return
+        est = est.gather()
     keep = {k: info[k] for k in ("seconds", "path", "n_rows") if k in info}
     store.put(key, (est, keep))
