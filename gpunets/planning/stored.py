@@ -75,9 +75,12 @@ class StoreKeys:
 
     def fit_key(self, m: "Machine", device: Any, path: str) -> bytes | None:
         """The key of a fit of ``m`` on ``device`` (a :class:`~gpunets.devices.placement.Device`) by ``path``."""
-        args = [self.value(a) for a in m.args]
-        if any(a is None for a in args):
-            return None
+        args: list[bytes] = []
+        for a in m.args:
+            k = self.value(a)
+            if k is None:
+                return None
+            args.append(k)
         libs: set[str] = {"gpunets"}
         spec = stable_key(m.model, libs)
         if spec is None:
@@ -141,6 +144,7 @@ class StoreKeys:
                 if c is None:
                     return None
                 parts.append(b"c" + c)
+        assert isinstance(x, Node)
         if m is not None:
             mk = self.machines.get(m._uid)
             if mk is None:
