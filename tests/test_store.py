@@ -303,10 +303,11 @@ def test_a_search_again_fits_nothing_and_a_wider_grid_only_the_new(store, execut
     first = cold.search_report_
     assert first.stored == 0 and first.fitted == 3 + 3 + 6
     again = _search([0.1, 1.0], X, y).set_params(executor=executor).fit(X, y)
-    assert again.search_report_.fitted == 0 and again.search_report_.stored == 12
+    assert again.search_report_.fitted == 0 and again.search_report_.remembered == 6   # results from the store
     np.testing.assert_array_equal(again.cv_results_["mean_test_score"], cold.cv_results_["mean_test_score"])
     wide = _search([0.1, 1.0, 10.0], X, y).set_params(executor=executor).fit(X, y)
     assert wide.search_report_.fitted == 3          # the new alpha's Ridge in each fold
+    assert wide.search_report_.stored == 6          # the scaler and the PCA of each fold, loaded
     np.testing.assert_array_equal(wide.cv_results_["mean_test_score"][:2], cold.cv_results_["mean_test_score"])
 
 
@@ -321,7 +322,7 @@ _SEARCH = textwrap.dedent("""
     X, y = rng.normal(size=(300, 10)), rng.normal(size=300)
     s = gn.GridSearchCV(make_pipeline(StandardScaler(), PCA(4), Ridge()), {"ridge__alpha": [0.1, 1.0]}, cv=3)
     s.fit(X, y)
-    print(s.search_report_.fitted, s.search_report_.stored, repr(s.cv_results_["mean_test_score"].tolist()))
+    print(s.search_report_.fitted, s.search_report_.remembered, repr(s.cv_results_["mean_test_score"].tolist()))
 """)
 
 
@@ -330,7 +331,7 @@ def test_a_search_in_a_new_process_fits_nothing(tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     outs = [subprocess.run([sys.executable, "-c", _SEARCH, path], capture_output=True, text=True, env=env,
                            timeout=240, check=True).stdout.split(maxsplit=2) for _ in range(2)]
-    assert outs[0][:2] == ["12", "0"] and outs[1][:2] == ["0", "12"]
+    assert outs[0][:2] == ["12", "0"] and outs[1][:2] == ["0", "6"]   # every (candidate, fold) from the store
     assert outs[0][2] == outs[1][2]   # the same scores, to the last bit (repr of the floats)
 
 
@@ -346,3 +347,18 @@ def test_function_transformer_by_code_and_defaults(store):
     assert fit(lambda x: x + 1) == "stored"       # same code: the same key
     assert fit(lambda x: x + 2) == "train"
     assert fit(np.log1p) == "train" and fit(np.log1p) == "stored"
+
+
+def test_step_fits_alone_are_loaded_when_results_are_not_kept(store):
+    """A search whose results are not in the store (an interrupted run keeps its finished step fits) still
+    loads its step fits, and fits nothing."""
+    import pickle
+
+    X, y = _data()
+    _search([0.1, 1.0], X, y).fit(X, y)
+    results = [p for p in _entries(store) if isinstance(pickle.loads(store_mod._decode(open(p, "rb").read())), dict)]
+    assert len(results) == 6
+    for p in results:
+        os.remove(p)
+    again = _search([0.1, 1.0], X, y).fit(X, y)
+    assert again.search_report_.fitted == 0 and again.search_report_.stored == 12

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from gpunets.devices import store as _store
 from gpunets.devices.cache import digest
 from gpunets.devices.fingerprint import fingerprint
 from gpunets.devices.store_keys import library_versions, stable_key
 
-__all__ = ["step_key", "stage_key", "data_key", "load", "keep"]
+__all__ = ["step_key", "stage_key", "data_key", "load", "keep", "result_keys"]
 
 
 def data_key(x: Any) -> bytes | None:
@@ -79,3 +81,33 @@ def keep(key: bytes | None, est: Any) -> None:
     s = _store.current_store()
     if key is not None and s is not None:
         s.put(key, est)
+
+
+def result_keys(search: Any, specs: list[Any], splits: list[Any], X: Any, y: Any, fit_params: dict[str, Any],
+                score_params: dict[str, Any]) -> list[bytes | None] | None:
+    """The store key of every (candidate, fold) result of ``search``, candidate-major (None: no store).
+
+    A result (scikit-learn's ``_fit_and_score`` output: scores and times) is keyed by the candidate (class and
+    hyperparameters), the fold's rows, and the search's context: the data's content, the fit and score
+    parameters, the scoring, ``return_train_score``, ``error_score``, the search's device and the versions.
+    """
+    if _store.current_store() is None:
+        return None
+    libs: set[str] = {"gpunets"}
+    parts = [data_key(X), data_key(y), stable_key(fit_params, libs), stable_key(score_params, libs),
+             stable_key(search.scoring, libs), stable_key((bool(search.return_train_score), repr(search.error_score),
+                                                          repr(getattr(search, "device", None))), libs)]
+    if any(p is None for p in parts):
+        return None
+    context = digest(b"gnsearch", *[p for p in parts if p is not None], _store.VERSION.encode())
+    folds = []
+    for train, test in splits:
+        tr, te = data_key(np.asarray(train)), data_key(np.asarray(test))
+        folds.append(None if tr is None or te is None else digest(tr, te))
+    out: list[bytes | None] = []
+    for spec in specs:
+        own = set(libs)
+        cand = stable_key(spec, own)
+        versions = library_versions(own - {"gpunets"})
+        out += [None if cand is None or f is None else digest(b"gnresult", context, cand, f, versions) for f in folds]
+    return out
