@@ -31,6 +31,7 @@ from gpunets.base import moved as _moved
 _moved.install(sys.modules[__name__])   # old module paths (gpunets.plan, ...) are aliases of where the modules live now
 
 from gpunets.devices.cache import CacheInfo, cache_clear, cache_info
+from gpunets.devices.store import Store, StoreInfo, StoreWarning, store_clear, store_info
 from gpunets.base.config import config, get_config, set_config
 from gpunets.devices.placement import Device, DeviceFallbackWarning, device
 from gpunets.base.exceptions import (CycleError, DeviceUnavailableError, EvaluationError, FitError, GpunetsError, NetworkError,
@@ -58,7 +59,8 @@ __version__ = _version()
 __all__ = [
     "source", "node", "machine", "fit", "evaluate", "report", "fitted_params", "last_trace", "replace",
     "mean", "weighted_sum", "vote", "hstack", "sum", "min", "max", "var",
-    "config", "get_config", "set_config", "cache_info", "cache_clear", "CacheInfo", "device", "Device", "DeviceFallbackWarning",
+    "config", "get_config", "set_config", "cache_info", "cache_clear", "CacheInfo",
+    "Store", "StoreInfo", "StoreWarning", "store_info", "store_clear", "device", "Device", "DeviceFallbackWarning",
     "AbstractNode", "Source", "Node", "Machine", "FitReport", "Trace", "Evaluation",
     "Executor", "SerialExecutor", "ThreadsExecutor", "StreamsExecutor", "DaskExecutor",
     "GpunetsError", "NotFittedError", "CycleError", "NetworkError", "DeviceUnavailableError", "FitError",

@@ -149,7 +149,7 @@ def _adopt_nested_traces(report: Any) -> None:
     """Put the fits a composite ran inside its machine's task (a stack's folds) on the report's trace."""
     for m, action in report.actions.items():
         st = m._state
-        inner = st.peek("fit_report_") if st is not None and action != "skip" else None
+        inner = st.peek("fit_report_") if st is not None and action not in ("skip", "stored") else None
         if isinstance(inner, FitReport) and inner.trace is not report.trace:
             report.trace.adopt(inner.trace, report.labels[m], inner.task_labels())
 

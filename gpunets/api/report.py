@@ -83,6 +83,10 @@ def explain(plan: "Plan", rows: Any = None, force: bool = False) -> dict["Machin
             out[m] = f"{word} {grown} grew: continued from the fitted state"
             continue
         out[m] = f"{word} {', '.join(changed)} changed" if changed else action
+    for m, action in plan.actions.items():
+        if action == "stored":   # it would have trained, for this reason; its state came from the store
+            why = out[m] if out[m] != "stored" else "same state"
+            out[m] = f"{why}: the same fit was in the store, loaded instead of fitted"
     return out
 
 
@@ -144,8 +148,8 @@ class FitReport:
     Attributes
     ----------
     actions : ActionMap
-        Every machine upstream -> ``"train"``, ``"update"``, ``"update (warm)"``, ``"static"`` or ``"skip"``
-        (also by label).
+        Every machine upstream -> ``"train"``, ``"update"``, ``"update (warm)"``, ``"static"``, ``"stored"``
+        (its state loaded from the store instead of fitted: docs/store.md) or ``"skip"`` (also by label).
     trace : Trace
         One record per task: kind, lane, device, start, end.
     executor : str

@@ -36,6 +36,7 @@ _DEFAULTS: dict[str, Any] = {
     "warm_params": ("n_estimators", "max_iter", "n_iter"),
     "cache": False,       # machines keep their outputs on the training data (a machine's own cache= wins)
     "cache_bytes": 1 << 30,  # the byte budget of that cache (least recently used entries are evicted)
+    "store": None,        # a gpunets.devices.store.Store of fitted states on disk (a path is made one); None: off
 }
 OUTPUT_TYPES = ("auto", "device", "numpy", "pandas")
 
@@ -47,7 +48,7 @@ def get_config() -> dict[str, Any]:
     """Return a copy of the settings in force here.
 
     >>> sorted(get_config())  # doctest: +NORMALIZE_WHITESPACE
-    ['cache', 'cache_bytes', 'device', 'executor', 'fallback', 'gpu_memory', 'output', 'progress',
+    ['cache', 'cache_bytes', 'device', 'executor', 'fallback', 'gpu_memory', 'output', 'progress', 'store',
      'thread_unsafe', 'warm_params', 'workers']
     """
     local = _LOCAL.get()
@@ -71,6 +72,8 @@ def _validate(changes: dict[str, Any]) -> dict[str, Any]:
         changes = {**changes, "thread_unsafe": verbs.get("check_thread_unsafe")(changes["thread_unsafe"])}
     if "warm_params" in changes:
         changes = {**changes, "warm_params": check_warm_params(changes["warm_params"])}
+    if "store" in changes:   # a path becomes a Store (its folder checked now, not at the first fit)
+        changes = {**changes, "store": verbs.get("check_store")(changes["store"])}
     if "device" in changes and changes["device"] not in (None, "auto"):
         verbs.get("check_device")(changes["device"])  # Device.parse: raises a ValueError listing the valid forms
     return changes
@@ -186,6 +189,10 @@ class config:
         (:mod:`gpunets.devices.cache`); default False.
     cache_bytes : int, optional
         The byte budget of that cache (least recently used entries are evicted); default 1 GiB.
+    store : str, os.PathLike, gpunets.Store or None, optional
+        A folder of fitted states (:mod:`gpunets.devices.store`, docs/store.md): every fit loads a state
+        stored under the same key instead of fitting it again; ``gn.Store(path, max_bytes=...)`` bounds its
+        size (default 8 GiB). Default None: no store.
 
     Examples
     --------

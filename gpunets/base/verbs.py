@@ -41,6 +41,7 @@ PROVIDERS: dict[str, str] = {
     "check_gpu_memory": "gpunets.devices.gpu_memory:check_gpu_memory",   # gn.set_config(gpu_memory=...)
     "check_thread_unsafe": "gpunets.compute.threadsafety:check_thread_unsafe_setting",   # gn.config(thread_unsafe=...)
     "apply_gpu_memory": "gpunets.devices.gpu_memory:apply_gpu_memory",
+    "check_store": "gpunets.devices.store:check_store_setting",   # gn.config(store=...)
     # node.origins(), node.sources(), node.machines(): graph.py builds on the classes of nodes.py
     "origins": "gpunets.core.graph:origins",
     "all_sources": "gpunets.core.graph:all_sources",

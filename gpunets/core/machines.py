@@ -104,6 +104,7 @@ class PendingFit:
     upstream: bytes
     parents: tuple[tuple["Machine", int], ...] = ()   # nearest upstream machines and their versions after this fit
     warm: tuple[str, int] | None = None   # a warm update: (method, times), e.g. ("partial_fit", 3)
+    key: bytes | None = None              # its store key (gpunets.planning.stored), when a store is in force
 
 
 class RemoteEstimator:
@@ -159,6 +160,7 @@ class FittedState:
     # versions this state was trained on: what a call checks so that it never mixes two fits' states
     parents: tuple[tuple["Machine", int], ...] = field(default=())
     asked: str = "auto"              # the placement asked for when it was fitted (its own, a block's, the config's)
+    key: bytes | None = None         # the store key it was fitted (or loaded) under (gpunets.planning.stored)
 
     @property
     def estimator(self) -> Any:
@@ -444,7 +446,7 @@ class Machine:
         self._state = FittedState(est, pending.params, pending.rows_key, pending.upstream, self._version + 1,
                                   pending.action, info.get("seconds", 0.0), info.get("device", "cpu"),
                                   info.get("path", "sklearn"), info.get("n_rows"), hist, pending.parents,
-                                  info.get("asked", "auto"))
+                                  info.get("asked", "auto"), pending.key)
         self._version += 1
         self.n_fits += 1
         # a previous state kept remotely is released when the last reference to it goes (at once, unless a

@@ -25,6 +25,7 @@ Machines that skip cost no task.  Every executor runs the same plan.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Sequence
@@ -44,6 +45,7 @@ from gpunets.core.nodes import AbstractNode, Node, Source, is_node
 from gpunets.planning.lanes import (  # noqa: F401 - moved there, used or re-exported here
     assign_lanes,
 )
+from gpunets.planning.stored import STORED, StoreKeys, commit_and_store, storable, stored_task
 from gpunets.planning.tasks import (  # noqa: F401 - moved there, used or re-exported here
     _combine,
     _source_head,
@@ -479,6 +481,8 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
     for m in machines:
         actions[m] = m._decide(rows_key, force, up.changing(m), upstream=up)
     b = _Builder(rows=rows, bindings={}, mode="fit", cache=cache)
+    store = get_config()["store"]
+    keys = StoreKeys(actions.get, b"all" if rows_key is None else _rows_bytes(rows_key)) if store is not None else None
     # Every source is validated here (no data, rows out of range) before anything runs.
     for m in machines:
         if actions[m] == "skip":
@@ -499,19 +503,52 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
         b.mach_dev[m._uid] = (dev, path)
         b.fit_args[m._uid] = (est, len(deps), resolved)
         b.fit_action[m._uid] = actions[m]
+        commit = partial(_commit_fit, m, pending, _asked(m.device))
+        label = f"fit {m.label}"
+        skey = None
+        if keys is not None:
+            if actions[m] in ("train", "update") and pending.warm is None and storable(est):
+                skey = keys.fit_key(m, dev, path)
+            keys.set_machine(m, skey)
+        loaded = store.get(skey) if skey is not None else None
+        if skey is not None:
+            pending = dataclasses.replace(pending, key=skey)
+            commit = partial(_commit_fit, m, pending, _asked(m.device))
+        if isinstance(loaded, tuple) and len(loaded) == 2:
+            # stored: the state is loaded instead of fitted, and needs no training data (pruned below)
+            actions[m] = STORED
+            pending = dataclasses.replace(pending, action=STORED)
+            commit = partial(_commit_fit, m, pending, _asked(m.device))
+            key = b.add(kind="fit", label=f"load {m.label} (stored)", fn=partial(stored_task, loaded[0],
+                        {**loaded[1], "device": str(dev), "path": path}), deps=(), machine=m, cost=0.0,
+                        commit=commit, device=dev)
+            b.mach_dev[m._uid] = (dev, path)
+            b.fit_args[m._uid] = (loaded[0], 0, None)
+            b.fit_action[m._uid] = STORED
+            b.fit_key[m._uid] = key
+            b.n_hits += 1
+            continue
+        if skey is not None:
+            commit = partial(commit_and_store, store, skey, commit)
         if actions[m] == STATIC:
             fn = partial(_static_task, est, resolved)
         elif pending.warm is not None and pending.warm[0] == "partial_fit":
             fn = partial(_partial_fit_task, est, len(deps), resolved, pending.warm[1], **_fit_keywords(m))
         else:
             fn = partial(_fit_task, est, len(deps), resolved, **_fit_keywords(m))
-        key = b.add(kind="fit", label=f"fit {m.label}", fn=fn,
-                    deps=tuple(deps), machine=m, cost=10.0, commit=partial(_commit_fit, m, pending, _asked(m.device)), device=dev)
+        key = b.add(kind="fit", label=label, fn=fn, deps=tuple(deps), machine=m, cost=10.0, commit=commit, device=dev)
         b.fit_key[m._uid] = key
     if b.n_hits:
         remap = b.prune(tuple(b.fit_key.values()))
         b.fit_key = {u: remap[k] for u, k in b.fit_key.items()}
     return Plan("fit", b.tasks, tuple(b.fit_key.values()), actions, max_lanes, sklearn_config=sklearn_config_delta())
+
+
+def _rows_bytes(rows_key: Any) -> bytes:
+    """The rows a fit takes, as a store key's part: positions (an array) or a slice."""
+    if isinstance(rows_key, slice):
+        return repr(rows_key).encode()
+    return b"rows" + bytes(memoryview(rows_key).cast("B")) if hasattr(rows_key, "dtype") else repr(rows_key).encode()
 
 
 def compile_call(targets: Sequence[AbstractNode], bindings: dict[int, Any], *, rows: Any = None,

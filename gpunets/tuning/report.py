@@ -49,6 +49,9 @@ class SearchReport:
     warm : int
         Last-step fits that continued the candidate's fit of the previous rung (successive halving with
         an iteration budget as the resource, warm-started) instead of refitting it.
+    stored : int
+        Step fits loaded from the store of fitted states instead of fitted (``gn.config(store=...)``,
+        docs/store.md; counted in this process: not on Dask workers); :attr:`fitted` gives the fits that ran.
     rungs : list of SearchReport
         Successive halving: the report of each rung (one network each); these totals are their sums.
     """
@@ -64,6 +67,7 @@ class SearchReport:
     where: dict[str, dict[str, int]] | None = None
     remembered: int = 0
     warm: int = 0
+    stored: int = 0
     rungs: list[SearchReport] = field(default_factory=list, repr=False)
 
     @property
@@ -91,6 +95,7 @@ class SearchReport:
             out.seconds += r.seconds
             out.remembered += r.remembered
             out.warm += r.warm
+            out.stored += r.stored
         offset = 0
         for r in reports:   # candidate indices of cv_results_ (rung after rung)
             for c, e in r.errors.items():
@@ -113,6 +118,15 @@ class SearchReport:
     def total(self) -> tuple[int, int]:
         """``(fits done, fits a candidate-by-candidate search would do)``."""
         return sum(self.fits.values()), sum(self.naive.values())
+
+    @property
+    def fitted(self) -> int:
+        """Step fits that ran: those done, less those loaded from the store.
+
+        >>> SearchReport({"pca": 2, "ridge": 6}, {}, stored=7).fitted
+        1
+        """
+        return sum(self.fits.values()) - self.stored
 
     def read_trace(self, records: Iterable[Any]) -> None:
         """Fill ``ran`` and ``where`` from the trace records of the search's run.
@@ -156,6 +170,8 @@ class SearchReport:
             lines.append(line)
         if self.remembered or self.warm:
             lines.append(f"  {self.remembered} (candidate, fold) results remembered, {self.warm} warm-started fits")
+        if self.stored:
+            lines.append(f"  {self.stored} step fits loaded from the store, {self.fitted} fitted")
         for i, r in enumerate(self.rungs):
             done, naive = r.total
             lines.append(f"  rung {i}: {r.candidates} candidates, {done} fits instead of {naive} "

@@ -63,12 +63,13 @@ from sklearn.utils.validation import _check_method_params, indexable
 
 from gpunets.base.config import config
 from gpunets.devices.data import device_of
+from gpunets.devices.store import current_store
 from gpunets.devices.placement import Device, override_placement
 from gpunets.devices.placement import device as device_block
 from gpunets.executors import check_executor_spec
 from gpunets.api.network import evaluate, last_trace
 from gpunets.core.nodes import node
-from gpunets.tuning import dropin, memory, tasks
+from gpunets.tuning import dropin, memory, stored, tasks
 from gpunets.compute.models import fit_context, resolve_estimator
 from gpunets.devices.data import to_device
 from gpunets.tuning.networks import SKLEARN_CONFIG, CompositeFold, StepsFold, fold_data, is_composite, pipeline_steps
@@ -235,12 +236,25 @@ class _NetworkSearch(BaseSearchCV):
         X, y, fit_params, score_params, scorers, workers, base = data
         specs = [clone(base).set_params(**clone(p, safe=False)) for p in candidates]  # unknown names raise here
         mem = memory.of(self, X, y, fit_params, score_params, scorers)
-        keys, todo = mem.lookup(specs, splits, self._warm_keys(candidates))
+        extra = self._warm_keys(candidates)
+        keys, todo = mem.lookup(specs, splits, extra)
+        # results kept in the store of fitted states (docs/store.md): a search run again in a new process
+        skeys = stored.result_keys(self, specs, splits, X, y, fit_params, score_params) if extra is None else None
+        if skeys is not None:
+            for f, cands in enumerate(todo):
+                for c in list(cands):
+                    i = c * len(splits) + f
+                    hit = stored.load(skeys[i]) if keys[i] is not None else None
+                    if isinstance(hit, dict):
+                        mem.put(keys[i], hit)
+                        cands.remove(c)
         warm = self._warm_plan(candidates, splits, mem)
         outs: list[Any] = [mem.get(k) for k in keys]
         if any(todo):
             def record(c: int, f: int, out: dict[str, Any]) -> None:
                 mem.put(keys[c * len(splits) + f], out)
+                if skeys is not None and out.get("_raise") is None:
+                    stored.keep(skeys[c * len(splits) + f], {k: v for k, v in out.items() if k != "_fitted"})
 
             self._gn_record = record
             device = self.device
@@ -255,6 +269,9 @@ class _NetworkSearch(BaseSearchCV):
                 i = c * len(splits) + f
                 outs[i] = o
                 mem.put(keys[i], o)
+                if skeys is not None and memory.is_dask(self.executor if self.executor != "auto" else None) \
+                        and o.get("_raise") is None:   # on Dask results arrive with the network's end
+                    stored.keep(skeys[i], {k: v for k, v in o.items() if k != "_fitted"})
         else:
             report = SearchReport(fits={}, naive={})
         report.remembered = sum(len(splits) - len(t) for t in _by_candidate(todo, len(specs)))
@@ -338,8 +355,11 @@ class _NetworkSearch(BaseSearchCV):
         target = node(tasks.collect, *ordered, device=str(gpu) if gpu is not None else "cpu")
         opts = {"executor": executor, "workers": workers}
         start = time.perf_counter()
+        store = current_store()
+        hits = store.hits if store is not None else 0
         outs = evaluate(target, output="device", **opts)
         report.seconds = time.perf_counter() - start
+        report.stored = store.hits - hits if store is not None else 0   # step fits loaded, not fitted
         trace = last_trace()
         report.read_trace(() if trace is None else trace.records)   # the fits that ran, and where
         return dict(zip(pairs_done, outs)), report

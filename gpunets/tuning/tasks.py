@@ -17,6 +17,7 @@ from gpunets.compute.estimators import apply_estimator
 from gpunets.core.nodes import source
 from gpunets.compute.models import fit_context, prepare_inputs
 from gpunets.base.saved import saved_operation
+from gpunets.tuning import stored
 
 __all__ = ["Failed", "Replay", "Stage", "fn_key", "step_key"]
 
@@ -78,6 +79,7 @@ class Stage(NamedTuple):
     test: Any
     score: Any
     seconds: tuple[float, ...]
+    key: Any = None   # the store key of the values it holds (:mod:`gpunets.tuning.stored`), or None
 
 
 def aligned(*values: Any) -> tuple[Any, ...]:
@@ -150,24 +152,37 @@ def fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: An
     ``route`` is the step's :class:`~gpunets.compute.models.Resolved` on a GPU (its estimator is the one fitted),
     None on the CPU; ``X`` is the training rows, or the previous step's :class:`Stage`.
     """
+    return _keyed_fit_step(est, route, last, fit_params, X, y)[:3]
+
+
+def _keyed_fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: Any,
+                    y: Any) -> tuple[Any, Any, float, Any]:
+    """:func:`fit_step` and its store key: a step stored under that key is loaded, not fitted (docs/store.md)."""
     from sklearn.base import clone
 
+    x_key = None
     if isinstance(X, Stage):
-        X = X.train
+        X, x_key = X.train, X.key
     if isinstance(X, Failed):
         X = X.as_fit()
-        return X, X, 0.0
+        return X, X, 0.0, None
     X, y = aligned(X, y)
     fit_params = dict(zip(fit_params, aligned(*fit_params.values())))
     start = time.perf_counter()
-    est = clone(est if route is None else route.estimator)  # the fitted copy is dropped once no score needs it
+    key = stored.step_key(est, route, fit_params, X, y, x_key)
+    hit = stored.load(key)
+    est = hit if hit is not None else clone(est if route is None else route.estimator)
     try:
         with on_device(route):
             X, y = moved(route, X, y)
-            return _fit_step(est, last, fit_params, X, y, start)
+            if hit is not None:   # loaded: only the training rows' transform is left to compute
+                return est, None if last else est.transform(X), time.perf_counter() - start, key
+            out = _fit_step(est, last, fit_params, X, y, start)
+        stored.keep(key, est)
+        return (*out, key)
     except Exception as e:  # noqa: BLE001 - reported by candidate through error_score
         failed = Failed(e, traceback.format_exc(), time.perf_counter() - start)
-        return failed, failed, failed.seconds
+        return failed, failed, failed.seconds, None
 
 
 def _fit_step(est: Any, last: bool, fit_params: dict[str, Any], X: Any, y: Any,
@@ -213,9 +228,9 @@ def fit_stage(est: Any, route: Any, fit_params: dict[str, Any], score: bool, y: 
     if isinstance(X, Stage):
         X, X_test, X_score, secs = X.train, X.test, X.score, X.seconds
     X_test, X_score = aligned(X_test, X_score)
-    est, out, seconds = fit_step(est, route, False, fit_params, X, y)
+    est, out, seconds, key = _keyed_fit_step(est, route, False, fit_params, X, y)
     return Stage(out, transform(est, X_test, route), transform(est, X_score, route) if score else None,
-                 secs + (seconds,))
+                 secs + (seconds,), stored.stage_key(key))
 
 
 def score_on(route: Any, *args: Any) -> dict[str, Any]:

@@ -1,0 +1,142 @@
+"""The store of fitted states (issue 26): work done once, across processes.
+
+Three ratios, each measured within one run, best of the repeats, warm (the interpreter start and imports aside):
+
+* **a search again in a new process**: the issue-15 search (``StandardScaler -> PCA(20) -> Ridge``, 50,000 x 50,
+  10 alphas x 5 folds) run in a fresh process with an empty store, then in another fresh process with the store
+  it filled: search time of the second over the first, target <= 0.20, with zero step fits in its report;
+* **a widened grid**: the same search with 15 alphas (the 10 and 5 more) on the store of the 10-alpha search, over a cold 15-alpha
+  search without a store: target <= 0.4, and exactly the new candidates' last-step fits (5 alphas x 5 folds);
+* **the lookup when every lookup misses**: a cold fit of the demo network (``python -m gpunets demo``) with a
+  store that never holds the keys (nothing written, so every lookup misses) over the same fit without a store,
+  less one: target <= 5%.  The fits are interleaved so that load on a shared machine hits both alike.
+
+Run: ``python benchmarks/bench_store.py [--quick]`` or ``python -m benchmarks --only store``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import gpunets as gn  # noqa: E402
+
+_SEARCH = """
+import json, sys, time
+import numpy as np
+import gpunets as gn
+from sklearn.decomposition import PCA
+from sklearn.linear_model import Ridge
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+n, p, k, n_alphas, folds, store = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+rng = np.random.default_rng(0)
+X = rng.normal(size=(n, p)); y = X @ rng.normal(size=p) + rng.normal(size=n)
+# warm: the modules a search uses, loaded on a tiny search first (no store)
+gn.GridSearchCV(make_pipeline(StandardScaler(), PCA(2), Ridge()), {"ridge__alpha": [1.0]}, cv=2).fit(X[:50, :5], y[:50])
+s = gn.GridSearchCV(make_pipeline(StandardScaler(), PCA(k), Ridge()),
+                    {"ridge__alpha": [float(a) for a in np.logspace(-3, 3, 15)[:n_alphas]]}, cv=folds)
+with gn.config(store=store if store != "-" else None):
+    t = time.perf_counter(); s.fit(X, y); t = time.perf_counter() - t
+r = s.search_report_
+print(json.dumps({"seconds": t, "fitted": r.fitted, "stored": r.stored,
+                  "scores": s.cv_results_["mean_test_score"].tolist()}))
+"""
+
+
+def _search(shape: tuple[int, int, int], n_alphas: int, folds: int, store: str) -> dict[str, Any]:
+    n, p, k = shape
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-c", _SEARCH, str(n), str(p), str(k), str(n_alphas), str(folds), store],
+                         capture_output=True, text=True, env=env, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+class _LookupOnly(gn.Store):
+    """A store that writes nothing: every lookup misses (what a lookup costs, alone)."""
+
+    def put_bytes(self, key: bytes, payload: bytes) -> bool:
+        return False
+
+    def put(self, key: bytes, obj: Any) -> bool:
+        return False
+
+
+def _demo_lookup(rows: int, repeats: int) -> dict[str, Any]:
+    from sklearn.datasets import make_friedman1
+
+    from gpunets.__main__ import build_network
+
+    X, y = make_friedman1(n_samples=rows, n_features=10, noise=0.5, random_state=0)
+    store = _LookupOnly(tempfile.mkdtemp(prefix="gn-bench-lookup-"))
+    build_network(X, y)[0].fit(executor="serial")   # warm
+    plain = with_store = float("inf")
+    for _ in range(repeats):
+        out, _ = build_network(X, y)
+        t = time.perf_counter()
+        out.fit(executor="serial")
+        plain = min(plain, time.perf_counter() - t)
+        out, _ = build_network(X, y)
+        with gn.config(store=store):
+            t = time.perf_counter()
+            report = out.fit(executor="serial")
+            with_store = min(with_store, time.perf_counter() - t)
+        assert "stored" not in report.actions.by_label().values()
+    info = store.info()
+    return {"cold_fit": plain, "cold_fit_all_misses": with_store, "lookups": info.misses, "hits": info.hits}
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    shape, alphas, wide, folds = ((4_000, 20, 5), 4, 6, 3) if quick else ((50_000, 50, 20), 10, 15, 5)
+    repeats = 1 if quick else 3
+    first = second = cold_wide = grown = float("inf")
+    checks: dict[str, Any] = {}
+    for _ in range(repeats):
+        store = tempfile.mkdtemp(prefix="gn-bench-store-")
+        a = _search(shape, alphas, folds, store)                 # a new process, an empty store
+        b = _search(shape, alphas, folds, store)                 # a new process, the store it filled
+        c = _search(shape, wide, folds, "-")                     # cold, the widened grid, no store
+        d = _search(shape, wide, folds, store)                   # the widened grid on the store
+        first, second = min(first, a["seconds"]), min(second, b["seconds"])
+        cold_wide, grown = min(cold_wide, c["seconds"]), min(grown, d["seconds"])
+        checks = {"second_fitted": b["fitted"], "second_stored": b["stored"], "wide_fitted": d["fitted"],
+                  "wide_new_candidates_fits": (wide - alphas) * folds,
+                  "same_scores": a["scores"] == b["scores"],
+                  "same_scores_wide": bool(np.allclose(c["scores"], d["scores"], rtol=1e-12, atol=0))}
+    demo = _demo_lookup(600 if quick else 12_000, 2 if quick else 3)
+    r1, r2 = second / first, grown / cold_wide
+    r3 = max(0.0, demo["cold_fit_all_misses"] / demo["cold_fit"] - 1.0)
+    return {
+        "search_shape": list(shape), "alphas": alphas, "widened_alphas": wide, "folds": folds,
+        "seconds": {"first": first, "second_new_process": second, "cold_widened": cold_wide, "widened": grown},
+        "checks": checks, "demo": demo,
+        "second_over_first": {"value": r1, "target": "<= 0.20",
+                              "met": r1 <= 0.20 and checks["second_fitted"] == 0 and checks["same_scores"]},
+        "widened_over_cold": {"value": r2, "target": "<= 0.4",
+                              "met": r2 <= 0.4 and checks["wide_fitted"] == checks["wide_new_candidates_fits"]},
+        "lookup_over_cold_fit": {"value": r3, "target": "<= 0.05", "met": r3 <= 0.05},
+    }
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    res = run(quick=a.quick)
+    text = json.dumps(res, indent=2)
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")

@@ -1,0 +1,444 @@
+"""A content-addressed store of fitted states, on disk: work done once, across fits and sessions.
+
+``gn.set_config(store="path/to/dir")`` (or ``gn.Store(path, max_bytes=...)``, or ``with gn.config(store=...)``
+for a block) makes every fit look in the store first: where a machine would train, a state stored under the
+same key is loaded instead (the fit report's action ``"stored"``).  The key is made by the planner
+(:mod:`gpunets.planning.stored`) from what decides a fit's result: the estimator's class and hyperparameters,
+the training data's content and rows, the upstream machines' keys, the device kind and the versions of gpunets
+and of the estimator's library.  This module only keeps bytes under keys.
+
+Each entry is one file, ``<dir>/<2 hex>/<32 hex>.gnst``: a header (magic, gpunets version, a blake2b checksum
+of the payload, its length) and the payload, a pickle of the fitted estimator.  So
+
+* a corrupt or truncated entry fails its checksum: it is dropped and counted (``corrupt``), never served;
+* an entry of another gpunets version is a miss (its key differs anyway; the header says so too);
+* a write goes to a temporary file in the same folder, renamed into place with :func:`os.replace`: readers in
+  other threads and processes see no entry or a whole one, and two writers of one key both write whole files;
+* a hit touches the entry's modification time, and when the store passes ``max_bytes`` the least recently
+  used entries are deleted (oldest first);
+* a write that fails (a full disk: ``ENOSPC``) leaves no entry and says why in one warning; the fit succeeds.
+
+A store is trusted local state, like a joblib cache: loading an entry unpickles it, which may run any code it
+names.  Point it only at a folder that you (and the processes you trust) write.
+
+>>> import tempfile
+>>> s = Store(tempfile.mkdtemp(), max_bytes=1 << 20)
+>>> key = bytes(16)
+>>> s.get(key) is None
+True
+>>> s.put(key, {"fitted": [1, 2]})
+True
+>>> s.get(key), s.info().hits, s.info().entries
+({'fitted': [1, 2]}, 1, 1)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import pickle
+import re
+import tempfile
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from gpunets.base.config import get_config
+
+__all__ = ["Store", "StoreInfo", "StoreWarning", "store_info", "store_clear", "check_store_setting",
+           "current_store", "DEFAULT_MAX_BYTES"]
+
+#: The size bound of a store given as a path (``gn.set_config(store="dir")``): 8 GiB.
+DEFAULT_MAX_BYTES = 8 << 30
+
+_MAGIC = b"GNSTORE1"
+_SUFFIX = ".gnst"
+_NAME = re.compile(r"^[0-9a-f]{32}\.gnst$")
+
+
+class StoreWarning(UserWarning):
+    """A store entry could not be written (the fit itself succeeded)."""
+
+
+@dataclass(frozen=True)
+class StoreInfo:
+    """What a store holds and did in this process (:func:`store_info`).
+
+    ``hits``, ``misses``, ``writes``, ``corrupt`` (entries dropped for a bad checksum), ``evictions`` and
+    ``failed`` (writes that failed, e.g. a full disk) count this process's lookups; ``entries`` and ``bytes``
+    are what the folder holds now; ``path`` is None when no store is configured.
+    """
+
+    path: str | None
+    hits: int
+    misses: int
+    writes: int
+    corrupt: int
+    evictions: int
+    failed: int
+    entries: int
+    bytes: int
+    max_bytes: int
+
+
+def _gpunets_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gpunets")
+    except PackageNotFoundError:  # pragma: no cover - a source checkout that is not installed
+        return "0+unknown"
+
+
+#: The version written in every entry's header (tests change it to play another version).
+VERSION = _gpunets_version()
+
+
+def _size(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", value.lower())
+        if m:
+            return int(float(m.group(1)) * (1 << (10 * " kmgt".index(m.group(2) or " "))))
+    return None
+
+
+class Store:
+    """A folder of fitted states, bounded by ``max_bytes`` (least recently used entries evicted first).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The folder (made if missing).  Several threads and processes may share it.
+    max_bytes : int or str, default 8 GiB
+        The size bound: a positive number of bytes, or a size such as ``"500MB"`` or ``"2GiB"``.
+
+    Raises
+    ------
+    ValueError
+        ``max_bytes`` is not a positive size, or ``path`` is a file or a folder this process cannot write.
+
+    Examples
+    --------
+    >>> import tempfile, gpunets as gn
+    >>> s = gn.Store(tempfile.mkdtemp(), max_bytes="10MB")
+    >>> s.max_bytes
+    10485760
+    """
+
+    def __init__(self, path: str | os.PathLike[str], max_bytes: int | str = DEFAULT_MAX_BYTES) -> None:
+        size = _size(max_bytes)
+        if size is None or size <= 0:
+            msg = (f"store: max_bytes={max_bytes!r} is not a positive size: expected a number of bytes > 0 or a "
+                   "size such as '500MB' or '2GiB'. Hint: gn.Store(path, max_bytes=2**30) bounds the store at 1 GiB.")
+            raise ValueError(msg)
+        if not isinstance(path, (str, os.PathLike)):
+            msg = (f"store={path!r} of type {type(path).__name__} is not a folder: expected a path (str or "
+                   "os.PathLike) or gn.Store(path, max_bytes=...). Hint: gn.set_config(store='~/.gpunets-store'); "
+                   "store=None turns the store off.")
+            raise TypeError(msg)
+        self.path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+        self.max_bytes = size
+        _check_folder(self.path)
+        self._lock = threading.Lock()
+        self.hits = self.misses = self.writes = self.corrupt = self.evictions = self.failed = 0
+        self._warned: set[int] = set()
+        self._approx: int | None = None   # bytes held, as of the last scan plus what this process wrote since
+
+    def __repr__(self) -> str:
+        return f"Store({self.path!r}, max_bytes={self.max_bytes})"
+
+    def __reduce__(self) -> Any:   # a Dask worker or a subprocess opens the same folder
+        return (Store, (self.path, self.max_bytes))
+
+    # --- entries ---------------------------------------------------------------------------------
+    def _file(self, key: bytes) -> str:
+        h = key.hex()
+        return os.path.join(self.path, h[:2], h + _SUFFIX)
+
+    def get(self, key: bytes) -> Any:
+        """The object stored under ``key`` (a hit), else None (a miss: absent, corrupt or of another version)."""
+        payload = self.get_bytes(key)
+        if payload is None:
+            return None
+        try:
+            return pickle.loads(payload)
+        except Exception:  # noqa: BLE001 - a class that no longer loads: a miss, and the entry goes
+            self._drop(self._file(key), corrupt=True)
+            with self._lock:
+                self.hits -= 1
+                self.misses += 1
+            return None
+
+    def get_bytes(self, key: bytes) -> bytes | None:
+        """The payload stored under ``key``, checksum verified; None when there is none (counted)."""
+        path = self._file(key)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            with self._lock:
+                self.misses += 1
+            return None
+        payload = _decode(data)
+        if payload is None:   # truncated, corrupt, or written by another version
+            self._drop(path, corrupt=not _other_version(data))
+            with self._lock:
+                self.misses += 1
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)    # recently used: evicted last
+        with self._lock:
+            self.hits += 1
+        return payload
+
+    def put(self, key: bytes, obj: Any) -> bool:
+        """Store ``obj`` (pickled) under ``key``; False when it was not written (one warning says why)."""
+        try:
+            payload = _dumps(obj)
+        except Exception as e:  # noqa: BLE001 - an unpicklable fitted state: not stored, said once
+            what = type(obj[0] if isinstance(obj, tuple) and obj else obj).__name__
+            self._warn(0, f"a fitted {what} could not be pickled ({type(e).__name__}: {e}), so it is not "
+                          "stored; it is fitted again next time.")
+            return False
+        return self.put_bytes(key, payload)
+
+    def put_bytes(self, key: bytes, payload: bytes) -> bool:
+        """Write ``payload`` under ``key`` atomically (temporary file, then :func:`os.replace`)."""
+        path = self._file(key)
+        data = _encode(payload)
+        folder = os.path.dirname(path)
+        tmp = None
+        try:
+            os.makedirs(folder, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".", suffix=".partial", dir=folder)
+            with os.fdopen(fd, "wb") as f:
+                _write(f, data)
+            os.replace(tmp, path)
+            tmp = None
+        except OSError as e:
+            with self._lock:
+                self.failed += 1
+            why = "the disk is full" if e.errno == errno.ENOSPC else f"{type(e).__name__}: {e}"
+            self._warn(e.errno or -1, f"an entry could not be written to the store {self.path!r} ({why}); the "
+                                      "fit succeeded and its state is not stored. Hint: free space, lower "
+                                      "max_bytes or clear the store (gn.store_clear()).")
+            return False
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.remove(tmp)
+        with self._lock:
+            self.writes += 1
+            if self._approx is not None:
+                self._approx += len(data)
+            over = self._approx is None or self._approx > self.max_bytes
+        if over:
+            self.evict()
+        return True
+
+    def _warn(self, code: int, msg: str) -> None:
+        with self._lock:
+            if code in self._warned:
+                return
+            self._warned.add(code)
+        warnings.warn(msg, StoreWarning, stacklevel=3)
+
+    def _drop(self, path: str, corrupt: bool = False) -> None:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        if corrupt:
+            with self._lock:
+                self.corrupt += 1
+
+    # --- the folder ------------------------------------------------------------------------------
+    def _entries(self) -> list[tuple[float, int, str]]:
+        out = []
+        with contextlib.suppress(OSError):
+            for sub in os.scandir(self.path):
+                if not sub.is_dir() or len(sub.name) != 2:
+                    continue
+                with contextlib.suppress(OSError):
+                    for e in os.scandir(sub.path):
+                        if _NAME.match(e.name):
+                            with contextlib.suppress(OSError):
+                                st = e.stat()
+                                out.append((st.st_mtime, st.st_size, e.path))
+        return out
+
+    def evict(self) -> int:
+        """Delete least recently used entries until the store holds at most ``max_bytes``; how many went."""
+        entries = sorted(self._entries())
+        total = sum(e[1] for e in entries)
+        gone = 0
+        for _, size, path in entries:
+            if total <= self.max_bytes:
+                break
+            with contextlib.suppress(OSError):
+                os.remove(path)
+                gone += 1
+            total -= size
+        with self._lock:
+            self.evictions += gone
+            self._approx = total
+        return gone
+
+    def clear(self) -> None:
+        """Delete every entry and reset this process's counters."""
+        for _, _, path in self._entries():
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        with self._lock:
+            self.hits = self.misses = self.writes = self.corrupt = self.evictions = self.failed = 0
+            self._approx = 0
+            self._warned.clear()
+
+    def info(self) -> StoreInfo:
+        """This process's counters and what the folder holds now (see :class:`StoreInfo`)."""
+        entries = self._entries()
+        with self._lock:
+            return StoreInfo(self.path, self.hits, self.misses, self.writes, self.corrupt, self.evictions,
+                             self.failed, len(entries), sum(e[1] for e in entries), self.max_bytes)
+
+
+def _dumps(obj: Any) -> bytes:
+    """``obj`` pickled; by cloudpickle where it is installed (functions by value: a lambda in a
+    ``FunctionTransformer``) when pickle cannot.  Either loads with :func:`pickle.loads`."""
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        try:
+            import cloudpickle   # optional (Dask brings it): functions by value
+        except ImportError:
+            raise                # the pickling error: not stored, said once
+        return bytes(cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _write(f: Any, data: bytes) -> None:
+    """Write ``data`` to ``f`` (one place, so a test can make the disk full)."""
+    f.write(data)
+
+
+def _encode(payload: bytes) -> bytes:
+    version = VERSION.encode()
+    check = hashlib.blake2b(payload, digest_size=32).digest()
+    return b"".join((_MAGIC, len(version).to_bytes(2, "little"), version, check,
+                     len(payload).to_bytes(8, "little"), payload))
+
+
+def _decode(data: bytes) -> bytes | None:
+    if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 2:
+        return None
+    i = len(_MAGIC)
+    n = int.from_bytes(data[i:i + 2], "little")
+    i += 2
+    if data[i:i + n] != VERSION.encode():
+        return None
+    i += n
+    check, length = data[i:i + 32], int.from_bytes(data[i + 32:i + 40], "little")
+    payload = data[i + 40:]
+    if len(payload) != length or hashlib.blake2b(payload, digest_size=32).digest() != check:
+        return None
+    return payload
+
+
+def _other_version(data: bytes) -> bool:
+    if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 2:
+        return False
+    i = len(_MAGIC)
+    n = int.from_bytes(data[i:i + 2], "little")
+    return len(data) >= i + 2 + n and data[i + 2:i + 2 + n] != VERSION.encode()
+
+
+def _check_folder(path: str) -> None:
+    if os.path.exists(path) and not os.path.isdir(path):
+        msg = (f"store={path!r} is a file, not a folder: expected a folder the store can keep its entries in. "
+               "Hint: choose another path, e.g. gn.set_config(store='~/.gpunets-store').")
+        raise ValueError(msg)
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".probe.", dir=path)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        msg = (f"store={path!r} is not a writable folder ({type(e).__name__}: {e.strerror or e}): expected a folder "
+               "this process can create and write. Hint: check its permissions, or choose a folder you own.")
+        raise ValueError(msg) from None
+
+
+# --- the setting ------------------------------------------------------------------------------------------
+
+_BY_PATH: dict[tuple[str, int], Store] = {}
+_BY_PATH_LOCK = threading.Lock()
+
+
+def check_store_setting(value: Any) -> Store | None:
+    """``gn.config(store=...)``'s value as a :class:`Store` (None: off); a clear error for a bad one.
+
+    A path gives the same :class:`Store` object each time in a process (its counters carry on).
+
+    >>> check_store_setting(None) is None
+    True
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> check_store_setting(d) is check_store_setting(d)
+    True
+    """
+    if value is None or isinstance(value, Store):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        path = os.path.abspath(os.path.expanduser(os.fspath(value)))
+        with _BY_PATH_LOCK:
+            s = _BY_PATH.get((path, DEFAULT_MAX_BYTES))
+            if s is None:
+                s = _BY_PATH[(path, DEFAULT_MAX_BYTES)] = Store(path)
+            return s
+    msg = (f"store={value!r} of type {type(value).__name__}: expected a folder path, gn.Store(path, max_bytes=...) "
+           "or None (no store). Hint: gn.set_config(store='~/.gpunets-store').")
+    raise TypeError(msg)
+
+
+def current_store() -> Store | None:
+    """The store in force here (``gn.get_config()["store"]``), or None."""
+    return get_config().get("store")
+
+
+def store_info() -> StoreInfo:
+    """Hits, misses, writes, entries and bytes of the store in force (zeros and ``path=None`` without one).
+
+    Examples
+    --------
+    >>> import tempfile, gpunets as gn
+    >>> with gn.config(store=tempfile.mkdtemp()):
+    ...     info = gn.store_info()
+    >>> (info.entries, info.bytes, info.hits)
+    (0, 0, 0)
+    >>> gn.store_info().path is None or isinstance(gn.store_info().path, str)
+    True
+    """
+    s = current_store()
+    if s is None:
+        return StoreInfo(None, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    return s.info()
+
+
+def store_clear() -> None:
+    """Delete every entry of the store in force and reset its counters (nothing without a store).
+
+    Examples
+    --------
+    >>> import tempfile, gpunets as gn
+    >>> with gn.config(store=tempfile.mkdtemp()):
+    ...     gn.store_clear()
+    ...     gn.store_info().entries
+    0
+    """
+    s = current_store()
+    if s is not None:
+        s.clear()

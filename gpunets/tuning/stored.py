@@ -1,0 +1,113 @@
+"""A search's step fits and the store of fitted states (:mod:`gpunets.devices.store`).
+
+A search's steps are fitted by its own tasks (:func:`gpunets.tuning.tasks.fit_step`), not by machines, so
+they look in the store here, with keys made the way the planner makes a machine's
+(:mod:`gpunets.planning.stored`): the step's class and hyperparameters, its training rows' key, ``y``'s content,
+its fit parameters, the device kind and route, and the versions of gpunets and of the libraries named.  The
+training rows' key is the content fingerprint of the fold's rows for a first step, and, for a later step, the
+key of the upstream step's fit (carried by the :class:`~gpunets.tuning.tasks.Stage` it passes on): so a
+search run again, in this process or a new one, loads every step it fitted before, and a grid widened with new
+values of the last step loads the shared upstream steps and fits only the new candidates' last steps.
+
+The tasks read the store in force where they run (the caller's ``gn.config(store=...)`` travels with them
+on the serial, threads and streams executors).  On Dask the workers have no store: a search on a cluster
+fits as without one.
+
+>>> from sklearn.linear_model import Ridge
+>>> import numpy as np
+>>> step_key(Ridge(), None, {}, np.ones((3, 2)), np.ones(3)) is None   # no store in force: no key
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gpunets.devices import store as _store
+from gpunets.devices.cache import digest
+from gpunets.devices.fingerprint import fingerprint
+from gpunets.devices.store_keys import library_versions, stable_key
+
+__all__ = ["step_key", "stage_key", "data_key", "load", "keep", "result_keys"]
+
+
+def data_key(x: Any) -> bytes | None:
+    """The content of ``x`` as a key part (None: named by identity only)."""
+    if x is None:
+        return b"none"
+    fp = fingerprint(x)
+    if isinstance(fp, tuple) and fp and fp[0] == "object":
+        return None
+    return repr(fp).encode()
+
+
+def stage_key(key: bytes | None) -> bytes | None:
+    """The key of the values a fitted upstream step passes on: its fit's key, tagged."""
+    return None if key is None else digest(b"stage", key)
+
+
+def step_key(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: Any,
+             x_key: bytes | None = None) -> bytes | None:
+    """The store key of fitting ``est`` on ``X, y`` (``x_key``: ``X``'s key, when an upstream step gave it);
+    None without a store in force, or when something cannot be named stably."""
+    if _store.current_store() is None:
+        return None
+    xk = x_key if x_key is not None else data_key(X)
+    yk = data_key(y)
+    libs: set[str] = {"gpunets"}
+    spec = stable_key(est, libs)
+    fp = stable_key(fit_params, libs)
+    if xk is None or yk is None or spec is None or fp is None:
+        return None
+    dev = getattr(route, "device", None)
+    kind = "cuda" if getattr(dev, "is_cuda", False) else "cpu"
+    path = getattr(route, "path", "sklearn") if route is not None else "sklearn"
+    return digest(b"gnstep", spec, xk, yk, fp, kind.encode(), str(path).encode(), _store.VERSION.encode(),
+                  library_versions(libs - {"gpunets"}))
+
+
+def load(key: bytes | None) -> Any:
+    """The fitted step stored under ``key``, else None."""
+    s = _store.current_store()
+    if key is None or s is None:
+        return None
+    return s.get(key)
+
+
+def keep(key: bytes | None, est: Any) -> None:
+    """Write a fitted step under ``key`` (nothing without a key or a store)."""
+    s = _store.current_store()
+    if key is not None and s is not None:
+        s.put(key, est)
+
+
+def result_keys(search: Any, specs: list[Any], splits: list[Any], X: Any, y: Any, fit_params: dict[str, Any],
+                score_params: dict[str, Any]) -> list[bytes | None] | None:
+    """The store key of every (candidate, fold) result of ``search``, candidate-major (None: no store).
+
+    A result (scikit-learn's ``_fit_and_score`` output: scores and times) is keyed by the candidate (class and
+    hyperparameters), the fold's rows, and the search's context: the data's content, the fit and score
+    parameters, the scoring, ``return_train_score``, ``error_score``, the search's device and the versions.
+    """
+    if _store.current_store() is None:
+        return None
+    libs: set[str] = {"gpunets"}
+    parts = [data_key(X), data_key(y), stable_key(fit_params, libs), stable_key(score_params, libs),
+             stable_key(search.scoring, libs), stable_key((bool(search.return_train_score), repr(search.error_score),
+                                                          repr(getattr(search, "device", None))), libs)]
+    if any(p is None for p in parts):
+        return None
+    context = digest(b"gnsearch", *[p for p in parts if p is not None], _store.VERSION.encode())
+    folds = []
+    for train, test in splits:
+        tr, te = data_key(np.asarray(train)), data_key(np.asarray(test))
+        folds.append(None if tr is None or te is None else digest(tr, te))
+    out: list[bytes | None] = []
+    for spec in specs:
+        own = set(libs)
+        cand = stable_key(spec, own)
+        versions = library_versions(own - {"gpunets"})
+        out += [None if cand is None or f is None else digest(b"gnresult", context, cand, f, versions) for f in folds]
+    return out
