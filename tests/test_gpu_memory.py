@@ -60,6 +60,7 @@ def fake_rmm(monkeypatch):
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setattr(gpu_memory.importlib.util, "find_spec", lambda n: object() if n == "rmm" else None)
     monkeypatch.setattr("gpunets.devices.placement.gpu_available", lambda: True)
+    monkeypatch.setattr("gpunets.devices.placement.gpu_count", lambda: 2)
     monkeypatch.setattr(gpu_memory, "_STATE", {"kind": "auto", "devices": {}, "libraries": False, "warned": False})
     monkeypatch.setitem(sys.modules["gpunets.base.config"]._GLOBAL, "gpu_memory", "auto")   # restored after
     return log, alloc_cupy, alloc_numba
@@ -188,3 +189,17 @@ def test_demo_sets_the_launch_environment_before_cuda_starts(monkeypatch):
     assert seen == {"cudf": "1", "cupy": "0"}
     env: dict[str, str] = {}
     assert cli.set_launch_env(env) == cli.LAUNCH_ENV == env
+
+
+def test_auto_without_rmm_on_the_fake_gpu_imports_nothing(monkeypatch):
+    """gn.set_config(gpu_memory='auto') where a (fake) GPU is present and RMM is not: nothing to install, and
+    no real CuPy is imported (the lane caught an `import cupy` here)."""
+    from gpunets.testing import fake_gpu
+
+    monkeypatch.setattr(gpu_memory, "_STATE", {"kind": "auto", "devices": {}, "libraries": False, "warned": False})
+    monkeypatch.setitem(sys.modules["gpunets.base.config"]._GLOBAL, "gpu_memory", "auto")
+    monkeypatch.setattr(gpu_memory, "_rmm_importable", lambda: False)
+    with fake_gpu(1):
+        gn.set_config(gpu_memory="auto")
+        gpu_memory.ensure_gpu_memory([0])
+    assert gpu_memory.gpu_memory_state()["devices"] == {0: "none"}

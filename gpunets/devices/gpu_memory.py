@@ -104,10 +104,9 @@ def apply_gpu_memory(kind: str) -> None:
         _STATE["kind"] = kind
         if kind in ("async", "pool"):   # asked for by name: GPUs left as they were get it now
             _STATE["devices"] = {o: k for o, k in _STATE["devices"].items() if k != "none"}
-    if kind != "default" and devices.gpu_available():
-        import cupy
-
-        ensure_gpu_memory(range(cupy.cuda.runtime.getDeviceCount()))
+    if kind in ("async", "pool") or (kind == "auto" and _rmm_importable()):
+        if devices.gpu_available():
+            ensure_gpu_memory(range(devices.gpu_count()))
 
 
 def _clashes(asked: str, done: str) -> bool:
