@@ -86,6 +86,8 @@ class _NetworkSearch(BaseSearchCV):
     run as one gpunets network."""
 
     _gn_record: Any = None   # while a network runs: where each (candidate, fold) result is kept at once
+    if not hasattr(BaseSearchCV, "set_callbacks"):   # a scikit-learn without callbacks: refused, saying why
+        set_callbacks = dropin.Unavailable("scikit-learn's callback API (set_callbacks, ProgressBar...)", "1.9")
 
     _parameter_constraints: dict = {
         "estimator": [HasMethods(["fit"])],
@@ -194,10 +196,14 @@ class _NetworkSearch(BaseSearchCV):
                 refit_ctx.call_on_fit_task_begin(estimator=self, X=X, y=y, metadata=metadata)
                 start = time.time()
                 with _refit_context(getattr(report, "last", report)) as Xr:
-                    if y is not None:
-                        self.best_estimator_.fit(*Xr(X, y), **fit_params)
+                    Xf, yf = Xr(X, y)   # upstream steps kept from an earlier refit on the same data, else fit
+                    kept = memory.refit_kept(self, self.best_estimator_, Xf, yf, fit_params)
+                    if kept is not None:
+                        report.refit_reused = kept
+                    elif y is not None:
+                        self.best_estimator_.fit(Xf, yf, **fit_params)
                     else:
-                        self.best_estimator_.fit(Xr(X, None)[0], **fit_params)
+                        self.best_estimator_.fit(Xf, **fit_params)
                 self.refit_time_ = time.time() - start
             if hasattr(self.best_estimator_, "feature_names_in_"):
                 self.feature_names_in_ = self.best_estimator_.feature_names_in_
@@ -262,6 +268,13 @@ class _NetworkSearch(BaseSearchCV):
         self._gn_reports.append(report)
         self._after_run(candidates, splits, outs, mem)
         return outs
+
+    def _kept_steps(self, gpu: Any, composite: bool) -> Any:
+        """The memory that keeps fitted shared steps for this run: None on a GPU, on Dask, for composites."""
+        executor = None if self.executor == "auto" else self.executor
+        if gpu is not None or composite or self._gn_record is None or memory.is_dask(executor):
+            return None
+        return self.__dict__.get("_gn_memory")
 
     def _warm_keys(self, candidates: list[dict[str, Any]]) -> Any:
         return None
@@ -356,6 +369,9 @@ class _NetworkSearch(BaseSearchCV):
 
         Xs, ys = tasks.as_node(X, "X"), tasks.as_node(y, "y")
         pairwise = get_tags(self.estimator).input_tags.pairwise
+        kept = self._kept_steps(gpu, composite)   # the memory's fitted shared steps, on the host, not on Dask
+        folds = kept.fold_keys(splits) if kept is not None else None
+        keys: dict[int, Any] = {}
         score_nodes = []
         for f, (train, test) in enumerate(splits):
             if not todo[f]:
@@ -375,13 +391,16 @@ class _NetworkSearch(BaseSearchCV):
                 if weights:
                     sp = (_check_method_params(X, params=score_params, indices=test),
                           _check_method_params(X, params=score_params, indices=train))
-                fold = StepsFold(report, (Xtr, Xte, ytr, yte, len(test)), fp, score_args, train_score, sp, gpu)
+                fold = StepsFold(report, (Xtr, Xte, ytr, yte, len(test)), fp, score_args, train_score, sp, gpu,
+                                 None if kept is None else memory.FoldSteps(kept, folds[f]))
             run = todo[f]
             for c in run:
-                if warm is not None:
-                    fold.candidate(steps[c], warm=warm.step(c, f))
-                else:
-                    fold.candidate(specs[c] if composite else steps[c])
+                if composite:
+                    fold.candidate(specs[c])
+                    continue
+                if c not in keys:
+                    keys[c] = memory.prefix_keys(steps[c])
+                fold.candidate(steps[c], warm=None if warm is None else warm.step(c, f), keys=keys[c])
             score_nodes.append(dict(zip(run, fold.scores())))
         return score_nodes
 
