@@ -33,7 +33,7 @@ best of 3 (``--quick``: smaller, one round):
 * ``grow``: a ``GridSearchCV`` over the pipeline fitted on 10 alphas, refitted on 15 (the same object, same data)
   against a new 15-candidate search: target <= 0.3x.
 
-Run: ``python benchmarks/bench_tuning.py [--quick] [--gpu] [--halving]``.
+Run: ``python benchmarks/bench_tuning.py [--quick] [--gpu] [--halving [--parts pipeline,forest,grow]]``.
 """
 
 from __future__ import annotations
@@ -273,18 +273,28 @@ def _same_results(a: Any, b: Any) -> float:
     return max(float(np.nanmax(np.abs(a.cv_results_[k] - b.cv_results_[k]))) for k in keys)
 
 
-def halving(quick: bool = False) -> dict[str, Any]:
-    """The halving section (see the module's notes)."""
+def halving(quick: bool = False, parts: tuple[str, ...] = ("pipeline", "forest", "grow")) -> dict[str, Any]:
+    """The halving section (see the module's notes); ``parts``: which of its workloads to run."""
+    repeat = 1 if quick else 3
+    out: dict[str, Any] = {"load_before": list(os.getloadavg())}
+    if "pipeline" in parts:
+        out["pipeline"] = _halving_pipeline(quick, repeat)
+    if "forest" in parts:
+        out["forest"] = _halving_forest(quick, repeat)
+    if "grow" in parts:
+        out["grow"] = _grow(quick, repeat)
+    out["load_after"] = list(os.getloadavg())
+    return out
+
+
+def _halving_pipeline(quick: bool, repeat: int) -> dict[str, Any]:
+    """gn.HalvingGridSearchCV against scikit-learn's (n_jobs=2) over the pipeline, 30 alphas."""
     import sklearn.model_selection as skms
-    from sklearn.ensemble import RandomForestRegressor
     from sklearn.experimental import enable_halving_search_cv  # noqa: F401
     from sklearn.model_selection import KFold
 
     import gpunets as gn
 
-    repeat = 1 if quick else 3
-    out: dict[str, Any] = {"load_before": list(os.getloadavg())}
-    # --- the pipeline, 30 alphas
     n = 5_000 if quick else 50_000
     X, y = make_data(n)
     grid = {"ridge__alpha": list(np.logspace(-3, 3, 30))}
@@ -305,8 +315,21 @@ def halving(quick: bool = False) -> dict[str, Any]:
     d = _same_results(found["gn"], found["sk"])
     res["same_cv_results"] = {"value": d, "target": "<= 1e-12", "met": d <= 1e-12}
     res["fits"] = dict(found["gn"].search_report_.fits)
-    out["pipeline"] = res
-    # --- a forest, n_estimators as the resource, warm-started
+    res["rung_seconds"] = [r.seconds for r in found["gn"].search_report_.rungs]
+    res["refit_seconds"] = found["gn"].refit_time_
+    return res
+
+
+def _halving_forest(quick: bool, repeat: int) -> dict[str, Any]:
+    """A forest, n_estimators as the resource, warm-started, against scikit-learn's cold rungs (n_jobs=2)."""
+    import sklearn.model_selection as skms
+    from sklearn.ensemble import RandomForestRegressor
+    from sklearn.experimental import enable_halving_search_cv  # noqa: F401
+    from sklearn.model_selection import KFold
+
+    import gpunets as gn
+
+    found: dict[str, Any] = {}
     n, top = (1_000, 27) if quick else (4_000, 81)
     Xf, yf = make_data(n, d=20, seed=1)
     fgrid = {"max_depth": [4, 8, None], "min_samples_leaf": [1, 4, 16]}
@@ -330,8 +353,17 @@ def halving(quick: bool = False) -> dict[str, Any]:
     same = found["gnf"].best_params_ == found["skf"].best_params_ and d <= 1e-12
     res["same_best_params_and_scores"] = {"value": d, "target": "same best_params_, scores <= 1e-12", "met": same}
     res["warm_fits"] = found["gnf"].search_report_.warm
-    out["forest"] = res
-    # --- a grid grown from 10 to 15 candidates in the same process
+    return res
+
+
+def _grow(quick: bool, repeat: int) -> dict[str, Any]:
+    """A GridSearchCV over the pipeline fitted on 10 alphas, refitted on 15 (the same object, same data: its
+    memory gives the 10 candidates' results and the fitted scaler and PCA of each fold and of the refit),
+    against a new 15-candidate search; warm (one cold search first), best of ``repeat``."""
+    from sklearn.model_selection import KFold
+
+    import gpunets as gn
+
     X, y = make_data(5_000 if quick else 50_000)
     alphas = list(np.logspace(-3, 3, 15))
     g10, g15 = {"ridge__alpha": alphas[::3] + alphas[1::3]}, {"ridge__alpha": alphas}
@@ -348,11 +380,11 @@ def halving(quick: bool = False) -> dict[str, Any]:
         cold = min(cold, time.perf_counter() - t)
     print(f"   grow 10 -> 15: {grown:.3f} s, cold 15: {cold:.3f} s", flush=True)
     v = grown / cold
-    out["grow"] = {"rows": len(X), "grown_seconds": grown, "cold_seconds": cold,
-                   "ratio_vs_cold": {"value": v, "target": "<= 0.3", "met": v <= 0.3},
-                   "remembered": s.search_report_.remembered}
-    out["load_after"] = list(os.getloadavg())
-    return out
+    report = s.search_report_
+    return {"rows": len(X), "grown_seconds": grown, "cold_seconds": cold,
+            "ratio_vs_cold": {"value": v, "target": "<= 0.3", "met": v <= 0.3},
+            "remembered": report.remembered, "reused_step_fits": dict(report.reused),
+            "refit_reused_steps": report.refit_reused, "step_fits": dict(report.fits)}
 
 
 def main() -> None:
@@ -361,12 +393,14 @@ def main() -> None:
     p.add_argument("--gpu", action="store_true", help="the one-stage grid on CuPy data: streams vs serial")
     p.add_argument("--rows", type=int, default=None, help="rows of the GPU mode (default 50k, --quick 2k)")
     p.add_argument("--halving", action="store_true", help="the halving section alone")
+    p.add_argument("--parts", default="pipeline,forest,grow",
+                   help="with --halving: which of its workloads (comma-separated: pipeline, forest, grow)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     if a.gpu:
         res = gpu_search(quick=a.quick, rows=a.rows)
     elif a.halving:
-        res = halving(quick=a.quick)
+        res = halving(quick=a.quick, parts=tuple(a.parts.split(",")))
     else:
         res = run(quick=a.quick)
         res["halving"] = halving(quick=a.quick)

@@ -587,6 +587,17 @@ def test_kept_steps_are_bounded_forgotten_and_not_pickled(reg_data, monkeypatch)
     np.testing.assert_array_equal(s.cv_results_["mean_test_score"], fresh.cv_results_["mean_test_score"])
 
 
+def test_another_estimator_on_the_same_grid_is_not_taken_for_the_first(reg_data):
+    X, y = reg_data
+    grid = {"ridge__alpha": [0.1, 10.0], "ridge__fit_intercept": [True]}
+    s = gn.GridSearchCV(make_pipeline(StandardScaler(), Ridge()), grid, cv=3, executor="serial").fit(X, y)
+    other = make_pipeline(StandardScaler(with_mean=False), Ridge())
+    s.set_params(estimator=other).fit(X, y)
+    fresh = gn.GridSearchCV(other, grid, cv=3, executor="serial").fit(X, y)
+    assert s.search_report_.remembered == 0 and s.search_report_.reused == {}
+    np.testing.assert_array_equal(s.cv_results_["mean_test_score"], fresh.cv_results_["mean_test_score"])
+
+
 def test_a_failed_shared_step_is_not_kept(reg_data):
     X, y = reg_data
     s = gn.GridSearchCV(make_pipeline(FailingScaler(), Ridge()), {"ridge__alpha": [0.1]}, cv=3, executor="serial",

@@ -60,7 +60,43 @@ class Memory:
         # fitted shared steps: (steps up to it, fold key or "all") -> (value, bytes), least recently used first
         self.steps: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self.steps_bytes = 0
+        # candidates of plain parameter values: (base's key, parameters) -> (estimator, its key); id -> same
+        self.made: dict[Hashable, tuple[Any, Hashable | None]] = {}
+        self.keys_of: dict[int, tuple[Any, Hashable | None]] = {}
         self._lock = threading.Lock()
+
+    def specs(self, base: Any, candidates: list[dict[str, Any]], cache: bool = True) -> list[Any]:
+        """Each candidate's estimator, ``clone(base).set_params(**params)`` (unknown names raise here), made
+        once per memory (with its key) when its parameters are plain values (numbers, strings, None):
+        a grown grid or a later rung does not clone and compare the same candidates again.  The
+        estimators are the search's own: never fitted (its tasks fit clones).  ``cache=False`` (composites,
+        which their folds validate in place): each made afresh."""
+        from sklearn.base import clone
+
+        base_key: Any = None if cache else False
+        out = []
+        for p in candidates:
+            plain = all(isinstance(v, (bool, int, float, str, np.number)) or v is None for v in p.values())
+            if plain and base_key is None:
+                base_key = candidate_key(base) or False
+            k = (base_key, tuple(sorted((n, type(v), v) for n, v in p.items()))) if plain and base_key else None
+            hit = None if k is None else self.made.get(k)
+            if hit is None:
+                spec = clone(base).set_params(**clone(p, safe=False))
+                if k is not None:
+                    if len(self.made) > 10_000:
+                        self.made.clear()
+                        self.keys_of.clear()
+                    hit = self.made[k] = self.keys_of[id(spec)] = (spec, candidate_key(spec))
+                out.append(spec)
+            else:
+                out.append(hit[0])
+        return out
+
+    def key_of(self, spec: Any) -> Hashable | None:
+        """:func:`candidate_key` of ``spec``, cached for the estimators :meth:`specs` made."""
+        hit = self.keys_of.get(id(spec))
+        return hit[1] if hit is not None and hit[0] is spec else candidate_key(spec)
 
     def step(self, key: Hashable) -> Any:
         """The fitted shared step kept for ``key``, or None."""
@@ -117,7 +153,7 @@ class Memory:
 
         ``extra`` (a list, one per candidate) is added to each candidate's key."""
         folds = [(fingerprint(np.asarray(tr)), fingerprint(np.asarray(te))) for tr, te in splits]
-        cands = [candidate_key(s) for s in specs]
+        cands = [self.key_of(s) for s in specs]
         if extra is not None:
             cands = [None if c is None else (c, e) for c, e in zip(cands, extra)]
         keys: list[Hashable | None] = [None if c is None else (c, f) for c in cands for f in folds]

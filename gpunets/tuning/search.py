@@ -239,8 +239,8 @@ class _NetworkSearch(BaseSearchCV):
         """scikit-learn's ``_fit_and_score`` outputs of every (candidate, fold), candidate-major: those
         the search's memory holds for the same data, the others computed as one network."""
         X, y, fit_params, score_params, scorers, workers, base = data
-        specs = [clone(base).set_params(**clone(p, safe=False)) for p in candidates]  # unknown names raise here
         mem = memory.of(self, X, y, fit_params, score_params, scorers)
+        specs = mem.specs(base, candidates, cache=not is_composite(base))   # unknown names raise here
         keys, todo = mem.lookup(specs, splits, self._warm_keys(candidates))
         warm = self._warm_plan(candidates, splits, mem)
         outs: list[Any] = [mem.get(k) for k in keys]
