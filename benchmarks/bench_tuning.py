@@ -33,7 +33,8 @@ best of 3 (``--quick``: smaller, one round):
 * ``grow``: a ``GridSearchCV`` over the pipeline fitted on 10 alphas, refitted on 15 (the same object, same data)
   against a new 15-candidate search: target <= 0.3x.
 
-Run: ``python benchmarks/bench_tuning.py [--quick] [--gpu] [--halving [--parts pipeline,forest,grow]]``.
+Run: ``python benchmarks/bench_tuning.py [--quick] [--gpu] [--halving [--parts pipeline,forest,grow]]``;
+``--warm-picture docs/img/halving-warm.png`` draws the tuning page's timeline of a warm-started search.
 """
 
 from __future__ import annotations
@@ -387,6 +388,67 @@ def _grow(quick: bool, repeat: int) -> dict[str, Any]:
             "refit_reused_steps": report.refit_reused, "step_fits": dict(report.fits)}
 
 
+def warm_picture(path: str, rows: int = 2_000) -> dict[str, Any]:
+    """The timeline picture of docs/tuning.md: a forest's halving search over ``n_estimators`` (9 candidates,
+    3 -> 27 trees, ``factor=3``, ``cv=3``, two threads), cold rungs (``warm_start=False``, scikit-learn's
+    way) above warm-started ones, each rung's tasks from ``search_report_.rungs[i].trace``."""
+    from matplotlib.figure import Figure
+    from sklearn.ensemble import RandomForestRegressor
+    from sklearn.model_selection import KFold
+
+    import gpunets as gn
+
+    X, y = make_data(rows, d=20, seed=1)
+    grid = {"max_depth": [4, 8, None], "min_samples_leaf": [1, 4, 16]}
+    kw = dict(cv=KFold(3), factor=3, resource="n_estimators", min_resources=3, max_resources=27, random_state=0,
+              executor="threads", workers=2)
+    forest = RandomForestRegressor(random_state=0)
+    runs = {}
+    for mode in (False, "auto"):
+        gn.HalvingGridSearchCV(forest, grid, warm_start=mode, **kw).fit(X, y)   # warm
+        runs[mode] = gn.HalvingGridSearchCV(forest, grid, warm_start=mode, **kw).fit(X, y)
+    colors = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
+    fig = Figure(figsize=(10, 3.2))
+    ax = fig.subplots()
+    out: dict[str, Any] = {}
+    for row, (mode, name) in enumerate(((False, "cold rungs"), ("auto", "warm-started"))):
+        search, t0 = runs[mode], 0.0
+        base = 3 * (1 - row)   # the cold search on top
+        for i, rung in enumerate(search.search_report_.rungs):
+            recs = [r for r in rung.trace.records if r.label.startswith("fit ")]
+            lanes = sorted({r.lane for r in recs}, key=str)
+            start = min(r.start for r in recs)
+            for r in recs:
+                ax.broken_barh([(t0 + r.start - start, r.seconds)], (base + lanes.index(r.lane), 0.8),
+                               facecolors=colors[i % len(colors)], edgecolor="white", linewidth=0.3)
+            t0 += max(r.end for r in recs) - start
+            if row == 1:
+                ax.bar(0, 0, color=colors[i % len(colors)],
+                       label=f"rung {i}: {search.n_candidates_[i]} candidate{'s' * (search.n_candidates_[i] > 1)}, "
+                             f"{search.n_resources_[i]} trees")
+        out[name] = {"seconds": t0, "trees_fitted_per_fold": _trees(search)}
+        ax.text(0, 2.05 + 0.45 * (1 - row), f"{name}: {t0:.2f} s, {out[name]['trees_fitted_per_fold']} trees "
+                "grown per fold", va="center", fontsize=9)
+    ax.set_yticks([0.4, 1.4, 3.4, 4.4], ["warm, thread 1", "warm, thread 2", "cold, thread 1", "cold, thread 2"])
+    ax.set_xlabel("seconds (rung after rung; each bar one candidate's fit on one fold)")
+    ax.set_xlim(0, max(v["seconds"] for v in out.values()) * 1.6)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(f"HalvingGridSearchCV(RandomForestRegressor, resource='n_estimators'), {rows} rows, 3 folds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return out
+
+
+def _trees(search: Any) -> int:
+    """Trees a search grew per fold: the sum over rungs of each fitted candidate's new trees."""
+    total, prev = 0, dict.fromkeys(range(len(search.n_candidates_)), 0)
+    for i, (n, r) in enumerate(zip(search.n_candidates_, search.n_resources_)):
+        warm = search.search_report_.rungs[i].warm // max(1, search.n_splits_)
+        total += warm * (r - prev[i - 1] if i else r) + (n - warm) * r
+        prev[i] = r
+    return total
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
@@ -396,8 +458,12 @@ def main() -> None:
     p.add_argument("--parts", default="pipeline,forest,grow",
                    help="with --halving: which of its workloads (comma-separated: pipeline, forest, grow)")
     p.add_argument("--out", default=None)
+    p.add_argument("--warm-picture", default=None, metavar="PNG",
+                   help="draw docs/tuning.md's timeline of a warm-started halving search to PNG, and stop")
     a = p.parse_args()
-    if a.gpu:
+    if a.warm_picture:
+        res = warm_picture(a.warm_picture)
+    elif a.gpu:
         res = gpu_search(quick=a.quick, rows=a.rows)
     elif a.halving:
         res = halving(quick=a.quick, parts=tuple(a.parts.split(",")))

@@ -57,6 +57,9 @@ class SearchReport:
         an iteration budget as the resource, warm-started) instead of refitting it.
     rungs : list of SearchReport
         Successive halving: the report of each rung (one network each); these totals are their sums.
+    trace : Trace or None
+        The :class:`~gpunets.base.trace.Trace` of the network run (``trace.plot()`` draws its timeline);
+        a successive-halving search has one per rung, in ``rungs[i].trace``.
     """
 
     fits: dict[str, int] = field(default_factory=dict)
@@ -73,6 +76,7 @@ class SearchReport:
     refit_reused: int = 0
     warm: int = 0
     rungs: list[SearchReport] = field(default_factory=list, repr=False)
+    trace: Any = field(default=None, repr=False)
 
     @property
     def last(self) -> SearchReport:

@@ -355,6 +355,7 @@ class _NetworkSearch(BaseSearchCV):
         report.seconds = time.perf_counter() - start
         trace = last_trace()
         report.read_trace(() if trace is None else trace.records)   # the fits that ran, and where
+        report.trace = trace
         return dict(zip(pairs_done, outs)), report
 
     def _fold_nodes(self, X: Any, y: Any, splits: list[tuple[np.ndarray, np.ndarray]], specs: list[Any],
