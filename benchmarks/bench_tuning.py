@@ -33,7 +33,8 @@ best of 3 (``--quick``: smaller, one round):
 * ``grow``: a ``GridSearchCV`` over the pipeline fitted on 10 alphas, refitted on 15 (the same object, same data)
   against a new 15-candidate search: target <= 0.3x.
 
-Run: ``python benchmarks/bench_tuning.py [--quick] [--gpu] [--halving]``.
+Run: ``python benchmarks/bench_tuning.py [--quick] [--gpu] [--halving [--parts pipeline,forest,grow]]``;
+``--warm-picture docs/img/halving-warm.png`` draws the tuning page's timeline of a warm-started search.
 """
 
 from __future__ import annotations
@@ -276,18 +277,28 @@ def _same_results(a: Any, b: Any) -> float:
     return max(float(np.nanmax(np.abs(a.cv_results_[k] - b.cv_results_[k]))) for k in keys)
 
 
-def halving(quick: bool = False) -> dict[str, Any]:
-    """The halving section (see the module's notes)."""
+def halving(quick: bool = False, parts: tuple[str, ...] = ("pipeline", "forest", "grow")) -> dict[str, Any]:
+    """The halving section (see the module's notes); ``parts``: which of its workloads to run."""
+    repeat = 1 if quick else 3
+    out: dict[str, Any] = {"load_before": list(os.getloadavg())}
+    if "pipeline" in parts:
+        out["pipeline"] = _halving_pipeline(quick, repeat)
+    if "forest" in parts:
+        out["forest"] = _halving_forest(quick, repeat)
+    if "grow" in parts:
+        out["grow"] = _grow(quick, repeat)
+    out["load_after"] = list(os.getloadavg())
+    return out
+
+
+def _halving_pipeline(quick: bool, repeat: int) -> dict[str, Any]:
+    """gn.HalvingGridSearchCV against scikit-learn's (n_jobs=2) over the pipeline, 30 alphas."""
     import sklearn.model_selection as skms
-    from sklearn.ensemble import RandomForestRegressor
     from sklearn.experimental import enable_halving_search_cv  # noqa: F401
     from sklearn.model_selection import KFold
 
     import gpunets as gn
 
-    repeat = 1 if quick else 3
-    out: dict[str, Any] = {"load_before": list(os.getloadavg())}
-    # --- the pipeline, 30 alphas
     n = 5_000 if quick else 50_000
     X, y = make_data(n)
     grid = {"ridge__alpha": list(np.logspace(-3, 3, 30))}
@@ -308,8 +319,21 @@ def halving(quick: bool = False) -> dict[str, Any]:
     d = _same_results(found["gn"], found["sk"])
     res["same_cv_results"] = {"value": d, "target": "<= 1e-12", "met": d <= 1e-12}
     res["fits"] = dict(found["gn"].search_report_.fits)
-    out["pipeline"] = res
-    # --- a forest, n_estimators as the resource, warm-started
+    res["rung_seconds"] = [r.seconds for r in found["gn"].search_report_.rungs]
+    res["refit_seconds"] = found["gn"].refit_time_
+    return res
+
+
+def _halving_forest(quick: bool, repeat: int) -> dict[str, Any]:
+    """A forest, n_estimators as the resource, warm-started, against scikit-learn's cold rungs (n_jobs=2)."""
+    import sklearn.model_selection as skms
+    from sklearn.ensemble import RandomForestRegressor
+    from sklearn.experimental import enable_halving_search_cv  # noqa: F401
+    from sklearn.model_selection import KFold
+
+    import gpunets as gn
+
+    found: dict[str, Any] = {}
     n, top = (1_000, 27) if quick else (4_000, 81)
     Xf, yf = make_data(n, d=20, seed=1)
     fgrid = {"max_depth": [4, 8, None], "min_samples_leaf": [1, 4, 16]}
@@ -333,8 +357,17 @@ def halving(quick: bool = False) -> dict[str, Any]:
     same = found["gnf"].best_params_ == found["skf"].best_params_ and d <= 1e-12
     res["same_best_params_and_scores"] = {"value": d, "target": "same best_params_, scores <= 1e-12", "met": same}
     res["warm_fits"] = found["gnf"].search_report_.warm
-    out["forest"] = res
-    # --- a grid grown from 10 to 15 candidates in the same process
+    return res
+
+
+def _grow(quick: bool, repeat: int) -> dict[str, Any]:
+    """A GridSearchCV over the pipeline fitted on 10 alphas, refitted on 15 (the same object, same data: its
+    memory gives the 10 candidates' results and the fitted scaler and PCA of each fold and of the refit),
+    against a new 15-candidate search; warm (one cold search first), best of ``repeat``."""
+    from sklearn.model_selection import KFold
+
+    import gpunets as gn
+
     X, y = make_data(5_000 if quick else 50_000)
     alphas = list(np.logspace(-3, 3, 15))
     g10, g15 = {"ridge__alpha": alphas[::3] + alphas[1::3]}, {"ridge__alpha": alphas}
@@ -351,11 +384,72 @@ def halving(quick: bool = False) -> dict[str, Any]:
         cold = min(cold, time.perf_counter() - t)
     print(f"   grow 10 -> 15: {grown:.3f} s, cold 15: {cold:.3f} s", flush=True)
     v = grown / cold
-    out["grow"] = {"rows": len(X), "grown_seconds": grown, "cold_seconds": cold,
-                   "ratio_vs_cold": {"value": v, "target": "<= 0.3", "met": v <= 0.3},
-                   "remembered": s.search_report_.remembered}
-    out["load_after"] = list(os.getloadavg())
+    report = s.search_report_
+    return {"rows": len(X), "grown_seconds": grown, "cold_seconds": cold,
+            "ratio_vs_cold": {"value": v, "target": "<= 0.3", "met": v <= 0.3},
+            "remembered": report.remembered, "reused_step_fits": dict(report.reused),
+            "refit_reused_steps": report.refit_reused, "step_fits": dict(report.fits)}
+
+
+def warm_picture(path: str, rows: int = 2_000) -> dict[str, Any]:
+    """The timeline picture of docs/tuning.md: a forest's halving search over ``n_estimators`` (9 candidates,
+    3 -> 27 trees, ``factor=3``, ``cv=3``, two threads), cold rungs (``warm_start=False``, scikit-learn's
+    way) above warm-started ones, each rung's tasks from ``search_report_.rungs[i].trace``."""
+    from matplotlib.figure import Figure
+    from sklearn.ensemble import RandomForestRegressor
+    from sklearn.model_selection import KFold
+
+    import gpunets as gn
+
+    X, y = make_data(rows, d=20, seed=1)
+    grid = {"max_depth": [4, 8, None], "min_samples_leaf": [1, 4, 16]}
+    kw = dict(cv=KFold(3), factor=3, resource="n_estimators", min_resources=3, max_resources=27, random_state=0,
+              executor="threads", workers=2)
+    forest = RandomForestRegressor(random_state=0)
+    runs = {}
+    for mode in (False, "auto"):
+        gn.HalvingGridSearchCV(forest, grid, warm_start=mode, **kw).fit(X, y)   # warm
+        runs[mode] = gn.HalvingGridSearchCV(forest, grid, warm_start=mode, **kw).fit(X, y)
+    colors = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
+    fig = Figure(figsize=(10, 3.2))
+    ax = fig.subplots()
+    out: dict[str, Any] = {}
+    for row, (mode, name) in enumerate(((False, "cold rungs"), ("auto", "warm-started"))):
+        search, t0 = runs[mode], 0.0
+        base = 3 * (1 - row)   # the cold search on top
+        for i, rung in enumerate(search.search_report_.rungs):
+            recs = [r for r in rung.trace.records if r.label.startswith("fit ")]
+            lanes = sorted({r.lane for r in recs}, key=str)
+            start = min(r.start for r in recs)
+            for r in recs:
+                ax.broken_barh([(t0 + r.start - start, r.seconds)], (base + lanes.index(r.lane), 0.8),
+                               facecolors=colors[i % len(colors)], edgecolor="white", linewidth=0.3)
+            t0 += max(r.end for r in recs) - start
+            if row == 1:
+                ax.bar(0, 0, color=colors[i % len(colors)],
+                       label=f"rung {i}: {search.n_candidates_[i]} candidate{'s' * (search.n_candidates_[i] > 1)}, "
+                             f"{search.n_resources_[i]} trees")
+        out[name] = {"seconds": t0, "trees_fitted_per_fold": _trees(search)}
+        ax.text(0, 2.05 + 0.45 * (1 - row), f"{name}: {t0:.2f} s, {out[name]['trees_fitted_per_fold']} trees "
+                "grown per fold", va="center", fontsize=9)
+    ax.set_yticks([0.4, 1.4, 3.4, 4.4], ["warm, thread 1", "warm, thread 2", "cold, thread 1", "cold, thread 2"])
+    ax.set_xlabel("seconds (rung after rung; each bar one candidate's fit on one fold)")
+    ax.set_xlim(0, max(v["seconds"] for v in out.values()) * 1.6)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(f"HalvingGridSearchCV(RandomForestRegressor, resource='n_estimators'), {rows} rows, 3 folds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     return out
+
+
+def _trees(search: Any) -> int:
+    """Trees a search grew per fold: the sum over rungs of each fitted candidate's new trees."""
+    total, prev = 0, dict.fromkeys(range(len(search.n_candidates_)), 0)
+    for i, (n, r) in enumerate(zip(search.n_candidates_, search.n_resources_)):
+        warm = search.search_report_.rungs[i].warm // max(1, search.n_splits_)
+        total += warm * (r - prev[i - 1] if i else r) + (n - warm) * r
+        prev[i] = r
+    return total
 
 
 def main() -> None:
@@ -364,12 +458,18 @@ def main() -> None:
     p.add_argument("--gpu", action="store_true", help="the one-stage grid on CuPy data: streams vs serial")
     p.add_argument("--rows", type=int, default=None, help="rows of the GPU mode (default 50k, --quick 2k)")
     p.add_argument("--halving", action="store_true", help="the halving section alone")
+    p.add_argument("--parts", default="pipeline,forest,grow",
+                   help="with --halving: which of its workloads (comma-separated: pipeline, forest, grow)")
     p.add_argument("--out", default=None)
+    p.add_argument("--warm-picture", default=None, metavar="PNG",
+                   help="draw docs/tuning.md's timeline of a warm-started halving search to PNG, and stop")
     a = p.parse_args()
-    if a.gpu:
+    if a.warm_picture:
+        res = warm_picture(a.warm_picture)
+    elif a.gpu:
         res = gpu_search(quick=a.quick, rows=a.rows)
     elif a.halving:
-        res = halving(quick=a.quick)
+        res = halving(quick=a.quick, parts=tuple(a.parts.split(",")))
     else:
         res = run(quick=a.quick)
         res["halving"] = halving(quick=a.quick)

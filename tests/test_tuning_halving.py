@@ -517,6 +517,116 @@ def test_changed_scoring_or_data_in_place_starts_afresh(reg_data):
     assert FITS["ridge"] == 2 * 3 + 1
 
 
+class CountingScaler(StandardScaler):
+    """StandardScaler that counts its fits."""
+
+    def fit(self, X, y=None, sample_weight=None):
+        with _LOCK:
+            FITS["scaler"] += 1
+        return super().fit(X, y, sample_weight=sample_weight)
+
+
+class FailingScaler(StandardScaler):
+    """StandardScaler whose fit fails when ``fail`` is set (class-wide: the search clones it)."""
+
+    fail = False
+
+    def fit(self, X, y=None, sample_weight=None):
+        if FailingScaler.fail:
+            raise ValueError("scaler failed")
+        return super().fit(X, y, sample_weight=sample_weight)
+
+
+@pytest.mark.parametrize("ex", ["serial", "threads"])
+def test_a_widened_grid_reuses_the_fitted_shared_steps(ex, reg_data):
+    """Grown from 3 to 5 alphas: the scaler and PCA kept per fold are not fitted again (nor in the refit),
+    and everything equals a fresh search's."""
+    X, y = reg_data
+    pipe = make_pipeline(CountingScaler(), PCA(n_components=3, random_state=0), Ridge())
+    small, wide = {"ridge__alpha": [0.1, 1.0, 10.0]}, {"ridge__alpha": [0.1, 1.0, 10.0, 30.0, 100.0]}
+    s = gn.GridSearchCV(pipe, small, cv=3, executor=ex).fit(X, y)
+    assert s.search_report_.reused == {} and s.search_report_.refit_reused == 0
+    FITS.clear()
+    s.set_params(param_grid=wide).fit(X, y)
+    assert FITS["scaler"] == 0
+    report = s.search_report_
+    assert report.reused == {"countingscaler": 3, "pca": 3} and report.refit_reused == 2
+    assert report.fits == {"countingscaler": 0, "pca": 0, "ridge": 2 * 3} and report.remembered == 9
+    assert "6 upstream step fits reused" in repr(report)
+    fresh = gn.GridSearchCV(pipe, wide, cv=3, executor=ex).fit(X, y)
+    np.testing.assert_array_equal(s.cv_results_["mean_test_score"], fresh.cv_results_["mean_test_score"])
+    np.testing.assert_array_equal(s.predict(X), fresh.predict(X))
+    kept = [v for v, _ in s._gn_memory.steps.values() if isinstance(v, tuple) and not hasattr(v, "seconds")]
+    assert all(s.best_estimator_[i] is not est for est, _ in kept for i in range(3))   # copies, not the memory's
+    # a new PCA (its pairs are new): the scaler kept, the PCA fitted
+    FITS.clear()
+    s.set_params(param_grid={"pca__n_components": [3, 4], "ridge__alpha": [1.0]}).fit(X, y)
+    assert FITS["scaler"] == 0 and s.search_report_.fits["pca"] == 3
+    assert s.search_report_.reused == {"countingscaler": 3}
+
+
+def test_kept_steps_are_bounded_forgotten_and_not_pickled(reg_data, monkeypatch):
+    from gpunets.tuning.memory import Memory
+
+    X, y = reg_data
+    pipe = make_pipeline(CountingScaler(), Ridge())
+    s = gn.GridSearchCV(pipe, {"ridge__alpha": [0.1, 1.0]}, cv=3, executor="serial").fit(X, y)
+    assert len(s._gn_memory.steps) == 3 + 1 and s._gn_memory.steps_bytes > 0   # per fold, and the refit
+    assert "_gn_memory" not in pickle.loads(pickle.dumps(s)).__dict__
+    assert "_gn_memory" not in s.forget().__dict__
+    FITS.clear()
+    s.set_params(param_grid={"ridge__alpha": [0.1, 1.0, 10.0]}).fit(X, y)
+    assert FITS["scaler"] == 3 + 1   # forgotten: fitted again
+    monkeypatch.setattr(Memory, "budget", X[:1].nbytes * 100)   # room for about one fold's stage
+    s.forget().fit(X, y)
+    assert s._gn_memory.steps_bytes <= Memory.budget and len(s._gn_memory.steps) <= 1
+    FITS.clear()
+    s.set_params(param_grid={"ridge__alpha": [0.1, 1.0, 10.0, 100.0]}).fit(X, y)
+    assert FITS["scaler"] >= 3 and s.search_report_.remembered == 9
+    fresh = gn.GridSearchCV(pipe, {"ridge__alpha": [0.1, 1.0, 10.0, 100.0]}, cv=3, executor="serial").fit(X, y)
+    np.testing.assert_array_equal(s.cv_results_["mean_test_score"], fresh.cv_results_["mean_test_score"])
+
+
+def test_another_estimator_on_the_same_grid_is_not_taken_for_the_first(reg_data):
+    X, y = reg_data
+    grid = {"ridge__alpha": [0.1, 10.0], "ridge__fit_intercept": [True]}
+    s = gn.GridSearchCV(make_pipeline(StandardScaler(), Ridge()), grid, cv=3, executor="serial").fit(X, y)
+    other = make_pipeline(StandardScaler(with_mean=False), Ridge())
+    s.set_params(estimator=other).fit(X, y)
+    fresh = gn.GridSearchCV(other, grid, cv=3, executor="serial").fit(X, y)
+    assert s.search_report_.remembered == 0 and s.search_report_.reused == {}
+    np.testing.assert_array_equal(s.cv_results_["mean_test_score"], fresh.cv_results_["mean_test_score"])
+
+
+def test_a_failed_shared_step_is_not_kept(reg_data):
+    X, y = reg_data
+    s = gn.GridSearchCV(make_pipeline(FailingScaler(), Ridge()), {"ridge__alpha": [0.1]}, cv=3, executor="serial",
+                        refit=False)
+    FailingScaler.fail = True
+    try:
+        with pytest.raises(ValueError, match="fits failed"):
+            s.fit(X, y)
+    finally:
+        FailingScaler.fail = False
+    assert not s._gn_memory.steps   # failed fits are never kept: the next fit fits the scaler
+    s.set_params(param_grid={"ridge__alpha": [0.1, 1.0]}).fit(X, y)
+    assert s.search_report_.reused == {} and s.search_report_.fits["failingscaler"] == 3
+
+
+def test_set_callbacks_without_sklearn_callbacks_is_refused_clearly(reg_data):
+    """What a scikit-learn without the callback API gives (simulated: its BaseSearchCV lacks set_callbacks)."""
+    from gpunets.tuning.dropin import MissingAPI, Unavailable
+
+    Old = type("GridSearchCV", (gn.GridSearchCV,), {"set_callbacks": Unavailable("scikit-learn's callback API",
+                                                                                 "1.9")})
+    s = Old(Ridge(), {"alpha": [0.1, 1.0]}, cv=3)
+    assert not hasattr(s, "set_callbacks")   # code testing for the API sees none, as on that scikit-learn
+    with pytest.raises(MissingAPI, match=r"GridSearchCV.set_callbacks is scikit-learn's callback API.*Hint"):
+        s.set_callbacks(object())
+    assert isinstance(MissingAPI("x"), AttributeError)
+    s.fit(*reg_data)   # the search itself runs
+
+
 def test_classifier_halving_on_a_pipeline_equals_sklearn(clf_data):
     X, y = clf_data
     pipe = make_pipeline(StandardScaler(), LogisticRegression())

@@ -9,7 +9,9 @@
   its inputs are ready, never more than its workers at once;
 * scikit-learn's callbacks (``set_callbacks``, where the installed scikit-learn has them) get the same
   hooks, in the same counts and on the same task tree, as on scikit-learn's searches; the per
-  (candidate, fold) hooks fire once its network has run.
+  (candidate, fold) hooks fire once its network has run.  Where the installed scikit-learn has no
+  callbacks, ``search.set_callbacks`` raises :class:`MissingAPI` (an ``AttributeError``, so that
+  ``hasattr(search, "set_callbacks")`` stays False) saying which scikit-learn has them.
 
 >>> import os
 >>> class S:
@@ -24,7 +26,41 @@ import numbers
 import os
 from typing import Any
 
-__all__ = ["fire_evaluations", "propagating", "root_context", "subcontext", "workers"]
+__all__ = ["MissingAPI", "Unavailable", "fire_evaluations", "propagating", "root_context", "subcontext", "workers"]
+
+
+class MissingAPI(AttributeError):
+    """A scikit-learn API the installed scikit-learn lacks (see :class:`Unavailable`)."""
+
+
+class Unavailable:
+    """A class attribute standing for a scikit-learn method the installed scikit-learn lacks: reading it
+    raises :class:`MissingAPI` with the reason and a hint (``hasattr`` is False, as on scikit-learn).
+
+    >>> class Search:
+    ...     set_callbacks = Unavailable("scikit-learn's callback API", "1.9")
+    >>> hasattr(Search(), "set_callbacks")
+    False
+    >>> Search().set_callbacks()
+    Traceback (most recent call last):
+    ...
+    gpunets.tuning.dropin.MissingAPI: Search.set_callbacks is scikit-learn's callback API, which the installed scikit-learn ... lacks (it comes with scikit-learn 1.9 or later). Hint: upgrade scikit-learn, or drop the set_callbacks call.
+    """
+
+    def __init__(self, what: str, since: str) -> None:
+        self.what, self.since, self.name = what, since, "method"
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        import sklearn
+
+        cls = owner.__name__ if owner is not None else type(obj).__name__
+        msg = (f"{cls}.{self.name} is {self.what}, which the installed scikit-learn {sklearn.__version__} lacks "
+               f"(it comes with scikit-learn {self.since} or later). Hint: upgrade scikit-learn, or drop the "
+               f"{self.name} call.")
+        raise MissingAPI(msg)
 
 
 def workers(search: Any) -> int | None:

@@ -10,9 +10,17 @@ context runs only the pairs it does not hold:
   is computed (on the in-process executors; on Dask, as each network finishes);
 * refitted with a widened grid, the search fits only the new candidates.
 
-New data (or data changed in place), another scoring or another ``error_score`` start a new memory.  A
-``clone`` starts empty, and the memory is not pickled.  Results that stop the search (a scorer that
-returns a non-number) are never kept.  ``search.forget()`` empties it.
+It also keeps the **fitted shared steps** of a pipeline (on the CPU, not on Dask): per fold, each upstream
+step's :class:`~gpunets.tuning.tasks.Stage` (its transforms of the fold's rows), keyed like the results by
+the steps up to it (class and hyperparameters) and the fold, and the upstream steps of the refit on all
+rows.  A widened grid then fits only the new candidates' last steps on the steps kept (``search_report_.
+reused`` counts the step fits taken from memory), and its refit only the steps not kept.  They are held up
+to :attr:`Memory.budget` bytes (the least recently used dropped first).
+
+New data (or data changed in place), another scoring, another ``error_score`` or another scikit-learn
+configuration (``set_config``) start a new memory.  A ``clone`` starts empty, and the memory is not pickled.
+Results that stop the search (a scorer that returns a non-number) and failed fits are never kept.
+``search.forget()`` empties it.
 
 >>> m = Memory("ctx")
 >>> m.put(("cand", "fold"), {"test_scores": 1.0, "_warnings": ["w"]})
@@ -22,27 +30,103 @@ returns a non-number) are never kept.  ``search.forget()`` empties it.
 
 from __future__ import annotations
 
+import copy
 import threading
+from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
 
+from gpunets.base.config import get_config
+from gpunets.core.nodes import Node
 from gpunets.devices.fingerprint import fingerprint
 from gpunets.tuning import tasks
 
-__all__ = ["Memory", "Recorded", "is_dask", "of", "record_in"]
+__all__ = ["FoldSteps", "Memory", "Recorded", "is_dask", "of", "record_in", "refit_kept"]
 
 
 class Memory:
     """The results of one search object on one context (see the module's notes)."""
+
+    #: bytes of fitted shared steps (their transformed rows) a search keeps, per search object
+    budget: int = 1 << 30
 
     def __init__(self, context: Hashable) -> None:
         self.context = context
         self.results: dict[Hashable, dict[str, Any]] = {}
         # an iteration budget warm-started: (candidate without its resource, fold) -> (resource, fitted step)
         self.fitted: dict[Hashable, tuple[Any, Any]] = {}
+        # fitted shared steps: (steps up to it, fold key or "all") -> (value, bytes), least recently used first
+        self.steps: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self.steps_bytes = 0
+        # candidates of plain parameter values: (base's key, parameters) -> (estimator, its key); id -> same
+        self.made: dict[Hashable, tuple[Any, Hashable | None]] = {}
+        self.keys_of: dict[int, tuple[Any, Hashable | None]] = {}
         self._lock = threading.Lock()
+
+    def specs(self, base: Any, candidates: list[dict[str, Any]], cache: bool = True) -> list[Any]:
+        """Each candidate's estimator, ``clone(base).set_params(**params)`` (unknown names raise here), made
+        once per memory (with its key) when its parameters are plain values (numbers, strings, None):
+        a grown grid or a later rung does not clone and compare the same candidates again.  The
+        estimators are the search's own: never fitted (its tasks fit clones).  ``cache=False`` (composites,
+        which their folds validate in place): each made afresh."""
+        from sklearn.base import clone
+
+        base_key: Any = None if cache else False
+        out = []
+        for p in candidates:
+            plain = all(isinstance(v, (bool, int, float, str, np.number)) or v is None for v in p.values())
+            if plain and base_key is None:
+                base_key = candidate_key(base) or False
+            k = (base_key, tuple(sorted((n, type(v), v) for n, v in p.items()))) if plain and base_key else None
+            hit = None if k is None else self.made.get(k)
+            if hit is None:
+                spec = clone(base).set_params(**clone(p, safe=False))
+                if k is not None:
+                    if len(self.made) > 10_000:
+                        self.made.clear()
+                        self.keys_of.clear()
+                    hit = self.made[k] = self.keys_of[id(spec)] = (spec, candidate_key(spec))
+                out.append(spec)
+            else:
+                out.append(hit[0])
+        return out
+
+    def key_of(self, spec: Any) -> Hashable | None:
+        """:func:`candidate_key` of ``spec``, cached for the estimators :meth:`specs` made."""
+        hit = self.keys_of.get(id(spec))
+        return hit[1] if hit is not None and hit[0] is spec else candidate_key(spec)
+
+    def step(self, key: Hashable) -> Any:
+        """The fitted shared step kept for ``key``, or None."""
+        with self._lock:
+            hit = self.steps.get(key)
+            if hit is None:
+                return None
+            self.steps.move_to_end(key)
+            return hit[0]
+
+    def keep_step(self, key: Hashable, value: Any) -> None:
+        """Keep ``value`` (a Stage, or a refit's ``(fitted step, transformed rows)``) within :attr:`budget`.
+
+        >>> m = Memory("ctx")
+        >>> m.budget = 8 * 10
+        >>> m.keep_step("a", (None, np.zeros(6))); m.keep_step("b", (None, np.zeros(6)))
+        >>> list(m.steps), m.steps_bytes
+        (['b'], 48)
+        """
+        size = nbytes(value)
+        if size > self.budget:
+            return
+        with self._lock:
+            old = self.steps.pop(key, None)
+            self.steps_bytes -= 0 if old is None else old[1]
+            self.steps[key] = (value, size)
+            self.steps_bytes += size
+            while self.steps_bytes > self.budget:
+                _, (_, freed) = self.steps.popitem(last=False)
+                self.steps_bytes -= freed
 
     def __len__(self) -> int:
         return len(self.results)
@@ -69,7 +153,7 @@ class Memory:
 
         ``extra`` (a list, one per candidate) is added to each candidate's key."""
         folds = [(fingerprint(np.asarray(tr)), fingerprint(np.asarray(te))) for tr, te in splits]
-        cands = [candidate_key(s) for s in specs]
+        cands = [self.key_of(s) for s in specs]
         if extra is not None:
             cands = [None if c is None else (c, e) for c, e in zip(cands, extra)]
         keys: list[Hashable | None] = [None if c is None else (c, f) for c in cands for f in folds]
@@ -79,6 +163,95 @@ class Memory:
 
     def fold_keys(self, splits: list[tuple[np.ndarray, np.ndarray]]) -> list[Hashable]:
         return [(fingerprint(np.asarray(tr)), fingerprint(np.asarray(te))) for tr, te in splits]
+
+
+def nbytes(value: Any) -> int:
+    """The bytes of the arrays in ``value`` (a tuple of arrays, frames, sparse matrices; other objects: 0).
+
+    >>> nbytes((np.zeros(4), None, (np.zeros(2, dtype=np.float32),)))
+    40
+    """
+    if isinstance(value, tuple):
+        return sum(nbytes(v) for v in value)
+    if hasattr(value, "memory_usage") and not hasattr(value, "nbytes"):   # a pandas frame
+        return int(np.sum(value.memory_usage(index=True, deep=False)))
+    if hasattr(value, "indptr"):   # a SciPy sparse matrix
+        return sum(int(getattr(value, a).nbytes) for a in ("data", "indices", "indptr"))
+    n = getattr(value, "nbytes", 0)
+    return int(n) if isinstance(n, (int, np.integer)) else 0
+
+
+class FoldSteps:
+    """The search memory's fitted shared steps of one fold, as :class:`~gpunets.tuning.networks.StepsFold`
+    reads and fills them: ``get(steps key)``, and ``keeping(steps key, fn)``, a task function that keeps
+    the :class:`~gpunets.tuning.tasks.Stage` it returns (unless a fit or transform failed)."""
+
+    def __init__(self, mem: Memory, fold: Hashable) -> None:
+        self.mem, self.fold = mem, fold
+
+    def get(self, key: Hashable) -> Any:
+        return self.mem.step((key, self.fold))
+
+    def keeping(self, key: Hashable, fn: Any) -> Any:
+        return _Keeping(fn, self.mem, (key, self.fold))
+
+
+class _Keeping:
+    """A ``fit_stage`` task function that also keeps the Stage it computed in the search's memory."""
+
+    def __init__(self, fn: Any, mem: Memory, key: Hashable) -> None:
+        self.fn, self.mem, self.key = fn, mem, key
+        self.__name__ = getattr(fn, "__name__", "task")
+        self.__wrapped__ = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.fn(*args, **kwargs)
+        if isinstance(out, tasks.Stage) and not any(isinstance(v, tasks.Failed) for v in out[:3]):
+            self.mem.keep_step(self.key, out)
+        return out
+
+
+def refit_kept(search: Any, best: Any, X: Any, y: Any, fit_params: dict[str, Any]) -> int | None:
+    """Refit ``best`` (a pipeline) on all rows with the upstream steps the search's memory keeps from an
+    earlier refit on the same data, as ``Pipeline.fit`` would: the number of step fits reused; None when
+    this shortcut does not apply (``best.fit`` must then be called): a pipeline with ``memory``,
+    ``verbose``, ``transform_input``, fit parameters, callbacks, data off the host, or nothing kept."""
+    from sklearn.pipeline import Pipeline
+
+    mem = search.__dict__.get("_gn_memory")
+    if (mem is None or type(best) is not Pipeline or fit_params or best.memory is not None or best.verbose
+            or getattr(best, "transform_input", None) is not None or getattr(search, "_skl_callbacks", None)
+            or getattr(best, "_skl_callbacks", None) or not isinstance(X, np.ndarray)
+            or any(s is None or isinstance(s, str) for _, s in best.steps) or len(best.steps) < 2):
+        return None
+    keys = prefix_keys(best.steps)
+    hits = [mem.step((k, "all")) for k in keys[:-1]]
+    depth = max((i + 1 for i, h in enumerate(hits) if h is not None), default=0)
+    best._validate_params()
+    best._validate_steps()
+    steps = list(best.steps)
+    Xt: Any = X
+    if depth:
+        Xt = hits[depth - 1][1]
+        for i in range(depth):   # copies: the best estimator is the user's, the memory's steps stay as they are
+            steps[i] = (steps[i][0], copy.deepcopy(hits[i][0]))
+    for i in range(depth, len(steps) - 1):
+        name, est = steps[i]
+        Xt = est.fit_transform(Xt, y) if hasattr(est, "fit_transform") else est.fit(Xt, y).transform(Xt)
+        mem.keep_step((keys[i], "all"), (copy.deepcopy(est), Xt))
+    steps[-1][1].fit(Xt, y)
+    best.steps = steps
+    return depth
+
+
+def prefix_keys(steps: list[tuple[str, Any]]) -> list[Hashable]:
+    """Per step, the key of the steps up to it (the search shares step ``i`` of candidates whose keys agree)."""
+    out: list[Hashable] = []
+    key: Any = ()
+    for _, est in steps:
+        key = (key, tasks.step_key(est))
+        out.append(key)
+    return out
 
 
 def candidate_key(spec: Any) -> Hashable | None:
@@ -103,10 +276,13 @@ def _scoring_key(search: Any) -> Hashable:
 def of(search: Any, X: Any, y: Any, fit_params: dict[str, Any], score_params: dict[str, Any],
        scorers: Any) -> Memory:
     """The search's memory for this data, a new one when the context changed."""
+    import sklearn
+
     context = (fingerprint(X), fingerprint(y) if y is not None else None,
                tuple(sorted((k, fingerprint(v)) for k, v in fit_params.items())),
                tuple(sorted((k, fingerprint(v)) for k, v in score_params.items())),
-               _scoring_key(search), bool(search.return_train_score), repr(search.error_score))
+               _scoring_key(search), bool(search.return_train_score), repr(search.error_score),
+               tuple(sorted((k, repr(v)) for k, v in sklearn.get_config().items())))
     mem = search.__dict__.get("_gn_memory")
     if mem is None or mem.context != context:
         mem = Memory(context)
@@ -117,8 +293,6 @@ def of(search: Any, X: Any, y: Any, fit_params: dict[str, Any], score_params: di
 def is_dask(executor: Any) -> bool:
     """Whether the search runs on Dask (its tasks run in other processes)."""
     if executor is None:
-        from gpunets.base.config import get_config
-
         executor = get_config().get("executor")
     if isinstance(executor, str):
         return executor == "dask"
@@ -142,7 +316,5 @@ class Recorded:
 
 def record_in(score_node: Any, record: Any, pair: tuple[int, int]) -> None:
     """Make ``score_node`` (a node of its own: one (candidate, fold)'s score) record its result as it runs."""
-    from gpunets.core.nodes import Node
-
     if isinstance(score_node, Node) and callable(score_node.operation):
         score_node.operation = Recorded(score_node.operation, record, pair)

@@ -28,6 +28,7 @@ from gpunets.core.fitted_machine import MACHINE_VALUE, view_of_estimator
 from gpunets.core.graph import op_nodes, upstream_machines
 from gpunets.core.nodes import AbstractNode, Node, Source, node
 from gpunets.tuning import tasks
+from gpunets.tuning.memory import prefix_keys
 from gpunets.compute.models import resolve_estimator
 from gpunets.tuning.report import SearchReport, fit_name
 
@@ -69,9 +70,12 @@ class StepsFold:
 
     def __init__(self, report: SearchReport, folds: tuple[Any, ...], fit_params: dict[str, dict[str, Any]],
                  score_args: tuple[Any, ...], train_score: bool, score_params: Any = None,
-                 device: Any = None) -> None:
+                 device: Any = None, kept: Any = None) -> None:
         self.report, self.score_args, self.train_score = report, score_args, train_score
         self.score_params, self.device = score_params, device
+        # the search memory's fitted shared steps of this fold (memory.FoldSteps), or None
+        self.kept = kept
+        self.reused: set[Any] = set()               # step keys whose fit the memory gave
         # parameters cut to the fold's rows (sample weights...): one node each, so that a graph sent to Dask
         # holds them once per fold, not once per task that reads them
         # host data held by a node placed on the host, so that a step on a GPU gets them moved there
@@ -92,45 +96,64 @@ class StepsFold:
             self.routes[k] = resolve_estimator(est, self.device, what=f"search step {name!r}")
         return self.routes[k]
 
-    def candidate(self, steps: list[tuple[str, Any]], warm: tuple[Any, str] | None = None) -> None:
+    def candidate(self, steps: list[tuple[str, Any]], warm: tuple[Any, str] | None = None,
+                  keys: list[Any] | None = None) -> None:
         """Add one candidate's steps (its last step and score are made by :meth:`scores`, once all are known).
 
         Each upstream step is one task (:func:`~gpunets.tuning.tasks.fit_stage`): it fits, transforms the
-        test rows (and the training rows to score) and passes on a :class:`~gpunets.tuning.tasks.Stage`.
+        test rows (and the training rows to score) and passes on a :class:`~gpunets.tuning.tasks.Stage`;
+        the deepest one already in this fold's network or kept by the search's memory is not fitted again.
         ``warm`` (an iteration budget warm-started, :mod:`gpunets.tuning.warm`): ``(the candidate's fitted
         last step of the previous rung or None, the budget's parameter)``; its last step is then a task of
-        its own that continues that fit and returns it with the scores.
+        its own that continues that fit and returns it with the scores.  ``keys``: the steps' keys
+        (:func:`~gpunets.tuning.memory.prefix_keys`), computed once per candidate for all folds.
         """
-        stage = None   # the previous upstream step's node; None before the first
-        key: Any = ()
-        keys = []
+        keys = prefix_keys(steps) if keys is None else keys
+        stage, start = self._deepest(steps, keys)   # the previous upstream step's node; None before the first
         route = None
-        for i, (name, est) in enumerate(steps):
-            key = (key, tasks.step_key(est))
-            keys.append(key)
+        for i in range(start, len(steps)):
+            name, est = steps[i]
+            key = keys[i]
             route = self._route(name, est)
             if i == len(steps) - 1:   # the last step: one fit per distinct step, made by scores()
                 if warm is not None:   # one fit per candidate, which continues its own previous fit
                     self.report.fits[name] += 1
                     self.report.warm += warm[0] is not None
-                    self.last.setdefault(key, (name, clone(est)))
+                    self.last.setdefault(key, (name, est))
                 elif key not in self.last:
-                    self.last[key] = (name, clone(est))
+                    self.last[key] = (name, est)   # the search's own copy (a clone per candidate): never fitted
                     self.report.fits[name] += 1
                 break
-            hit = self.shared.get(key)
-            if hit is None:
-                inputs = ((stage,) if stage is not None
-                          else (self.Xtr, self.Xte, self.Xtr if self.train_score else None))
-                hit = node(_sk(tasks.fit_stage), clone(est), route, self.fp.get(name, {}), self.train_score, self.ytr,
-                           *inputs, name=fit_name(name))
-                self.report.fits[name] += 1
-                self.report.transforms += 1
-                self.shared[key] = hit
-            stage = hit
+            inputs = ((stage,) if stage is not None
+                      else (self.Xtr, self.Xte, self.Xtr if self.train_score else None))
+            fn = _sk(tasks.fit_stage)
+            if self.kept is not None:
+                fn = self.kept.keeping(key, fn)
+            stage = self.shared[key] = node(fn, clone(est), route, self.fp.get(name, {}), self.train_score,
+                                            self.ytr, *inputs, name=fit_name(name))
+            self.report.fits[name] += 1
+            self.report.transforms += 1
         for k in keys:
             self.users[k] = self.users.get(k, 0) + 1
         self.pending.append((route, stage, keys, warm))
+
+    def _deepest(self, steps: list[tuple[str, Any]], keys: list[Any]) -> tuple[Any, int]:
+        """``(the node of the deepest upstream step fitted already, the index of the next step)``: one of
+        this fold's network, or one the search's memory kept (its fit, and those of the steps before it,
+        counted in ``report.reused``); ``(None, 0)`` when there is none."""
+        for i in range(len(steps) - 2, -1, -1):
+            hit = self.shared.get(keys[i])
+            if hit is None and self.kept is not None:
+                value = self.kept.get(keys[i])
+                if value is not None:
+                    for j in range(i + 1):   # its fit and those before it, unless this fold's network has them
+                        if keys[j] not in self.shared and keys[j] not in self.reused:
+                            self.reused.add(keys[j])
+                            self.report.reused[steps[j][0]] = self.report.reused.get(steps[j][0], 0) + 1
+                    hit = self.shared[keys[i]] = node(tasks.constant, value, name=f"kept {steps[i][0]}")
+            if hit is not None:
+                return hit, i + 1
+        return None, 0
 
     def scores(self) -> list[AbstractNode]:
         """The score node of every candidate added, in order (fit times shared out among the users).
@@ -153,7 +176,7 @@ class StepsFold:
                                   else (self.Xtr, self.Xte, self.Xtr if self.train_score else None))
             fp = self.fp.get(name, {})
             if warm is not None:
-                from gpunets.tuning.warm import warm_fit_and_score
+                from gpunets.tuning.warm import warm_fit_and_score  # lazy: warm imports this module
 
                 users = (*users[:-1], 1)
                 out.append(node(_sk(warm_fit_and_score), est, warm[0], warm[1], route, fp, X, self.ytr, users, head,

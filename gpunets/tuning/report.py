@@ -46,6 +46,12 @@ class SearchReport:
     remembered : int
         (candidate, fold) results the search's memory gave instead of fitting them again (a fit
         resumed after an interrupt, or a grid grown on the same data: :mod:`gpunets.tuning.memory`).
+    reused : dict
+        ``{step label: fits taken from the search's memory}``: upstream steps fitted on the same fold by an
+        earlier ``fit`` of the search (a widened grid, a resumed fit: :mod:`gpunets.tuning.memory`), not
+        fitted again (nor counted in ``fits``).
+    refit_reused : int
+        Upstream steps of the refit on all rows taken from the search's memory (an earlier refit's).
     warm : int
         Last-step fits that continued the candidate's fit of the previous rung (successive halving with
         an iteration budget as the resource, warm-started) instead of refitting it.
@@ -54,6 +60,9 @@ class SearchReport:
         docs/store.md; counted in this process: not on Dask workers); :attr:`fitted` gives the fits that ran.
     rungs : list of SearchReport
         Successive halving: the report of each rung (one network each); these totals are their sums.
+    trace : Trace or None
+        The :class:`~gpunets.base.trace.Trace` of the network run (``trace.plot()`` draws its timeline);
+        a successive-halving search has one per rung, in ``rungs[i].trace``.
     """
 
     fits: dict[str, int] = field(default_factory=dict)
@@ -66,9 +75,12 @@ class SearchReport:
     ran: dict[str, int] | None = None
     where: dict[str, dict[str, int]] | None = None
     remembered: int = 0
+    reused: dict[str, int] = field(default_factory=dict)
+    refit_reused: int = 0
     warm: int = 0
     stored: int = 0
     rungs: list[SearchReport] = field(default_factory=list, repr=False)
+    trace: Any = field(default=None, repr=False)
 
     @property
     def last(self) -> SearchReport:
@@ -94,6 +106,8 @@ class SearchReport:
             out.transforms += r.transforms
             out.seconds += r.seconds
             out.remembered += r.remembered
+            for k, v in r.reused.items():
+                out.reused[k] = out.reused.get(k, 0) + v
             out.warm += r.warm
             out.stored += r.stored
         offset = 0
@@ -172,6 +186,10 @@ class SearchReport:
             lines.append(f"  {self.remembered} (candidate, fold) results remembered, {self.warm} warm-started fits")
         if self.stored:
             lines.append(f"  {self.stored} step fits loaded from the store, {self.fitted} fitted")
+        if self.reused or self.refit_reused:
+            lines.append(f"  {sum(self.reused.values())} upstream step fits reused from the search's memory "
+                         f"({', '.join(f'{k}: {v}' for k, v in self.reused.items()) or 'none'}), "
+                         f"{self.refit_reused} in the refit")
         for i, r in enumerate(self.rungs):
             done, naive = r.total
             lines.append(f"  rung {i}: {r.candidates} candidates, {done} fits instead of {naive} "

@@ -46,11 +46,9 @@ read from the run's trace, count the fit tasks the executor ran and where
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import numbers
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -70,12 +68,17 @@ from gpunets.executors import check_executor_spec
 from gpunets.api.network import evaluate, last_trace
 from gpunets.core.nodes import node
 from gpunets.tuning import dropin, memory, stored, tasks
-from gpunets.compute.models import fit_context, resolve_estimator
-from gpunets.devices.data import to_device
+from gpunets.compute.models import resolve_estimator
 from gpunets.tuning.networks import SKLEARN_CONFIG, CompositeFold, StepsFold, fold_data, is_composite, pipeline_steps
 from gpunets.tuning.evaluation import Run as _Run
 from gpunets.tuning.evaluation import by_candidate as _by_candidate
 from gpunets.tuning.report import SearchReport
+from gpunets.tuning.routing import (  # noqa: F401 - moved there, used or re-exported here
+    _refit_context,
+    _routed_by_step,
+    _pipeline_score_routing,
+    _fit_params_by_step,
+)
 
 __all__ = ["GridSearchCV", "RandomizedSearchCV", "SearchReport"]
 
@@ -87,6 +90,8 @@ class _NetworkSearch(BaseSearchCV):
     run as one gpunets network."""
 
     _gn_record: Any = None   # while a network runs: where each (candidate, fold) result is kept at once
+    if not hasattr(BaseSearchCV, "set_callbacks"):   # a scikit-learn without callbacks: refused, saying why
+        set_callbacks = dropin.Unavailable("scikit-learn's callback API (set_callbacks, ProgressBar...)", "1.9")
 
     _parameter_constraints: dict = {
         "estimator": [HasMethods(["fit"])],
@@ -195,10 +200,14 @@ class _NetworkSearch(BaseSearchCV):
                 refit_ctx.call_on_fit_task_begin(estimator=self, X=X, y=y, metadata=metadata)
                 start = time.time()
                 with _refit_context(getattr(report, "last", report)) as Xr:
-                    if y is not None:
-                        self.best_estimator_.fit(*Xr(X, y), **fit_params)
+                    Xf, yf = Xr(X, y)   # upstream steps kept from an earlier refit on the same data, else fit
+                    kept = memory.refit_kept(self, self.best_estimator_, Xf, yf, fit_params)
+                    if kept is not None:
+                        report.refit_reused = kept
+                    elif y is not None:
+                        self.best_estimator_.fit(Xf, yf, **fit_params)
                     else:
-                        self.best_estimator_.fit(Xr(X, None)[0], **fit_params)
+                        self.best_estimator_.fit(Xf, **fit_params)
                 self.refit_time_ = time.time() - start
             if hasattr(self.best_estimator_, "feature_names_in_"):
                 self.feature_names_in_ = self.best_estimator_.feature_names_in_
@@ -234,8 +243,8 @@ class _NetworkSearch(BaseSearchCV):
         """scikit-learn's ``_fit_and_score`` outputs of every (candidate, fold), candidate-major: those
         the search's memory holds for the same data, the others computed as one network."""
         X, y, fit_params, score_params, scorers, workers, base = data
-        specs = [clone(base).set_params(**clone(p, safe=False)) for p in candidates]  # unknown names raise here
         mem = memory.of(self, X, y, fit_params, score_params, scorers)
+        specs = mem.specs(base, candidates, cache=not is_composite(base))   # unknown names raise here
         extra = self._warm_keys(candidates)
         keys, todo = mem.lookup(specs, splits, extra)
         # results kept in the store of fitted states (docs/store.md): a search run again in a new process
@@ -279,6 +288,13 @@ class _NetworkSearch(BaseSearchCV):
         self._gn_reports.append(report)
         self._after_run(candidates, splits, outs, mem)
         return outs
+
+    def _kept_steps(self, gpu: Any, composite: bool) -> Any:
+        """The memory that keeps fitted shared steps for this run: None on a GPU, on Dask, for composites."""
+        executor = None if self.executor == "auto" else self.executor
+        if gpu is not None or composite or self._gn_record is None or memory.is_dask(executor):
+            return None
+        return self.__dict__.get("_gn_memory")
 
     def _warm_keys(self, candidates: list[dict[str, Any]]) -> Any:
         return None
@@ -362,6 +378,7 @@ class _NetworkSearch(BaseSearchCV):
         report.stored = store.hits - hits if store is not None else 0   # step fits loaded, not fitted
         trace = last_trace()
         report.read_trace(() if trace is None else trace.records)   # the fits that ran, and where
+        report.trace = trace
         return dict(zip(pairs_done, outs)), report
 
     def _fold_nodes(self, X: Any, y: Any, splits: list[tuple[np.ndarray, np.ndarray]], specs: list[Any],
@@ -376,6 +393,9 @@ class _NetworkSearch(BaseSearchCV):
 
         Xs, ys = tasks.as_node(X, "X"), tasks.as_node(y, "y")
         pairwise = get_tags(self.estimator).input_tags.pairwise
+        kept = self._kept_steps(gpu, composite)   # the memory's fitted shared steps, on the host, not on Dask
+        folds = kept.fold_keys(splits) if kept is not None else None
+        keys: dict[int, Any] = {}
         score_nodes = []
         for f, (train, test) in enumerate(splits):
             if not todo[f]:
@@ -395,71 +415,18 @@ class _NetworkSearch(BaseSearchCV):
                 if weights:
                     sp = (_check_method_params(X, params=score_params, indices=test),
                           _check_method_params(X, params=score_params, indices=train))
-                fold = StepsFold(report, (Xtr, Xte, ytr, yte, len(test)), fp, score_args, train_score, sp, gpu)
+                fold = StepsFold(report, (Xtr, Xte, ytr, yte, len(test)), fp, score_args, train_score, sp, gpu,
+                                 None if kept is None else memory.FoldSteps(kept, folds[f]))
             run = todo[f]
             for c in run:
-                if warm is not None:
-                    fold.candidate(steps[c], warm=warm.step(c, f))
-                else:
-                    fold.candidate(specs[c] if composite else steps[c])
+                if composite:
+                    fold.candidate(specs[c])
+                    continue
+                if c not in keys:
+                    keys[c] = memory.prefix_keys(steps[c])
+                fold.candidate(steps[c], warm=None if warm is None else warm.step(c, f), keys=keys[c])
             score_nodes.append(dict(zip(run, fold.scores())))
         return score_nodes
-
-
-@contextlib.contextmanager
-def _refit_context(report: SearchReport) -> Iterator[Any]:
-    """Where the best candidate is refitted: array-API dispatch on the search's GPU when every step of
-    the search ran that way, else on the host (its data copied there); unchanged for a search on the CPU."""
-    route = getattr(report, "refit_route", None)
-    if route is None:
-        yield lambda X, y: (X, y)
-        return
-    path, dev = route
-    if path == "array_api":
-        with fit_context(path, dev):
-            yield lambda X, y: (X, y)
-        return
-    yield lambda X, y: (to_device(X, "cpu"), None if y is None else to_device(y, "cpu"))
-
-
-def _routed_by_step(pipe: Any, steps: list[tuple[str, Any]], params: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """With metadata routing on: each step's fit parameters as the Pipeline's own routing gives them
-    (``fit_transform``'s for a step that has it, else ``fit``'s; ``fit``'s for the last step)."""
-    from sklearn.utils.metadata_routing import process_routing
-
-    try:
-        routed = process_routing(pipe, "fit", **params)
-    except Exception:  # noqa: BLE001 - the pipeline's fit refuses them: it says so on every fold, as in sklearn
-        return None
-    out: dict[str, dict[str, Any]] = {}
-    for i, (name, est) in enumerate(steps):
-        method = "fit_transform" if i < len(steps) - 1 and hasattr(est, "fit_transform") else "fit"
-        out[name] = dict(routed[name][method])
-    return out
-
-
-def _pipeline_score_routing(pipe: Any, last: str, scorer: Any,
-                            params: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """What scikit-learn's default scorer of a Pipeline gives its last step's ``score`` under routing:
-    ``(scorer, that step's score parameters)``, or a scorer raising Pipeline.score's routing error."""
-    from sklearn.utils.metadata_routing import process_routing
-
-    try:
-        routed = process_routing(pipe, "score", **params)
-    except Exception as e:  # noqa: BLE001 - every score fails with it
-        return tasks.Raising(e), {}
-    return scorer, dict(routed[last].score)
-
-
-def _fit_params_by_step(params: dict[str, Any], names: list[str]) -> dict[str, dict[str, Any]] | None:
-    """``step__param`` fit parameters grouped by step, as Pipeline routes them; None if one names no step."""
-    out: dict[str, dict[str, Any]] = {}
-    for key, value in params.items():
-        step, sep, param = key.partition("__")
-        if not sep or step not in names:
-            return None
-        out.setdefault(step, {})[param] = value
-    return out
 
 
 class GridSearchCV(_NetworkSearch):
