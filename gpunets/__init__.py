@@ -30,20 +30,29 @@ from gpunets.base import moved as _moved
 
 _moved.install(sys.modules[__name__])   # old module paths (gpunets.plan, ...) are aliases of where the modules live now
 
-from gpunets.devices.cache import CacheInfo, cache_clear, cache_info
-from gpunets.devices.store import Store, StoreInfo, StoreWarning, store_clear, store_info
-from gpunets.base.config import config, get_config, set_config
-from gpunets.devices.placement import Device, DeviceFallbackWarning, device
-from gpunets.base.exceptions import (CycleError, DeviceUnavailableError, EvaluationError, FitError, GpunetsError, NetworkError,
-                         NotFittedError, StreamOrderError)
-from gpunets.executors import Executor, SerialExecutor, StreamsExecutor, ThreadsExecutor
-from gpunets.core.machines import Machine, machine
 from gpunets.api.network import Evaluation, evaluate, fit, last_trace
-from gpunets.core.nodes import AbstractNode, Node, Source, node, source
-from gpunets.core.ops import hstack, max, mean, min, sum, var, vote, weighted_sum
 from gpunets.api.replace import replace
 from gpunets.api.report import FitReport, fitted_params, report
+from gpunets.base.config import config, get_config, set_config
+from gpunets.base.exceptions import (
+    CycleError,
+    DeviceUnavailableError,
+    EvaluationError,
+    FitError,
+    GpunetsError,
+    NetworkError,
+    NotFittedError,
+    StreamOrderError,
+)
 from gpunets.base.trace import Trace
+from gpunets.core.machines import Machine, machine
+from gpunets.core.nodes import AbstractNode, Node, Source, node, source
+from gpunets.core.ops import hstack, max, mean, min, sum, var, vote, weighted_sum
+from gpunets.devices.cache import CacheInfo, cache_clear, cache_info
+from gpunets.devices.placement import Device, DeviceFallbackWarning, device
+from gpunets.devices.store import Store, StoreInfo, StoreWarning, store_clear, store_info
+from gpunets.executors import Executor, SerialExecutor, StreamsExecutor, ThreadsExecutor
+
 
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version

@@ -19,7 +19,8 @@ import argparse
 import os
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import gpunets as gn
 from gpunets import __version__

@@ -24,12 +24,13 @@
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
-from gpunets.devices._gpulibs import fake_gpu_count
 from gpunets.base.config import config
-from gpunets.devices.data import is_cupy_array
 from gpunets.devices import placement as _devices
+from gpunets.devices._gpulibs import fake_gpu_count
+from gpunets.devices.data import is_cupy_array
 from gpunets.devices.placement import Device, _gpu_probe, device_exists, override_placement
 from gpunets.executors import SerialExecutor, StreamsExecutor, ThreadsExecutor
 

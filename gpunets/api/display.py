@@ -21,8 +21,9 @@ import html
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from gpunets.core.graph import all_nodes
 from gpunets.core.machines import labels

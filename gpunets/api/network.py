@@ -9,21 +9,22 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
+from gpunets.api.report import FitReport, explain
 from gpunets.base._warn import remember_user_site
 from gpunets.base.config import check_run_options, config, get_config
-from gpunets.devices.data import check_placeable, device_of, is_pandas, off_the_legacy_stream, to_device, to_host_like
-from gpunets.devices.placement import override_placement
 from gpunets.base.exceptions import FitError, NetworkError
-from gpunets.executors import get_executor
-from gpunets.executors.base import default_workers, gpu_timing, inside_task
+from gpunets.base.trace import Trace
 from gpunets.core.graph import all_sources
 from gpunets.core.nodes import AbstractNode, Source, is_node
+from gpunets.devices.data import check_placeable, device_of, is_pandas, off_the_legacy_stream, to_device, to_host_like
+from gpunets.devices.placement import override_placement
+from gpunets.executors import get_executor
+from gpunets.executors.base import default_workers, gpu_timing, inside_task
 from gpunets.planning.plan import compile_call, compile_fit
-from gpunets.api.report import FitReport, explain
-from gpunets.base.trace import Trace
 
 __all__ = ["fit", "evaluate", "Evaluation", "last_trace", "remember_costs"]
 
@@ -232,7 +233,7 @@ class _Progress:
         self.lock = threading.Lock()
 
     @classmethod
-    def open(cls, n_fits: int, show: bool) -> "_Progress | None":
+    def open(cls, n_fits: int, show: bool) -> _Progress | None:
         tqdm = tqdm_class() if show and n_fits else None
         return None if tqdm is None else cls(tqdm(total=n_fits, desc="fitting", unit="fit", leave=False))
 

@@ -10,18 +10,18 @@ from typing import TYPE_CHECKING, Any
 
 from gpunets.core.graph import machine_parents, machine_sources, upstream_machines
 from gpunets.core.machines import WARM_UPDATE, Machine, _equal, _same_rows, labels, snapshot_params
-from gpunets.planning.plan import _n_rows_of, _rows_key
 from gpunets.core.nodes import is_node
+from gpunets.planning.plan import _n_rows_of, _rows_key
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gpunets.planning.plan import Plan
     from gpunets.base.trace import Trace
+    from gpunets.planning.plan import Plan
 
 # labels (Ridge, Ridge#2) are made in machines.py, below the compile layer that needs them too
 __all__ = ["FitReport", "ActionMap", "Report", "labels", "report", "fitted_params", "explain"]
 
 
-def explain(plan: "Plan", rows: Any = None, force: bool = False) -> dict["Machine", str]:
+def explain(plan: Plan, rows: Any = None, force: bool = False) -> dict[Machine, str]:
     """Why each machine of a fit plan trains, updates or skips: the retraining rule that fired.
 
     Call it after the plan is compiled and before it runs (it reads the machines' last fitted state).
@@ -90,7 +90,7 @@ def explain(plan: "Plan", rows: Any = None, force: bool = False) -> dict["Machin
     return out
 
 
-def asked_device(m: "Machine") -> str:
+def asked_device(m: Machine) -> str:
     """Where the user placed ``m``: its own ``device=``, else what its last fit was asked under (a ``gn.device``
     block, a composite's or ``from_sklearn``'s ``device``, the config); "auto" when nowhere in particular."""
     d = m.device
@@ -117,7 +117,7 @@ class Report(dict):
 class ActionMap(dict):
     """``{machine: action}`` that also accepts a machine's label as key."""
 
-    def __init__(self, actions: dict["Machine", str], names: dict["Machine", str]) -> None:
+    def __init__(self, actions: dict[Machine, str], names: dict[Machine, str]) -> None:
         super().__init__(actions)
         self._by_label = {names[m]: m for m in actions}
 
@@ -161,8 +161,8 @@ class FitReport:
         Machine -> readable label.
     """
 
-    def __init__(self, plan: "Plan", trace: "Trace", executor: str,
-                 reasons: dict["Machine", str] | None = None) -> None:
+    def __init__(self, plan: Plan, trace: Trace, executor: str,
+                 reasons: dict[Machine, str] | None = None) -> None:
         machines = list(plan.actions)
         self.labels = labels(machines)
         self.reasons = reasons or {}
@@ -188,7 +188,7 @@ class FitReport:
         return {k: f"fit {self.labels[m]}" for k, m in self._fit_tasks.items()}
 
     @property
-    def machines(self) -> list["Machine"]:
+    def machines(self) -> list[Machine]:
         return list(self.actions)
 
     def where(self, mach: Any) -> str:
@@ -256,7 +256,7 @@ class FitReport:
                 "<th>ms</th></tr>" + cells + "</table>")
 
 
-def _machines_of(target: Any) -> tuple["Machine", ...]:
+def _machines_of(target: Any) -> tuple[Machine, ...]:
     if isinstance(target, Machine):
         return upstream_machines(list(target.args)) + (target,)
     if is_node(target):

@@ -23,14 +23,15 @@ import sys
 import threading
 import warnings
 import weakref
+from collections.abc import Hashable
 from types import FrameType
-from typing import Any, Hashable
+from typing import Any
 
 __all__ = ["warn_user", "warn_once", "fallback_owner", "remember_user_site"]
 
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep   # the gpunets package
 _SEEN: set[Hashable] = set()
-_SEEN_BY: "weakref.WeakKeyDictionary[Any, set]" = weakref.WeakKeyDictionary()
+_SEEN_BY: weakref.WeakKeyDictionary[Any, set] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 # The user's estimator whose own network is being fitted (a composite): warnings name it, and repeat once.

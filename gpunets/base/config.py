@@ -209,7 +209,7 @@ class config:
         self._changes = _validate(changes)
         self._tokens: list[contextvars.Token] = []
 
-    def __enter__(self) -> "config":
+    def __enter__(self) -> config:
         merged = get_config()
         merged.update(self._changes)
         self._tokens.append(_LOCAL.set(merged))

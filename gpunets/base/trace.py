@@ -84,7 +84,7 @@ class Trace:
         """This run's records and those of the networks run inside its tasks (``parent`` set), by start."""
         return sorted(self.records + self.nested, key=lambda r: r.start)
 
-    def adopt(self, inner: "Trace", parent: str, labels: dict[int, str] | None = None) -> None:
+    def adopt(self, inner: Trace, parent: str, labels: dict[int, str] | None = None) -> None:
         """Add the records of ``inner``, a run inside one of this run's tasks, as :attr:`nested` records.
 
         Their times are shifted onto this run's clock, their lanes named after ``parent`` (the

@@ -23,7 +23,8 @@ imports nothing from gpunets, so every layer may use it.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["PROVIDERS", "get", "provide"]
 

@@ -24,14 +24,15 @@ the components' entries.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from gpunets.base.config import config
-from gpunets.devices.placement import override_placement
-from gpunets.core.machines import Machine
 from gpunets.api.network import evaluate
-from gpunets.core.nodes import AbstractNode, is_node, node
+from gpunets.base.config import config
 from gpunets.base.saved import saved_operation
+from gpunets.core.machines import Machine
+from gpunets.core.nodes import AbstractNode, is_node, node
+from gpunets.devices.placement import override_placement
 
 __all__ = ["EXTRA_KEYS", "Outputs", "check_extra", "check_extra_names", "extra_nodes", "evaluate_extras"]
 

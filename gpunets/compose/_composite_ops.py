@@ -20,12 +20,13 @@ from __future__ import annotations
 import functools
 import numbers
 import types
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
-from gpunets.devices.data import same_data
 from gpunets.core.nodes import Node, Source, is_node
+from gpunets.devices.data import same_data
 
 __all__ = ["same_value", "match_machines", "adopt_states", "carry_frozen", "frozen_names"]
 

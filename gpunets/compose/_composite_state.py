@@ -7,24 +7,22 @@ relabel machines and compare parameters the way ``get_params`` does.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from sklearn.utils.validation import check_is_fitted
+from sklearn.base import is_regressor
+from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
+from gpunets.api.report import ActionMap, asked_device
 from gpunets.base import verbs
+from gpunets.compose._composite_extras import EXTRA_KEYS, Outputs, check_extra
 from gpunets.compose._composite_ops import same_value
 from gpunets.core.machines import Machine
-from gpunets.core.nodes import AbstractNode, Node, Source
+from gpunets.core.nodes import AbstractNode, Node, Source, is_node
 from gpunets.core.ops import combine
-from gpunets.api.report import ActionMap, asked_device
-from sklearn.base import is_regressor
-from sklearn.utils.validation import check_array, validate_data
-
-from gpunets.compose._composite_extras import EXTRA_KEYS, Outputs, check_extra
-from gpunets.core.nodes import is_node
 
 #: The operations a composite may offer (those its network returns nodes for).
 COMPOSITE_OPERATIONS = ("predict", "predict_proba", "predict_log_proba", "decision_function", "transform",

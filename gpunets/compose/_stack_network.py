@@ -17,12 +17,12 @@ from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import check_cv
 from sklearn.utils.metadata_routing import process_routing
 
-from gpunets.devices.data import take_rows as _take
-from gpunets.devices.placement import host_only
-from gpunets.devices.fingerprint import fingerprint
+from gpunets.compose.routing import routing_enabled, takes_sample_weight, weights_refused
 from gpunets.core.machines import machine
 from gpunets.core.nodes import Source, node
-from gpunets.compose.routing import routing_enabled, takes_sample_weight, weights_refused
+from gpunets.devices.data import take_rows as _take
+from gpunets.devices.fingerprint import fingerprint
+from gpunets.devices.placement import host_only
 
 #: The name of the node that collects the folds' summaries of a stack (its cv report).
 SUMMARY = "[cv report]"
@@ -174,7 +174,7 @@ def summarize_members(tests: tuple[np.ndarray, ...], kinds: tuple[str, ...], met
 class MemberSummary(BaseEstimator):
     """Keeps :func:`summarize_members`' result in the fitted stack (its ``transform`` is the identity)."""
 
-    def fit(self, S: Any, y: Any = None) -> "MemberSummary":
+    def fit(self, S: Any, y: Any = None) -> MemberSummary:
         self.summary_ = np.asarray(S, dtype=float)
         return self
 

@@ -68,7 +68,8 @@ False
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, TransformerMixin, clone
@@ -77,32 +78,38 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import _check_feature_names_in, check_is_fitted
 
-from gpunets.compose._composite_extras import check_extra_names, evaluate_extras, extra_nodes
-from gpunets.compose._composite_ops import adopt_states, carry_frozen, frozen_names, match_machines
-from gpunets.base._warn import _OWNER
-from gpunets.base.config import config
-from gpunets.devices.placement import override_placement
-from gpunets.compute.estimators import is_frozen_estimator
-from gpunets.executors import get_executor
-from gpunets.devices.fingerprint import fingerprint, scope
-from gpunets.core.graph import upstream_machines
-from gpunets.core.machines import Machine, labels
 from gpunets.api.network import evaluate
 from gpunets.api.network import fit as gn_fit
-from gpunets.core.nodes import AbstractNode, Source
-from gpunets.compose.routing import check_fit_metadata, composite_members, members_router, route_to_members, routed_names
+from gpunets.base._warn import _OWNER
+from gpunets.base.config import config
+from gpunets.compose._composite_extras import check_extra_names, evaluate_extras, extra_nodes
+from gpunets.compose._composite_ops import adopt_states, carry_frozen, frozen_names, match_machines
 from gpunets.compose._composite_state import (  # noqa: F401 - moved there, used or re-exported here
     COMPOSITE_OPERATIONS,
+    CompositeChecks,
+    CompositeViews,
     NetworkState,
-    _is_estimator,
     _has_operation,
+    _is_estimator,
+    _is_pandas,
     _relabel,
     _same_param,
-    _is_pandas,
     feature_names_of,
 )
-from gpunets.compose._composite_state import CompositeViews
-from gpunets.compose._composite_state import CompositeChecks
+from gpunets.compose.routing import (
+    check_fit_metadata,
+    composite_members,
+    members_router,
+    route_to_members,
+    routed_names,
+)
+from gpunets.compute.estimators import is_frozen_estimator
+from gpunets.core.graph import upstream_machines
+from gpunets.core.machines import Machine, labels
+from gpunets.core.nodes import AbstractNode, Source
+from gpunets.devices.fingerprint import fingerprint, scope
+from gpunets.devices.placement import override_placement
+from gpunets.executors import get_executor
 
 __all__ = ["Composite", "CompositeRegressor", "CompositeClassifier", "CompositeTransformer", "COMPOSITE_OPERATIONS"]
 
@@ -235,7 +242,7 @@ class Composite(CompositeChecks, CompositeViews, BaseEstimator):
         get_executor(getattr(self, "executor", "auto"), getattr(self, "workers", None))
 
     # --- fit --------------------------------------------------------------------------------------
-    def fit(self, X: Any, y: Any = None, **fit_params: Any) -> "Composite":
+    def fit(self, X: Any, y: Any = None, **fit_params: Any) -> Composite:
         """Validate the data, build the network (or re-use the previous one) and fit it.
 
         Extra keyword arguments that are arrays become sources of that name,
@@ -337,7 +344,7 @@ class Composite(CompositeChecks, CompositeViews, BaseEstimator):
             out.update({st.names[id(m)]: m for m in st.machines if m.frozen and m.is_fitted})
         return out
 
-    def __sklearn_clone__(self) -> "Composite":
+    def __sklearn_clone__(self) -> Composite:
         """scikit-learn's ``clone``: the same hyperparameters, unfitted, except frozen components.
 
         A frozen component keeps its fitted state through a clone (as scikit-learn's

@@ -26,7 +26,8 @@ trains a member on a subset of the rows must take ``sample_weight`` in
 from __future__ import annotations
 
 import inspect
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from sklearn.utils.metadata_routing import MetadataRouter, MethodMapping, _routing_enabled, process_routing
@@ -35,8 +36,8 @@ from sklearn.utils.validation import has_fit_parameter
 from gpunets.core.graph import upstream_machines
 from gpunets.core.machines import Machine
 from gpunets.core.nodes import Source
-from gpunets.devices.rows import n_rows
 from gpunets.core.weights import add_fit_keyword
+from gpunets.devices.rows import n_rows
 
 __all__ = ["routing_enabled", "network_takes", "routed_names", "check_fit_metadata", "route_to_members", "members_router",
            "composite_members", "takes_sample_weight", "weights_refused"]

@@ -31,41 +31,42 @@ machines (its folds and full refit) and the final estimator retrain.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping, Sequence
 from numbers import Integral
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from sklearn.base import ClassifierMixin, RegressorMixin, TransformerMixin, is_classifier, is_regressor
 from sklearn.exceptions import NotFittedError
 from sklearn.preprocessing import LabelEncoder
+from sklearn.utils._param_validation import validate_parameter_constraints
 from sklearn.utils.metadata_routing import MethodMapping
 from sklearn.utils.metaestimators import _BaseComposition, available_if
 from sklearn.utils.multiclass import check_classification_targets, type_of_target
 from sklearn.utils.validation import _check_feature_names_in, check_is_fitted, validate_data
-from sklearn.utils._param_validation import validate_parameter_constraints
 
-from gpunets.compose.composite import Composite, NetworkState, _has_operation, _is_pandas
-from gpunets.devices.data import to_device
-from gpunets.devices.placement import CPU, Device
-from gpunets.compute.estimators import apply_estimator
-from gpunets.core.nodes import node
-from gpunets.compose.routing import members_router
 from gpunets.compose._stack_network import (  # noqa: F401 - moved there, used or re-exported here
     SUMMARY,
-    take_rows,
+    MemberSummary,
+    StackNetwork,
+    _fold_order,
+    _is_model,
     assemble_folds,
+    average_folds,
     concat_predictions,
     decode_labels,
     decode_multilabel,
     multilabel_proba,
     prefit_output,
-    average_folds,
     summarize_members,
-    MemberSummary,
-    _is_model,
-    _fold_order,
+    take_rows,
 )
-from gpunets.compose._stack_network import StackNetwork
+from gpunets.compose.composite import Composite, NetworkState, _has_operation, _is_pandas
+from gpunets.compose.routing import members_router
+from gpunets.compute.estimators import apply_estimator
+from gpunets.core.nodes import node
+from gpunets.devices.data import to_device
+from gpunets.devices.placement import CPU, Device
 
 __all__ = ["StackingRegressor", "StackingClassifier"]
 
@@ -95,7 +96,7 @@ class _BaseStacking(StackNetwork, TransformerMixin, _BaseComposition, Composite)
         """Parameters, with each base estimator by its name (``ridge__alpha``)."""
         return self._get_params("estimators", deep=deep)
 
-    def set_params(self, **params: Any) -> "_BaseStacking":
+    def set_params(self, **params: Any) -> _BaseStacking:
         """Set parameters; ``name=est`` replaces a base estimator, ``name="drop"`` drops it."""
         self._set_params("estimators", **params)
         return self

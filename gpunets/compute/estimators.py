@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
-
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from sklearn.base import clone
 from sklearn.utils.validation import check_is_fitted
 
-from gpunets.devices.data import device_of
 from gpunets.compute.models import call_context, fit_context
 from gpunets.compute.threadsafety import serialized, unsafe_groups
+from gpunets.devices.data import device_of
 
 __all__ = ["fresh_estimator", "fit_estimator", "fit_transform_estimator", "apply_estimator", "is_stateless",
            "static_estimator", "partial_fit_estimator", "is_frozen_estimator", "sklearn_config_delta",
@@ -177,7 +177,7 @@ def sklearn_config_delta() -> dict[str, Any] | None:
     import sklearn
 
     try:
-        from sklearn._config import _global_config as defaults   # what a new thread starts from
+        from sklearn._config import _global_config as defaults  # what a new thread starts from
     except ImportError:  # pragma: no cover - a scikit-learn without it: carry everything
         defaults = {}
     current = sklearn.get_config()

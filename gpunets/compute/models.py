@@ -35,17 +35,18 @@ import inspect
 import logging
 import os
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Union
+from typing import Any
 
 from sklearn.base import clone
 
 from gpunets.base.config import get_config
+from gpunets.base.exceptions import DeviceUnavailableError
 from gpunets.devices._gpulibs import loaded_cupy
 from gpunets.devices.data import device_of, installed, is_cudf, to_device
-from gpunets.devices.placement import CPU, Device, device_exists, local_ordinal, why_unavailable
-from gpunets.base.exceptions import DeviceUnavailableError
 from gpunets.devices.gpu_memory import note_gpu_estimator
+from gpunets.devices.placement import CPU, Device, device_exists, local_ordinal, why_unavailable
 
 __all__ = [
     "SKLEARN_TO_CUML",
@@ -187,7 +188,7 @@ def cuml_installed() -> bool:
     return installed("cuml")
 
 
-def _import_path(path: str) -> Union[type, None]:
+def _import_path(path: str) -> type | None:
     module, _, name = path.rpartition(".")
     try:
         return getattr(importlib.import_module(module), name, None)
@@ -195,13 +196,13 @@ def _import_path(path: str) -> Union[type, None]:
         return None
 
 
-def cuml_twin_class(model: Any) -> Union[type, None]:
+def cuml_twin_class(model: Any) -> type | None:
     """The cuML class twinned with ``model``'s class, or None (imports cuML only if installed)."""
     path = SKLEARN_TO_CUML.get(public_path(model))
     return _import_path(path) if path and cuml_installed() else None
 
 
-def sklearn_twin_class(model: Any) -> Union[type, None]:
+def sklearn_twin_class(model: Any) -> type | None:
     """The scikit-learn class twinned with a cuML estimator, or None."""
     cls = type(model)
     path = getattr(cls, "_cpu_class_path", None) or CUML_TO_SKLEARN.get(public_path(model))
@@ -363,8 +364,8 @@ def _fall_back(model: Any, dev: Device, reason: str, *, what: str, policy: str) 
     logger.log(level, "`%s.fit` falling back to CPU (%s on %s): %s", name, what, dev, reason)
 
 
-def cpu_fallback(model: Any, device: Union[str, Device], reason: str, *, what: str,
-                 fallback: Union[str, None] = None) -> Resolved:
+def cpu_fallback(model: Any, device: str | Device, reason: str, *, what: str,
+                 fallback: str | None = None) -> Resolved:
     """Run ``model`` on the CPU instead of ``device`` for ``reason``, as the fallback policy says.
 
     >>> from sklearn.linear_model import Ridge
@@ -375,8 +376,8 @@ def cpu_fallback(model: Any, device: Union[str, Device], reason: str, *, what: s
     return Resolved(clone(model, safe=False), CPU, "cpu_fallback", reason)
 
 
-def resolve_estimator(model: Any, device: Union[str, Device], *, what: str,
-                      fallback: Union[str, None] = None) -> Resolved:
+def resolve_estimator(model: Any, device: str | Device, *, what: str,
+                      fallback: str | None = None) -> Resolved:
     """Decide how ``model`` runs when placed on ``device``; return an unfitted estimator and its route.
 
     Parameters
@@ -455,7 +456,7 @@ def _resolve_cuml(model: Any, dev: Device, *, what: str, policy: str) -> Resolve
 
 
 @contextlib.contextmanager
-def fit_context(resolved: Union[Resolved, str], device: Union[str, Device, None] = None) -> Iterator[None]:
+def fit_context(resolved: Resolved | str, device: str | Device | None = None) -> Iterator[None]:
     """Wrap the estimator's ``fit``/``predict``/``transform`` calls for its route.
 
     ``resolved`` is a :class:`Resolved`, or just its route (``"array_api"``,
@@ -497,7 +498,7 @@ call_context = fit_context
 
 
 def prepare_inputs(resolved: Resolved, *values: Any, what: str = "the estimator",
-                   fallback: Union[str, None] = None) -> tuple[Any, ...]:
+                   fallback: str | None = None) -> tuple[Any, ...]:
     """Move ``values`` to where ``resolved`` runs, in the form its route takes.
 
     * GPU routes: values move to the GPU; for ``"array_api"`` frames become

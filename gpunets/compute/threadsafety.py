@@ -38,8 +38,9 @@ from __future__ import annotations
 import contextvars
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from gpunets.base.config import get_config
 

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpunets.devices.data import to_device
 from gpunets.base.saved import saved_operation
+from gpunets.devices.data import to_device
 
 __all__ = ["MACHINE_VALUE", "FittedMachine", "learned_attributes"]
 
@@ -88,7 +88,7 @@ class FittedMachine:
         self._report = report
         self.device = device
 
-    def on(self, device: Any) -> "FittedMachine":
+    def on(self, device: Any) -> FittedMachine:
         """This snapshot, with :meth:`fitted_params` on ``device`` (what a move of the value does)."""
         return FittedMachine(self.label, self.model, self.estimator_, self._report, device)
 

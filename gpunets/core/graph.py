@@ -17,13 +17,13 @@ limit on long chains).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterable, Sequence
 from hashlib import blake2b
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from gpunets.base.exceptions import CycleError
-from gpunets.devices.fingerprint import fingerprint
 from gpunets.core.nodes import AbstractNode, Node, Source, is_node
+from gpunets.devices.fingerprint import fingerprint
 
 if TYPE_CHECKING:  # pragma: no cover
     from gpunets.core.machines import Machine
@@ -151,7 +151,7 @@ def all_sources(targets: Sequence[AbstractNode]) -> tuple[Source, ...]:
     return tuple(n for n in all_nodes(targets) if isinstance(n, Source))
 
 
-def upstream_machines(targets: Sequence[AbstractNode]) -> tuple["Machine", ...]:
+def upstream_machines(targets: Sequence[AbstractNode]) -> tuple[Machine, ...]:
     """Every machine upstream of ``targets``, each after the machines it depends on."""
     seen: set[int] = set()
     out: list[Machine] = []
@@ -163,7 +163,7 @@ def upstream_machines(targets: Sequence[AbstractNode]) -> tuple["Machine", ...]:
     return tuple(out)
 
 
-def machine_parents(m: "Machine") -> tuple["Machine", ...]:
+def machine_parents(m: Machine) -> tuple[Machine, ...]:
     """Machines whose operations feed ``m``'s training data (through operation edges only)."""
     seen: set[int] = set()
     out: list[Machine] = []
@@ -175,7 +175,7 @@ def machine_parents(m: "Machine") -> tuple["Machine", ...]:
     return tuple(out)
 
 
-def machine_sources(m: "Machine") -> tuple[Source, ...]:
+def machine_sources(m: Machine) -> tuple[Source, ...]:
     """Sources whose data reaches ``m``'s training data, through any edge."""
     return all_sources(list(m.args))
 
@@ -198,7 +198,7 @@ def _source_stamp(s: Source) -> bytes:
     return _digest(b"s", s._version.to_bytes(8, "little"), repr(fingerprint(s._data)).encode())
 
 
-def _machine_stamp(m: "Machine", version: int) -> bytes:
+def _machine_stamp(m: Machine, version: int) -> bytes:
     return _digest(b"m", version.to_bytes(8, "little"))
 
 
@@ -236,18 +236,18 @@ class Upstream:
 
     __slots__ = ("action", "memo", "visits", "nearest")
 
-    def __init__(self, action: "Callable[[Machine], str] | None" = None) -> None:
+    def __init__(self, action: Callable[[Machine], str] | None = None) -> None:
         self.action = action if action is not None else (lambda m: "skip")
         # node uid -> (changing, machines stamp now, machines stamp after this fit, sources stamp)
         self.memo: dict[int, tuple[bool, bytes, bytes, bytes]] = {}
         self.visits = 0   # nodes whose facts were computed (each once): the walk's whole cost
-        self.nearest: dict[int, tuple["Machine", ...]] = {}   # node uid -> nearest machines through op edges
+        self.nearest: dict[int, tuple[Machine, ...]] = {}   # node uid -> nearest machines through op edges
 
-    def changing(self, m: "Machine") -> bool:
+    def changing(self, m: Machine) -> bool:
         """True if a machine retraining or updating in this fit feeds ``m`` through operation edges."""
         return any(self._facts(a)[0] for a in m.args)
 
-    def stamp(self, m: "Machine", expected: bool = False) -> bytes:
+    def stamp(self, m: Machine, expected: bool = False) -> bytes:
         """The digest of the versions of what ``m`` trains on (see the class docstring)."""
         parts: list[bytes] = [b"u"]
         for a in m.args:
@@ -255,21 +255,21 @@ class Upstream:
             parts += (f[2] if expected else f[1], f[3])
         return _digest(*parts)
 
-    def parents(self, m: "Machine", expected: bool = False) -> tuple[tuple["Machine", int], ...]:
+    def parents(self, m: Machine, expected: bool = False) -> tuple[tuple[Machine, int], ...]:
         """The nearest machines feeding ``m``'s training data through operation edges, with their versions.
 
         What a fitted state records so that a call can tell that a state was trained on an upstream
         state other than the one the call uses (never mixing two fits).  With ``expected=True`` the
         versions are those the machines will have once this fit's fits have committed.
         """
-        seen: dict[int, "Machine"] = {}
+        seen: dict[int, Machine] = {}
         for a in m.args:
             for p in self._nearest(a):
                 seen.setdefault(p._uid, p)
         bump = (lambda p: int(self.action(p) != "skip")) if expected else (lambda p: 0)
         return tuple((p, p._version + bump(p)) for p in seen.values())
 
-    def _nearest(self, n: AbstractNode) -> tuple["Machine", ...]:
+    def _nearest(self, n: AbstractNode) -> tuple[Machine, ...]:
         memo = self.nearest
         stack: list[tuple[AbstractNode, bool]] = [(n, False)]
         while stack:
@@ -284,7 +284,7 @@ class Upstream:
                 stack.append((x, True))
                 stack.extend((a, False) for a in x.args if is_node(a) and a._uid not in memo)
                 continue
-            out: dict[int, "Machine"] = {}
+            out: dict[int, Machine] = {}
             for a in x.args:
                 if is_node(a):
                     for p in memo[a._uid]:

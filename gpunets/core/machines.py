@@ -56,24 +56,24 @@ from typing import Any
 
 from gpunets.base import verbs
 from gpunets.base.config import get_config
-from gpunets.devices.placement import Device, current_placement
-from gpunets.compute.estimators import apply_estimator, fresh_estimator
 from gpunets.base.exceptions import NotFittedError
-from gpunets.devices.fingerprint import fingerprint
+from gpunets.compute.estimators import apply_estimator, fresh_estimator
 from gpunets.core.fitted_machine import learned_attributes
 from gpunets.core.graph import Upstream
 from gpunets.core.nodes import AbstractNode, Node, Source, as_node
-from gpunets.core.weights import keyword_nodes
 from gpunets.core.params import (  # noqa: F401 - moved there, used or re-exported here
     WARM_MODES,
-    _check_warm,
     _check_argument,
+    _check_warm,
+    _equal,
     _same_rows,
     labels,
-    snapshot_params,
     params_equal,
-    _equal,
+    snapshot_params,
 )
+from gpunets.core.weights import keyword_nodes
+from gpunets.devices.fingerprint import fingerprint
+from gpunets.devices.placement import Device, current_placement
 
 __all__ = ["Machine", "machine", "labels", "OPERATIONS", "WARM_UPDATE", "STATIC", "WARM_MODES", "RemoteEstimator"]
 
@@ -96,13 +96,13 @@ _uids = itertools.count(random.getrandbits(40) << 22)
 class PendingFit:
     """A fit decided at plan time: the fresh estimator and the state it will commit."""
 
-    machine: "Machine"
+    machine: Machine
     action: str
     estimator: Any
     params: dict[str, Any]
     rows_key: Any
     upstream: bytes
-    parents: tuple[tuple["Machine", int], ...] = ()   # nearest upstream machines and their versions after this fit
+    parents: tuple[tuple[Machine, int], ...] = ()   # nearest upstream machines and their versions after this fit
     warm: tuple[str, int] | None = None   # a warm update: (method, times), e.g. ("partial_fit", 3)
     key: bytes | None = None              # its store key (gpunets.planning.stored), when a store is in force
 
@@ -158,7 +158,7 @@ class FittedState:
     history: tuple[str, ...] = field(default=())
     # the nearest upstream machines (by object, so a copied network's states name the copies) and the
     # versions this state was trained on: what a call checks so that it never mixes two fits' states
-    parents: tuple[tuple["Machine", int], ...] = field(default=())
+    parents: tuple[tuple[Machine, int], ...] = field(default=())
     asked: str = "auto"              # the placement asked for when it was fitted (its own, a block's, the config's)
     key: bytes | None = None         # the store key it was fitted (or loaded) under (gpunets.planning.stored)
 
@@ -338,12 +338,12 @@ class Machine:
         return (f"Machine {self.label} is not trained yet, so its operations cannot be evaluated. "
                 f"Call fit() on the node (or gn.fit(node)) first.{frozen}")
 
-    def freeze(self) -> "Machine":
+    def freeze(self) -> Machine:
         """Never retrain this machine (until :meth:`thaw`)."""
         self.frozen = True
         return self
 
-    def thaw(self) -> "Machine":
+    def thaw(self) -> Machine:
         """Undo :meth:`freeze`."""
         self.frozen = False
         return self
@@ -417,7 +417,7 @@ class Machine:
         return ("fit", 1)
 
     def _prepare_fit(self, action: str, rows_key: Any, upstream: bytes,
-                     parents: tuple[tuple["Machine", int], ...] = ()) -> "PendingFit":
+                     parents: tuple[tuple[Machine, int], ...] = ()) -> PendingFit:
         """What a fit task needs, taken now (when the plan is compiled), so the task is pure.
 
         ``upstream`` is the digest of the versions the upstream machines will have once
@@ -439,7 +439,7 @@ class Machine:
             est = fresh_estimator(self.model)
         return PendingFit(self, action, est, params, rows_key, upstream, parents, warm)
 
-    def _commit(self, pending: "PendingFit", est: Any, info: dict[str, Any]) -> None:
+    def _commit(self, pending: PendingFit, est: Any, info: dict[str, Any]) -> None:
         """Install the result of a successful fit (called on the client, in the scheduler)."""
         previous = self._state
         hist = ((previous.history if previous else ()) + (pending.action,))[-HISTORY_LENGTH:]

@@ -33,19 +33,20 @@ array([3., 3.])
 from __future__ import annotations
 
 import itertools
-import random
 import operator
+import random
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from gpunets.base import verbs
+from gpunets.core.fitted_machine import MACHINE_VALUE
 from gpunets.devices.data import check_placeable
 from gpunets.devices.placement import Device, current_placement
-from gpunets.core.fitted_machine import MACHINE_VALUE
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gpunets.core.machines import Machine
     from gpunets.api.report import FitReport
+    from gpunets.core.machines import Machine
 
 __all__ = ["AbstractNode", "Source", "Node", "source", "node", "is_node"]
 
@@ -54,15 +55,15 @@ __all__ = ["AbstractNode", "Source", "Node", "source", "node", "is_node"]
 _uids = itertools.count(random.getrandbits(40) << 22)
 
 # Sources rebuilt by ``gn.load`` without their training data (never saved): errors say so, and how to rebind.
-_DATA_NOT_SAVED: "weakref.WeakSet[Source]" = weakref.WeakSet()
+_DATA_NOT_SAVED: weakref.WeakSet[Source] = weakref.WeakSet()
 
 
-def mark_data_not_saved(s: "Source") -> None:
+def mark_data_not_saved(s: Source) -> None:
     """Record that ``s`` was loaded by :func:`gpunets.load`, which never restores training data."""
     _DATA_NOT_SAVED.add(s)
 
 
-def data_not_saved(s: "Source") -> bool:
+def data_not_saved(s: Source) -> bool:
     """Whether ``s`` came from :func:`gpunets.load` and has been given no data since."""
     return s in _DATA_NOT_SAVED
 
@@ -97,17 +98,17 @@ class AbstractNode:
         return ()
 
     @property
-    def origins(self) -> tuple["Source", ...]:
+    def origins(self) -> tuple[Source, ...]:
         """The sources reached through operation edges (not training edges), in order."""
         return verbs.get("origins")(self)   # graph.py builds on these classes: no import back
 
     @property
-    def sources(self) -> tuple["Source", ...]:
+    def sources(self) -> tuple[Source, ...]:
         """Every source upstream, through operation and training edges."""
         return verbs.get("all_sources")([self])
 
     @property
-    def machines(self) -> tuple["Machine", ...]:
+    def machines(self) -> tuple[Machine, ...]:
         """Every machine upstream, dependencies first."""
         return verbs.get("upstream_machines")([self])
 
@@ -139,7 +140,7 @@ class AbstractNode:
                                      keep_training=keep_training, **named)
 
     def fit(self, *data: Any, rows: Any = None, force: bool = False, executor: Any = None,
-            workers: int | None = None, device: Any = None, progress: bool | None = None) -> "FitReport":
+            workers: int | None = None, device: Any = None, progress: bool | None = None) -> FitReport:
         """Train every machine upstream of this node on its sources' data; see :func:`gpunets.fit`.
 
         Takes no data (``node.fit(X, y)`` raises a ``TypeError`` that says where data goes).
@@ -149,43 +150,43 @@ class AbstractNode:
                                 progress=progress)
 
     # --- arithmetic builds nodes ------------------------------------------------------
-    def __add__(self, other: Any) -> "Node":
+    def __add__(self, other: Any) -> Node:
         return Node(operator.add, (self, other))
 
-    def __radd__(self, other: Any) -> "Node":
+    def __radd__(self, other: Any) -> Node:
         return Node(operator.add, (other, self))
 
-    def __sub__(self, other: Any) -> "Node":
+    def __sub__(self, other: Any) -> Node:
         return Node(operator.sub, (self, other))
 
-    def __rsub__(self, other: Any) -> "Node":
+    def __rsub__(self, other: Any) -> Node:
         return Node(operator.sub, (other, self))
 
-    def __mul__(self, other: Any) -> "Node":
+    def __mul__(self, other: Any) -> Node:
         return Node(operator.mul, (self, other))
 
-    def __rmul__(self, other: Any) -> "Node":
+    def __rmul__(self, other: Any) -> Node:
         return Node(operator.mul, (other, self))
 
-    def __truediv__(self, other: Any) -> "Node":
+    def __truediv__(self, other: Any) -> Node:
         return Node(operator.truediv, (self, other))
 
-    def __rtruediv__(self, other: Any) -> "Node":
+    def __rtruediv__(self, other: Any) -> Node:
         return Node(operator.truediv, (other, self))
 
-    def __pow__(self, other: Any) -> "Node":
+    def __pow__(self, other: Any) -> Node:
         return Node(operator.pow, (self, other))
 
-    def __matmul__(self, other: Any) -> "Node":
+    def __matmul__(self, other: Any) -> Node:
         return Node(operator.matmul, (self, other))
 
-    def __neg__(self) -> "Node":
+    def __neg__(self) -> Node:
         return Node(operator.neg, (self,))
 
-    def __abs__(self) -> "Node":
+    def __abs__(self) -> Node:
         return Node(operator.abs, (self,))
 
-    def __getitem__(self, key: Any) -> "Node":
+    def __getitem__(self, key: Any) -> Node:
         return Node(operator.getitem, (self, key))
 
     def __bool__(self) -> bool:
@@ -268,7 +269,7 @@ class Source(AbstractNode):
         return self.name if self.name is not None else "source"
 
     @property
-    def origins(self) -> tuple["Source", ...]:
+    def origins(self) -> tuple[Source, ...]:
         return (self,)
 
     def _short(self, depth: int = 0) -> str:
@@ -293,7 +294,7 @@ class Node(AbstractNode):
 
     __slots__ = ("operation", "machine", "_args", "device", "_cost")
 
-    def __init__(self, operation: Callable[..., Any] | str, args: Sequence[Any], machine: "Machine | None" = None,
+    def __init__(self, operation: Callable[..., Any] | str, args: Sequence[Any], machine: Machine | None = None,
                  name: str | None = None, device: Any = None) -> None:
         if machine is None and not callable(operation):
             msg = f"gn.node needs a callable as its operation, got {operation!r} of type {type(operation).__name__}."

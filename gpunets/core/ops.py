@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import builtins
 import os
+from collections.abc import Sequence
 from functools import partial
-from typing import Any, Sequence
+from typing import Any
 
+from gpunets.base.saved import saved_operation
+from gpunets.core.nodes import Node, is_node
 from gpunets.devices import _gpulibs
 from gpunets.devices.data import is_cupy_array
-from gpunets.core.nodes import Node, is_node
-from gpunets.base.saved import saved_operation
 
 __all__ = ["mean", "weighted_sum", "vote", "hstack", "sum", "min", "max", "var", "combine"]
 

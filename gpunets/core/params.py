@@ -8,7 +8,8 @@ the one taken at its last fit.  Comparing snapshots is hand-written for speed: s
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from gpunets.compute.estimators import is_stateless
 from gpunets.core.nodes import is_node

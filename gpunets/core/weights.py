@@ -30,7 +30,8 @@ operations of machines on them); otherwise right before that machine's fit.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from gpunets.compute.models import Resolved, cpu_fallback, is_cuml_estimator
 from gpunets.core.nodes import AbstractNode, Node, Source, is_node

@@ -44,8 +44,8 @@ _host_seen: dict[int, int] = {}          # stream key -> last op the host has sy
 _seq: dict[int, int] = {}                # stream key -> ops issued on it so far
 _waited: dict[int, dict[int, int]] = {}  # stream key -> {producer key: op it waited for}
 _nonblocking: set[int] = set()          # keys of streams made with non_blocking=True
-_streams_by_ptr: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
-_buffers: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()   # data pointer -> array
+_streams_by_ptr: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_buffers: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()   # data pointer -> array
 _allocator: list[Any] = []               # what set_allocator was given (the fake does not allocate through it)
 _rng = random.Random(int(os.environ.get("GPUNETS_FAKE_GPU_SEED", "0") or 0))
 
@@ -103,7 +103,7 @@ class Device:
         self.id = device
         self._prev: list[int] = []
 
-    def __enter__(self) -> "Device":
+    def __enter__(self) -> Device:
         self._prev.append(_current_device())
         _tls.device = self.id
         return self
@@ -139,12 +139,12 @@ def _current_device() -> int:
 
 class _StreamMeta(type):
     @property
-    def null(cls) -> "Stream":
+    def null(cls) -> Stream:
         """The legacy default stream (a device-wide barrier on a real GPU)."""
         return _NULL
 
     @property
-    def ptds(cls) -> "Stream":
+    def ptds(cls) -> Stream:
         """This thread's per-thread default stream."""
         s = getattr(_tls, "ptds", None)
         if s is None:
@@ -175,7 +175,7 @@ class Stream(metaclass=_StreamMeta):
             _streams_by_ptr[self.ptr] = self
 
     @classmethod
-    def from_external(cls, stream: Any, device_id: int = -1) -> "Stream":
+    def from_external(cls, stream: Any, device_id: int = -1) -> Stream:
         """``Stream.from_external`` (CuPy >= 14): the stream behind an object with ``__cuda_stream__``."""
         return _external(int(stream.__cuda_stream__()[1]))
 
@@ -186,7 +186,7 @@ class Stream(metaclass=_StreamMeta):
                                f"the current device ({cur})")
         return cur
 
-    def __enter__(self) -> "Stream":
+    def __enter__(self) -> Stream:
         dev = self._check_device()
         self._prev.append((dev, get_current_stream()))
         _current_streams()[dev] = self
@@ -196,7 +196,7 @@ class Stream(metaclass=_StreamMeta):
         dev, prev = self._prev.pop()
         _current_streams()[dev] = prev
 
-    def use(self) -> "Stream":
+    def use(self) -> Stream:
         _current_streams()[self._check_device()] = self
         return self
 
@@ -208,12 +208,12 @@ class Stream(metaclass=_StreamMeta):
     def is_non_blocking(self) -> bool:
         return self.non_blocking
 
-    def record(self, event: "Event | None" = None) -> "Event":
+    def record(self, event: Event | None = None) -> Event:
         event = event if event is not None else Event()
         event.record(self)
         return event
 
-    def wait_event(self, event: "Event") -> None:
+    def wait_event(self, event: Event) -> None:
         if event._snapshot is None:
             return
         with _lock:
@@ -280,7 +280,7 @@ def _finished() -> bool:
     return _rng.random() < 0.5
 
 
-def _device_error(what: str, event_dev: int, stream_dev: int) -> "CUDARuntimeError":
+def _device_error(what: str, event_dev: int, stream_dev: int) -> CUDARuntimeError:
     return CUDARuntimeError(f"cudaErrorInvalidResourceHandle: invalid resource handle ({what}: the event was "
                             f"created on device {event_dev}, the stream belongs to device {stream_dev}; create "
                             f"the event under `with cupy.cuda.Device({stream_dev}):`)")
@@ -370,7 +370,7 @@ def get_current_stream(device_id: int = -1) -> Stream:
     return Stream.ptds if os.environ.get("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "0") == "1" else _NULL
 
 
-def _issue(what: str, inputs: list["ndarray"]) -> tuple[int, int]:
+def _issue(what: str, inputs: list[ndarray]) -> tuple[int, int]:
     """Check that the current stream may read ``inputs``; count one operation on it; return (stream, op)."""
     s = get_current_stream()
     with _lock:

@@ -47,9 +47,10 @@ import sys
 import threading
 import types
 import weakref
+from collections.abc import Hashable
 from dataclasses import dataclass
 from hashlib import blake2b
-from typing import Any, Hashable
+from typing import Any
 
 from gpunets.base.config import get_config
 from gpunets.devices.fingerprint import fingerprint

@@ -45,16 +45,30 @@ import contextlib
 import sys
 import threading
 import types
-from typing import Any, Iterator, Union, cast
+from collections.abc import Iterator
+from typing import Any, cast
 
 import numpy as np
 
-from gpunets.devices.placement import Device, device_exists, local_ordinal, same_device, why_unavailable
-from gpunets.devices._gpulibs import cupy as _cupy
 from gpunets.base.exceptions import DeviceUnavailableError
+from gpunets.devices._gpulibs import cupy as _cupy
+from gpunets.devices.placement import Device, device_exists, local_ordinal, same_device, why_unavailable
 from gpunets.devices.rows import n_rows, same_data, take_rows
-from gpunets.devices.value_types import (_ACCEPTED, _describe, _host_numpy, _is_other_array_api, _is_scalar, array_namespace,
-                          device_of, installed, is_cudf, is_cupy_array, is_frame, is_pandas, is_sparse)
+from gpunets.devices.value_types import (
+    _ACCEPTED,
+    _describe,
+    _host_numpy,
+    _is_other_array_api,
+    _is_scalar,
+    array_namespace,
+    device_of,
+    installed,
+    is_cudf,
+    is_cupy_array,
+    is_frame,
+    is_pandas,
+    is_sparse,
+)
 
 __all__ = [
     "device_of",
@@ -73,7 +87,7 @@ __all__ = [
     "installed",
 ]
 
-DeviceLike = Union[str, Device]
+DeviceLike = str | Device
 
 
 # ----------------------------------------------------------------- to_device

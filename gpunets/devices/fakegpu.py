@@ -68,7 +68,8 @@ from __future__ import annotations
 
 import functools
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -78,7 +79,6 @@ __all__ = ["module", "ndarray", "legacy_work", "implicit_conversions", "order_vi
            "seed"]
 
 from gpunets.devices._fakecuda import (  # noqa: F401 - the runtime half of the fake, re-exported
-    _state,
     _IMPLICIT,
     CUDARuntimeError,
     Device,
@@ -93,6 +93,7 @@ from gpunets.devices._fakecuda import (  # noqa: F401 - the runtime half of the 
     _issue,
     _lock,
     _seq,
+    _state,
     get_current_stream,
     get_elapsed_time,
     implicit_conversions,
@@ -110,13 +111,13 @@ class _FlatIter:
 
     __slots__ = ("base",)
 
-    def __init__(self, base: "ndarray") -> None:
+    def __init__(self, base: ndarray) -> None:
         self.base = base
 
     def __len__(self) -> int:
         return self.base.size
 
-    def __getitem__(self, key: Any) -> "ndarray":
+    def __getitem__(self, key: Any) -> ndarray:
         return _wrap_call("flat", lambda a, k: a.reshape(-1)[k], (self.base, key), {})
 
     def __iter__(self) -> Any:
@@ -206,15 +207,15 @@ class ndarray:  # noqa: N801 - CuPy's name
         return types.SimpleNamespace(ptr=ptr, device_id=self._dev)
 
     @property
-    def T(self) -> "ndarray":  # noqa: N802
+    def T(self) -> ndarray:  # noqa: N802
         return _wrap_call("T", lambda a: a.T, (self,), {})
 
     @property
-    def flat(self) -> "_FlatIter":
+    def flat(self) -> _FlatIter:
         return _FlatIter(self)
 
     @property
-    def mT(self) -> "ndarray":  # noqa: N802
+    def mT(self) -> ndarray:  # noqa: N802
         return _wrap_call("mT", lambda a: np.swapaxes(a, -1, -2), (self,), {})
 
     def __len__(self) -> int:
@@ -232,7 +233,7 @@ class ndarray:  # noqa: N801 - CuPy's name
     def to_device(self, device: Any, stream: Any = None) -> Any:
         return _state.xp.asarray(self, device=device)
 
-    def __getitem__(self, key: Any) -> "ndarray":
+    def __getitem__(self, key: Any) -> ndarray:
         return _wrap_call("getitem", lambda a, k: a[k], (self, key), {})
 
     def __setitem__(self, key: Any, value: Any) -> None:

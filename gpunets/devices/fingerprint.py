@@ -34,7 +34,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import threading
-from typing import Any, Hashable, Iterator
+from collections.abc import Hashable, Iterator
+from typing import Any
 
 import numpy as np
 

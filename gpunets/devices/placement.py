@@ -27,12 +27,12 @@ import contextvars
 import functools
 import re
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
-from gpunets.devices import _gpulibs
 from gpunets.base._warn import fallback_owner, warn_once, warn_user
 from gpunets.base.config import get_config
 from gpunets.base.exceptions import DeviceUnavailableError
+from gpunets.devices import _gpulibs
 
 __all__ = [
     "Device",
@@ -88,7 +88,7 @@ class Device:
     """
 
     kind: str
-    index: Union[int, None] = None
+    index: int | None = None
 
     def __post_init__(self) -> None:
         kind, index = self.kind, self.index
@@ -109,7 +109,7 @@ class Device:
         object.__setattr__(self, "index", index)
 
     @staticmethod
-    def parse(spec: Any) -> "Device":
+    def parse(spec: Any) -> Device:
         """Parse a device spec: a :class:`Device`, ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``.
 
         ``"auto"`` is the automatic device (``cuda:0`` if :func:`gpu_available`,
@@ -258,7 +258,7 @@ def why_unavailable(dev: Any) -> str:
 
 # ----------------------------------------------------------------- placement
 
-_PLACEMENT: contextvars.ContextVar[Union[Device, str, None]] = contextvars.ContextVar(
+_PLACEMENT: contextvars.ContextVar[Device | str | None] = contextvars.ContextVar(
     "gpunets_placement", default=None)
 
 
@@ -284,14 +284,14 @@ class device:
     (Device('cpu'), Device('cuda:1'), None)
     """
 
-    def __init__(self, spec: Union[str, Device]) -> None:
+    def __init__(self, spec: str | Device) -> None:
         if spec is None or (isinstance(spec, str) and spec.strip().lower() == "auto"):
-            self._spec: Union[Device, str] = "auto"
+            self._spec: Device | str = "auto"
         else:
             self._spec = Device.parse(spec)
         self._tokens: list[contextvars.Token] = []
 
-    def __enter__(self) -> Union[Device, str]:
+    def __enter__(self) -> Device | str:
         self._tokens.append(_PLACEMENT.set(self._spec))
         return self._spec
 
@@ -299,7 +299,7 @@ class device:
         _PLACEMENT.reset(self._tokens.pop())
 
 
-def current_placement() -> Union[Device, str, None]:
+def current_placement() -> Device | str | None:
     """What the innermost :class:`device` block set (a Device or ``"auto"``), or None outside.
 
     >>> current_placement() is None
@@ -308,7 +308,7 @@ def current_placement() -> Union[Device, str, None]:
     return _PLACEMENT.get()
 
 
-_OVERRIDE: contextvars.ContextVar[Union[Device, None]] = contextvars.ContextVar(
+_OVERRIDE: contextvars.ContextVar[Device | None] = contextvars.ContextVar(
     "gpunets_placement_override", default=None)
 
 
@@ -328,12 +328,12 @@ class override_placement:
     True
     """
 
-    def __init__(self, spec: Union[str, Device, None]) -> None:
+    def __init__(self, spec: str | Device | None) -> None:
         auto = spec is None or (isinstance(spec, str) and spec.strip().lower() == "auto")
         self._spec = None if auto else Device.parse(spec)
         self._tokens: list[contextvars.Token] = []
 
-    def __enter__(self) -> Union[Device, None]:
+    def __enter__(self) -> Device | None:
         self._tokens.append(_OVERRIDE.set(self._spec))
         return self._spec
 
@@ -341,12 +341,12 @@ class override_placement:
         _OVERRIDE.reset(self._tokens.pop())
 
 
-def placement_override() -> Union[Device, None]:
+def placement_override() -> Device | None:
     """The device forced by the innermost :class:`override_placement` block, or None."""
     return _OVERRIDE.get()
 
 
-def resolve(spec: Union[str, Device, None] = None) -> Device:
+def resolve(spec: str | Device | None = None) -> Device:
     """The device to use for ``spec``: explicit, else the ``device`` block, else the config.
 
     An :class:`override_placement` block in force wins over all three.
@@ -379,7 +379,7 @@ def resolve(spec: Union[str, Device, None] = None) -> Device:
     return _auto_device()
 
 
-def check_available(dev: Union[str, Device], *, what: str, fallback: Union[str, None] = None,
+def check_available(dev: str | Device, *, what: str, fallback: str | None = None,
                     owner: Any = None) -> Device:
     """Return the device to use for ``what``: ``dev`` if it exists here, else the CPU or an error.
 

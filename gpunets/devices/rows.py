@@ -5,13 +5,21 @@ Every name here is also importable from :mod:`gpunets.devices.data`.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
 from gpunets.devices._gpulibs import cupy as _cupy
-from gpunets.devices.value_types import (_ACCEPTED, _describe, _host_numpy, _is_other_array_api, is_cupy_array, is_frame, is_pandas,
-                          is_sparse)
+from gpunets.devices.value_types import (
+    _ACCEPTED,
+    _describe,
+    _host_numpy,
+    _is_other_array_api,
+    is_cupy_array,
+    is_frame,
+    is_pandas,
+    is_sparse,
+)
 
 __all__ = ["n_rows", "take_rows", "same_data"]
 
@@ -33,7 +41,7 @@ def n_rows(value: Any) -> int:
     raise TypeError(f"Cannot count the rows of a {_describe(value)}. Accepted: {_ACCEPTED}.")
 
 
-def _row_index(rows: Any, n: int) -> Union[slice, np.ndarray]:
+def _row_index(rows: Any, n: int) -> slice | np.ndarray:
     if isinstance(rows, slice):
         return rows
     if isinstance(rows, (bool, int, np.integer)):

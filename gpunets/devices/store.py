@@ -314,7 +314,7 @@ def _dumps(obj: Any) -> bytes:
         return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, AttributeError, TypeError):
         try:
-            import cloudpickle   # optional (Dask brings it): functions by value
+            import cloudpickle  # optional (Dask brings it): functions by value
         except ImportError:
             raise                # the pickling error: not stored, said once
         return bytes(cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))

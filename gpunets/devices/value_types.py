@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from gpunets.devices._gpulibs import cupy as _cupy, hidden_by_fake, loaded_cupy
+from gpunets.devices._gpulibs import cupy as _cupy
+from gpunets.devices._gpulibs import hidden_by_fake, loaded_cupy
 from gpunets.devices.placement import CPU, Device, physical_index
 
 __all__ = ["device_of", "array_namespace", "is_cupy_array", "is_cudf", "is_pandas", "is_sparse", "is_frame",

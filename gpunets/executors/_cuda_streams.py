@@ -14,12 +14,13 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from gpunets.devices import _gpulibs
-from gpunets.devices.placement import Device, local_ordinal
 from gpunets.base.exceptions import StreamOrderError
+from gpunets.devices import _gpulibs
 from gpunets.devices.gpu_memory import ensure_gpu_memory
+from gpunets.devices.placement import Device, local_ordinal
 
 __all__ = ["EmulatedBackend", "CudaBackend", "StreamChecker", "MAX_GPU_LANES", "LegacyStreamWarning",
            "check_default_streams"]

@@ -16,13 +16,11 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from gpunets.base.exceptions import EvaluationError, FitError, wrap_exception
-from gpunets.planning.plan import _apply_state, _training_output
-from gpunets.executors.scheduler import Run
 from gpunets.base.trace import TraceRecord
 from gpunets.executors._dask_state import SUMMARY_ATTRIBUTES, ClientValue, DaskState, GraphKey, Recipe, StateInput
 from gpunets.executors._dask_worker import _owners, _run_on_gpu, _run_remote, _state_of, _summary_of, _visible_devices
-
-
+from gpunets.executors.scheduler import Run
+from gpunets.planning.plan import _apply_state, _training_output
 
 if TYPE_CHECKING:  # pragma: no cover
     from gpunets.executors.dask import DaskExecutor
@@ -57,7 +55,7 @@ def _describe(task: Any) -> str:
 
 def submit_and_collect(ex, client: Any, distributed: Any, run: Run, run_id: str, wanted: list[int],
                         finished: set[int], restrict: dict[int, tuple[list[str], int]],
-                        payloads: dict[int, bytes], deadline: float | None, ctx: "_RunContext") -> bool:
+                        payloads: dict[int, bytes], deadline: float | None, ctx: _RunContext) -> bool:
     """Submit what is still needed; collect it.  True if the cluster lost data (resubmit)."""
     plan = run.plan
     tasks = plan.tasks
@@ -318,7 +316,7 @@ def _recipe(layers: dict[Any, dict[str, tuple[Any, ...]]], root: str, markers: d
     return Recipe(out, root)
 
 
-_STREAMED: "weakref.WeakSet[Any]" = weakref.WeakSet()   # clients whose scheduler records the task stream
+_STREAMED: weakref.WeakSet[Any] = weakref.WeakSet()   # clients whose scheduler records the task stream
 
 
 def _record_task_stream(client: Any) -> None:
@@ -435,7 +433,7 @@ def _set_error(run: Run, key: int, message: str, exc: BaseException) -> None:
         run.changed.notify_all()
 
 
-_KEPT: "weakref.WeakSet[DaskExecutor]" = weakref.WeakSet()
+_KEPT: weakref.WeakSet[DaskExecutor] = weakref.WeakSet()
 _ATEXIT = False
 
 

@@ -26,10 +26,10 @@ import uuid
 import weakref
 from typing import Any
 
-from gpunets.devices.data import device_of, is_cupy_array, to_device
-from gpunets.devices.placement import Device, same_device
 from gpunets.base.exceptions import NotFittedError
 from gpunets.core.machines import RemoteEstimator
+from gpunets.devices.data import device_of, is_cupy_array, to_device
+from gpunets.devices.placement import Device, same_device
 
 __all__ = ["DaskState", "SUMMARY_ATTRIBUTES", "Recipe", "GraphKey", "ClientValue", "StateInput"]
 

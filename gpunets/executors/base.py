@@ -66,7 +66,7 @@ class Executor:
     name = "executor"
     _init_args: tuple[tuple[Any, ...], dict[str, Any]]   # set by __new__ (an annotation: no class attribute)
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> "Executor":
+    def __new__(cls, *args: Any, **kwargs: Any) -> Executor:
         self = super().__new__(cls)
         self._init_args = (args, kwargs)   # what it was made from: copies and pickles rebuild from it
         return self
@@ -82,7 +82,7 @@ class Executor:
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (type(self), self._constructor_args(for_pickle=True)))
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> "Executor":
+    def __deepcopy__(self, memo: dict[int, Any]) -> Executor:
         named = self._constructor_args(for_pickle=False)
         shared = self._shared_args()
         copied = {k: (v if k in shared else copy.deepcopy(v, memo)) for k, v in named.items()}

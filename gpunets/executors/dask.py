@@ -43,34 +43,47 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
-from gpunets.compute.estimators import under_sklearn_config
 from gpunets.base.exceptions import NotFittedError
-from gpunets.planning.plan import _apply_fitted
-from gpunets.executors.scheduler import Run
+from gpunets.compute.estimators import under_sklearn_config
+from gpunets.executors import _dask_lower as _lower
 from gpunets.executors._args import check_flag, check_mapping, check_seconds
-from gpunets.executors._dask_cluster import (INSTALL_HINT, _address_of, _address_or_none, _check_client, _check_cluster, _check_open, _check_security,
-                            _close, _default_client, _import_dask_cuda, _worker_client, require_distributed)
+from gpunets.executors._dask_cluster import (
+    INSTALL_HINT,
+    _address_of,
+    _address_or_none,
+    _check_client,
+    _check_cluster,
+    _check_open,
+    _check_security,
+    _close,
+    _default_client,
+    _import_dask_cuda,
+    _worker_client,
+    require_distributed,
+)
+from gpunets.executors._dask_lower import (  # noqa: F401 - the lowering and its helpers
+    _applies_state,
+    _cuda_index,
+    _describe,
+    _record_task_stream,
+    _register_atexit,
+    _release,
+    _RunContext,
+    _set_error,
+    collect_trace,
+    gpu_map_of,
+    placement,
+    submit_and_collect,
+)
 from gpunets.executors._dask_state import DaskState
 from gpunets.executors._dask_worker import gpu_owners
 from gpunets.executors.base import Executor
-from gpunets.executors import _dask_lower as _lower
-from gpunets.executors._dask_lower import (  # noqa: F401 - the lowering and its helpers
-    _cuda_index,
-    _describe,
-    submit_and_collect,
-    placement,
-    gpu_map_of,
-    collect_trace,
-    _RunContext,
-    _record_task_stream,
-    _applies_state,
-    _release,
-    _set_error,
-    _register_atexit,
-)
+from gpunets.executors.scheduler import Run
+from gpunets.planning.plan import _apply_fitted
 
 __all__ = ["DaskExecutor", "gpu_owners", "require_distributed", "INSTALL_HINT"]
 
@@ -181,7 +194,7 @@ class DaskExecutor(Executor):
         self._gpu_map: tuple[Any, frozenset[str], dict[int, tuple[list[str], int]]] | None = None
         self._own: tuple[Any, Any] | None = None     # (client, cluster) started here and kept
         self._own_lock = threading.Lock()
-        self._states: "weakref.WeakSet[DaskState]" = weakref.WeakSet()   # fitted states kept on the workers
+        self._states: weakref.WeakSet[DaskState] = weakref.WeakSet()   # fitted states kept on the workers
         self._sent: dict[int, tuple[Any, Any]] = {}   # id(local fitted state) -> (client, its scattered future)
         self.last_cluster: Any = None                # the cluster of the last run started here (tests)
 
@@ -304,7 +317,7 @@ class DaskExecutor(Executor):
         if own is not None:
             _close(*own)
 
-    def __enter__(self) -> "DaskExecutor":
+    def __enter__(self) -> DaskExecutor:
         self.keep_cluster = True
         return self
 

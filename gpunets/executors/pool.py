@@ -27,13 +27,14 @@ from __future__ import annotations
 import atexit
 import queue
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["checkout", "Worker", "pool_threads", "busy_workers", "shutdown"]
 
 _LOCK = threading.Lock()
-_IDLE: dict[tuple, list["Worker"]] = {}
-_ALL: list["Worker"] = []
+_IDLE: dict[tuple, list[Worker]] = {}
+_ALL: list[Worker] = []
 _STOPPING = [False]
 
 
@@ -48,7 +49,7 @@ class Worker:
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
-    def submit(self, fn: Callable[[], Any]) -> "Job":
+    def submit(self, fn: Callable[[], Any]) -> Job:
         """Run ``fn()`` on this worker; the worker goes back to the pool when it returns."""
         job = Job()
         self.jobs.put((fn, job))

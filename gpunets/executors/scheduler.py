@@ -33,12 +33,13 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from gpunets.compute.estimators import sklearn_config
 from gpunets.base.exceptions import EvaluationError, FitError, GpunetsError, wrap_exception
-from gpunets.planning.plan import Plan, Task
 from gpunets.base.trace import Trace
+from gpunets.compute.estimators import sklearn_config
+from gpunets.planning.plan import Plan, Task
 
 __all__ = ["Run"]
 

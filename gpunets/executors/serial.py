@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpunets.executors.scheduler import Run
 from gpunets.executors.base import Executor, task_context
+from gpunets.executors.scheduler import Run
 from gpunets.executors.streams import run_on_cuda, wants_cuda
 
 __all__ = ["SerialExecutor"]

@@ -25,27 +25,28 @@ producer, the consumer's lane waits on it before the consumer (on a GPU
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
-from gpunets.devices.placement import gpu_available
 from gpunets.base.exceptions import StreamOrderError
-from gpunets.executors.scheduler import Run
+from gpunets.devices.placement import gpu_available
 from gpunets.executors import pool
 from gpunets.executors._args import check_callable, check_delays, check_flag, check_optional_flag, check_seed
 from gpunets.executors.base import Executor, gpu_timing_requested, task_context
+from gpunets.executors.scheduler import Run
 
 __all__ = ["StreamsExecutor", "EmulatedBackend", "CudaBackend", "StreamChecker", "wants_cuda", "run_on_cuda",
            "MAX_GPU_LANES", "LegacyStreamWarning", "check_default_streams"]
 
 
 from gpunets.executors._cuda_streams import (  # noqa: F401 - the backends, re-exported
-    LegacyStreamWarning,
-    check_default_streams,
     MAX_GPU_LANES,
-    StreamChecker,
-    EmulatedBackend,
     CudaBackend,
+    EmulatedBackend,
+    LegacyStreamWarning,
+    StreamChecker,
+    check_default_streams,
 )
 
 

@@ -21,10 +21,10 @@ import threading
 from functools import partial
 from typing import Any
 
-from gpunets.executors.scheduler import Run
 from gpunets.executors import pool
 from gpunets.executors._args import check_flag
 from gpunets.executors.base import Executor, default_workers, task_context
+from gpunets.executors.scheduler import Run
 from gpunets.executors.streams import run_on_cuda, wants_cuda
 
 __all__ = ["ThreadsExecutor", "limit_native_threads"]

@@ -31,8 +31,9 @@ array([2., 4.])
 from __future__ import annotations
 
 import builtins
+from collections.abc import Sequence
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -25,8 +25,8 @@ import numba
 import numpy as np
 from numba import cuda
 
-from gpunets.devices import _gpulibs
 from gpunets.base.exceptions import DeviceUnavailableError
+from gpunets.devices import _gpulibs
 from gpunets.kernels import _labels
 from gpunets.kernels import _validate as V
 

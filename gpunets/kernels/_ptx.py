@@ -22,7 +22,8 @@ import re
 import subprocess
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 KS = (1, 2, 8)
 CCS = (80, 90)

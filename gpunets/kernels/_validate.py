@@ -7,7 +7,8 @@ run before anything is compiled or launched.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

@@ -34,17 +34,17 @@ from typing import Any
 
 import numpy as np
 
-from gpunets.compose.composite import Composite, NetworkState
+from gpunets.api.report import ActionMap, FitReport
 from gpunets.base.config import get_config
+from gpunets.base.trace import Trace
+from gpunets.compose.composite import Composite, NetworkState
+from gpunets.compute.models import _fall_back, cuml_installed, cuml_twin_class, is_cuml_estimator
+from gpunets.core.machines import OPERATIONS, FittedState, Machine
+from gpunets.core.nodes import AbstractNode, Node, Source, mark_data_not_saved
+from gpunets.devices._gpulibs import loaded_cupy
 from gpunets.devices.data import device_of, is_cudf, is_cupy_array, to_device
 from gpunets.devices.placement import CPU, Device, check_available, local_ordinal
 from gpunets.executors import Executor, SerialExecutor, StreamsExecutor, ThreadsExecutor
-from gpunets.core.machines import OPERATIONS, FittedState, Machine
-from gpunets.compute.models import _fall_back, cuml_installed, cuml_twin_class, is_cuml_estimator
-from gpunets.devices._gpulibs import loaded_cupy
-from gpunets.core.nodes import AbstractNode, Node, Source, mark_data_not_saved
-from gpunets.api.report import ActionMap, FitReport
-from gpunets.base.trace import Trace
 
 __all__ = ["Archive", "Ref", "Record", "Items", "HostValue", "Encoder", "Decoder", "DamagedFile"]
 

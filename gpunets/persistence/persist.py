@@ -57,17 +57,18 @@ import re
 import tempfile
 import zipfile
 import zlib
+from collections.abc import Iterable, Sequence
 from importlib import metadata
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import sklearn
 
 from gpunets import __version__
-from gpunets.persistence._persist_codec import Archive, DamagedFile, Decoder, Encoder
 from gpunets.base.exceptions import GpunetsError
 from gpunets.core.machines import Machine
 from gpunets.core.nodes import AbstractNode
+from gpunets.persistence._persist_codec import Archive, DamagedFile, Decoder, Encoder
 
 __all__ = ["save", "load", "FORMATS", "FORMAT_VERSION", "TRUSTED_TYPES", "PersistenceError", "UntrustedTypesError"]
 

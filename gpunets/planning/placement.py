@@ -7,52 +7,60 @@ functions decide a fit's route (GPU twin, array API or CPU fallback) and report 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Sequence
-
+from typing import TYPE_CHECKING, Any
 
 from gpunets.base.config import get_config
-from gpunets.devices.data import check_placeable, installed, n_rows, take_rows
-from gpunets.devices.value_types import host_only
-from gpunets.devices.placement import (CPU, check_available, current_placement, device_exists, is_host_only, placement_override,
-                      resolve, same_device)
-from gpunets.compute.estimators import (is_frozen_estimator)
 from gpunets.base.exceptions import NetworkError
-from gpunets.core.machines import Machine
+from gpunets.compute.estimators import is_frozen_estimator
 from gpunets.compute.models import is_cuml_estimator, resolve_estimator
+from gpunets.core.machines import Machine
 from gpunets.core.nodes import AbstractNode, Node, Source, data_not_saved, is_node
 from gpunets.core.weights import check_weight_rows, keywords_fallback
+from gpunets.devices.data import check_placeable, installed, n_rows, take_rows
+from gpunets.devices.placement import (
+    CPU,
+    check_available,
+    current_placement,
+    device_exists,
+    is_host_only,
+    placement_override,
+    resolve,
+    same_device,
+)
+from gpunets.devices.value_types import host_only
 from gpunets.planning.lanes import (  # noqa: F401 - moved there, used or re-exported here
     assign_lanes,
 )
 from gpunets.planning.tasks import (  # noqa: F401 - moved there, used or re-exported here
-    _combine,
-    _source_head,
-    _constants_key,
-    _function_head,
-    _cached,
-    _store,
-    _constant_on,
-    _call_with_constants,
-    _apply_state,
     _apply_fitted,
-    _move,
-    _fit_task,
-    _partial_fit_task,
-    _static_task,
-    _static_state,
-    _fit_transform_task,
-    _training_output,
+    _apply_state,
+    _cached,
+    _call_with_constants,
+    _combine,
     _commit_fit,
-    _rows_key,
+    _constant_on,
+    _constants_key,
+    _fit_task,
+    _fit_transform_task,
+    _function_head,
+    _move,
     _n_rows_of,
+    _partial_fit_task,
+    _rows_key,
+    _source_head,
+    _static_state,
+    _static_task,
+    _store,
+    _training_output,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
     from gpunets.planning.plan import Task, _Builder
 
 
-def _resolve_fit(b: "_Builder", m: "Machine", pending: Any, deps: Sequence[int] = ()) -> Any:
+def _resolve_fit(b: _Builder, m: Machine, pending: Any, deps: Sequence[int] = ()) -> Any:
     """Where machine ``m`` trains and as which estimator (None: the CPU clone as it is).
 
     A machine placed by default (no ``device=``, no block: ``"auto"``) whose training data no GPU
@@ -79,7 +87,7 @@ def _resolve_fit(b: "_Builder", m: "Machine", pending: Any, deps: Sequence[int] 
     return r, r.device, r.path
 
 
-def _raw_sources(m: "Machine") -> list[Source]:
+def _raw_sources(m: Machine) -> list[Source]:
     """The sources whose data reach ``m``'s training arguments untransformed by a model (row selections,
     user functions and combines pass them on; a machine's output stops the walk)."""
     out: list[Source] = []
@@ -104,13 +112,13 @@ def _placed_by_default(spec: Any) -> bool:
     return placement_override() is None
 
 
-def _warm_route_ok(m: "Machine", dev: Any, path: str) -> bool:
+def _warm_route_ok(m: Machine, dev: Any, path: str) -> bool:
     """A warm update continues only where its fitted state lives: the same device and route as its last fit."""
     st = m._state
     return st is not None and st.path == path and st.device == str(dev)
 
 
-def _fit_keywords(m: "Machine") -> dict[str, Any]:
+def _fit_keywords(m: Machine) -> dict[str, Any]:
     """The keyword arguments of ``m``'s fit task: its keyword training arguments' names, and the check of
     its sample weights' rows where it could not be made now (:func:`gpunets.core.weights.check_weight_rows`)."""
     out: dict[str, Any] = {}
@@ -148,7 +156,7 @@ class PlacementRules:
 
         def add(self, *, device: Any = None, recipe: Any = None, **kw: Any) -> int: ...
 
-    def placed(self, spec: Any, what: "str | Callable[[], str]", owner: Any = None) -> Any:
+    def placed(self, spec: Any, what: str | Callable[[], str], owner: Any = None) -> Any:
         """The device ``spec`` resolves to here (explicit, block, config), after the availability check.
 
         ``what`` names the culprit in messages; it may be a function, called only when a message is

@@ -26,54 +26,54 @@ Machines that skip cost no task.  Every executor runs the same plan.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any
 
-
-from gpunets.devices.cache import CACHE, digest, machine_caches, token
 from gpunets.base.config import get_config
-from gpunets.devices.data import device_of
-from gpunets.devices.placement import (CPU, Device)
-from gpunets.compute.estimators import (sklearn_config_delta)
 from gpunets.base.exceptions import NotFittedError
-from gpunets.devices.fingerprint import scope
+from gpunets.compute.estimators import sklearn_config_delta
 from gpunets.core.fitted_machine import MACHINE_VALUE, FittedMachine, state_report, view_of_fit
 from gpunets.core.graph import Upstream, op_nodes, upstream_machines
 from gpunets.core.machines import STATIC, Machine, labels
 from gpunets.core.nodes import AbstractNode, Node, Source, is_node
+from gpunets.devices.cache import CACHE, digest, machine_caches, token
+from gpunets.devices.data import device_of
+from gpunets.devices.fingerprint import scope
+from gpunets.devices.placement import CPU, Device
 from gpunets.planning.lanes import (  # noqa: F401 - moved there, used or re-exported here
     assign_lanes,
 )
-from gpunets.planning.stored import STORED, StoreKeys, commit_and_store, storable, stored_task
-from gpunets.planning.tasks import (  # noqa: F401 - moved there, used or re-exported here
-    _combine,
-    _source_head,
-    _constants_key,
-    _function_head,
-    _cached,
-    _store,
-    _constant_on,
-    _call_with_constants,
-    _apply_state,
-    _apply_fitted,
-    _move,
-    _fit_task,
-    _partial_fit_task,
-    _static_task,
-    _static_state,
-    _fit_transform_task,
-    _training_output,
-    _commit_fit,
-    _rows_key,
-    _n_rows_of,
-)
 from gpunets.planning.placement import (  # noqa: F401 - moved there, used or re-exported here
     PlacementRules,
+    _asked,
+    _fit_keywords,
     _resolve_fit,
     _warm_route_ok,
-    _fit_keywords,
-    _asked,
+)
+from gpunets.planning.stored import STORED, StoreKeys, commit_and_store, storable, stored_task
+from gpunets.planning.tasks import (  # noqa: F401 - moved there, used or re-exported here
+    _apply_fitted,
+    _apply_state,
+    _cached,
+    _call_with_constants,
+    _combine,
+    _commit_fit,
+    _constant_on,
+    _constants_key,
+    _fit_task,
+    _fit_transform_task,
+    _function_head,
+    _move,
+    _n_rows_of,
+    _partial_fit_task,
+    _rows_key,
+    _source_head,
+    _static_state,
+    _static_task,
+    _store,
+    _training_output,
 )
 
 __all__ = ["Task", "Plan", "compile_fit", "compile_call", "assign_lanes"]
@@ -87,7 +87,7 @@ class Task:
 
     def __init__(self, key: int, kind: str, fn: Callable[..., Any] | None, deps: tuple[int, ...] = (),
                  label: str | None = None, lane: int = -1, device: str = "cpu", node: AbstractNode | None = None,
-                 machine: "Machine | None" = None, value: Any = None, cost: float = 1.0,
+                 machine: Machine | None = None, value: Any = None, cost: float = 1.0,
                  commit: Callable[..., None] | None = None) -> None:
         self.key, self.kind, self._label, self.fn, self.deps = key, kind, label, fn, deps
         self.lane, self.device, self.node, self.machine = lane, device, node, machine
@@ -350,7 +350,7 @@ class _Builder(PlacementRules):
         self.tasks = kept
         return remap
 
-    def _machine_value(self, x: Node, m: "Machine", fk: int | None, st: Any, dev: Any) -> int:
+    def _machine_value(self, x: Node, m: Machine, fk: int | None, st: Any, dev: Any) -> int:
         """The task giving ``gn.node(f, mach)`` its :class:`FittedMachine` (a snapshot, no data, no graph).
 
         From the fit task when ``m`` trains in this plan, else from the state read now: on every
@@ -365,7 +365,7 @@ class _Builder(PlacementRules):
             key = self.add(kind="eval", fn=fn, deps=(), node=x, machine=m, cost=0.0, device=dev)
         return key
 
-    def _training_output(self, x: Node, m: "Machine", fk: int) -> bool:
+    def _training_output(self, x: Node, m: Machine, fk: int) -> bool:
         """Is ``x`` ``m.transform`` of ``m``'s own training input, in the plan that fits ``m``?
 
         Then ``m``'s fit task calls ``fit_transform`` (scikit-learn's contract:

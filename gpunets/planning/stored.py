@@ -24,16 +24,17 @@ action ``"stored"``.  A miss fits as before and, once the fit succeeded, writes 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
+from gpunets.core.machines import STATIC, RemoteEstimator
+from gpunets.core.nodes import AbstractNode, Node, Source, is_node
+from gpunets.devices import store as _store
 from gpunets.devices.cache import digest
 from gpunets.devices.fingerprint import fingerprint
 from gpunets.devices.placement import Device
-from gpunets.devices import store as _store
 from gpunets.devices.store import Store
 from gpunets.devices.store_keys import library_versions, stable_key
-from gpunets.core.machines import STATIC, RemoteEstimator
-from gpunets.core.nodes import AbstractNode, Node, Source, is_node
 
 if TYPE_CHECKING:  # pragma: no cover
     from gpunets.core.machines import Machine
@@ -63,17 +64,17 @@ class StoreKeys:
     ``actions(m)`` is each machine's action in this compile; ``rows`` the rows the fit takes (bytes).
     """
 
-    def __init__(self, actions: Callable[["Machine"], str | None], rows: bytes) -> None:
+    def __init__(self, actions: Callable[[Machine], str | None], rows: bytes) -> None:
         self.actions = actions
         self.rows = rows
         self.values: dict[int, bytes | None] = {}     # node uid -> key of its value
         self.machines: dict[int, bytes | None] = {}   # machine uid -> key of the state this plan uses
 
-    def set_machine(self, m: "Machine", key: bytes | None) -> None:
+    def set_machine(self, m: Machine, key: bytes | None) -> None:
         """The key of the state ``m`` will have once this plan ran (its fit's key)."""
         self.machines[m._uid] = key
 
-    def fit_key(self, m: "Machine", device: Any, path: str) -> bytes | None:
+    def fit_key(self, m: Machine, device: Any, path: str) -> bytes | None:
         """The key of a fit of ``m`` on ``device`` (a :class:`~gpunets.devices.placement.Device`) by ``path``."""
         args: list[bytes] = []
         for a in m.args:
@@ -89,7 +90,7 @@ class StoreKeys:
         return digest(b"gnfit", spec, *args, ",".join(m.fit_keywords).encode(), kind.encode(), path.encode(),
                       _store.VERSION.encode(), library_versions(libs - {"gpunets"}))
 
-    def _state_key(self, m: "Machine") -> bytes | None:
+    def _state_key(self, m: Machine) -> bytes | None:
         """The key of the state a machine that does not fit in this plan uses (its state's, else made now)."""
         st = m._state
         if st is None:
@@ -128,7 +129,7 @@ class StoreKeys:
             memo[x._uid] = self._make(x, m)
         return memo[n._uid]
 
-    def _make(self, x: AbstractNode, m: "Machine | None") -> bytes | None:
+    def _make(self, x: AbstractNode, m: Machine | None) -> bytes | None:
         if isinstance(x, Source):
             data = _data_key(x._data)
             return None if data is None else digest(b"src", data, self.rows)

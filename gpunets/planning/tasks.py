@@ -7,22 +7,27 @@ they need as arguments).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from gpunets.devices.cache import CACHE, digest, operation_key, value_key
-from gpunets.devices.data import device_of, is_cupy_array, n_rows, to_device
-from gpunets.devices._gpulibs import loaded_cupy
-from gpunets.devices.placement import (Device, local_ordinal,
-                      same_device)
-from gpunets.compute.estimators import (apply_estimator, fit_estimator, fit_transform_estimator, partial_fit_estimator,
-                         static_estimator)
+from gpunets.compute.estimators import (
+    apply_estimator,
+    fit_estimator,
+    fit_transform_estimator,
+    partial_fit_estimator,
+    static_estimator,
+)
 from gpunets.core.fitted_machine import FittedMachine
 from gpunets.core.graph import machine_sources
 from gpunets.core.machines import STATIC, FittedState, Machine
 from gpunets.core.nodes import Source
 from gpunets.core.weights import check_weight_values
+from gpunets.devices._gpulibs import loaded_cupy
+from gpunets.devices.cache import CACHE, digest, operation_key, value_key
+from gpunets.devices.data import device_of, is_cupy_array, n_rows, to_device
+from gpunets.devices.placement import Device, local_ordinal, same_device
 from gpunets.planning.lanes import (  # noqa: F401 - moved there, used or re-exported here
     assign_lanes,
 )
@@ -116,7 +121,7 @@ def _static_task(est: Any, resolved: Any) -> tuple[Any, dict[str, Any]]:
     return static_estimator(est, resolved)
 
 
-def _static_state(m: "Machine") -> Any:
+def _static_state(m: Machine) -> Any:
     """The state a call uses for a static machine that was never fitted: a fresh copy of its model, not kept."""
     pending = m._prepare_fit(STATIC, None, b"")
     return FittedState(pending.estimator, pending.params, None, b"", 0, STATIC, 0.0)
@@ -132,7 +137,7 @@ def _training_output(fitted: tuple[Any, ...]) -> Any:
     return fitted[2]
 
 
-def _commit_fit(m: "Machine", pending: Any, asked: str, est: Any, info: dict[str, Any], *output: Any) -> None:
+def _commit_fit(m: Machine, pending: Any, asked: str, est: Any, info: dict[str, Any], *output: Any) -> None:
     dev = str(info.get("device", "cpu"))
     if dev.startswith("cuda"):
         # a committed state is read at once by calls in other threads, on their own streams, with no event to

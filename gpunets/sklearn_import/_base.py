@@ -101,7 +101,13 @@ def _known() -> list[tuple[Callable[[Any], bool], Callable[..., dict[str, Any]]]
     )
     from sklearn.pipeline import FeatureUnion, Pipeline
 
-    from gpunets.sklearn_import import columns, ensembles, forests, pipeline, target  # lazy: the builders import this module
+    from gpunets.sklearn_import import (  # lazy: the builders import this module
+        columns,
+        ensembles,
+        forests,
+        pipeline,
+        target,
+    )
 
     return [
         (lambda e: converts_as(e, Pipeline), pipeline.build_pipeline),

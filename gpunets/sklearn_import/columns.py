@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator
 
+from gpunets.base.saved import saved_operation
 from gpunets.core.machines import machine
 from gpunets.core.nodes import node
 from gpunets.sklearn_import._base import Context, build, is_drop, is_passthrough, join
-from gpunets.base.saved import saved_operation
 
 __all__ = ["ColumnStack", "build_column_transformer", "build_feature_union", "scale", "select_columns"]
 

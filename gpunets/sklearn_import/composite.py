@@ -17,13 +17,13 @@ from sklearn.base import ClassifierMixin, RegressorMixin, TransformerMixin, clon
 from sklearn.utils.validation import check_is_fitted
 
 from gpunets.compose.composite import COMPOSITE_OPERATIONS, Composite
-from gpunets.core.graph import upstream_machines
 from gpunets.compose.routing import routing_enabled
+from gpunets.core.graph import upstream_machines
 from gpunets.sklearn_import._base import Context, build, converts_as, first_part, operations
 from gpunets.sklearn_import.fit_params import route_fit_params
+from gpunets.sklearn_import.forests import n_chunks
 from gpunets.sklearn_import.names import feature_names_out
 from gpunets.sklearn_import.reuse import adopt
-from gpunets.sklearn_import.forests import n_chunks
 
 __all__ = ["OWN_PARAMS", "FromSklearnClassifier", "FromSklearnRegressor", "FromSklearnTransformer"]
 

@@ -16,15 +16,14 @@ from typing import Any
 import numpy as np
 from sklearn.preprocessing import LabelEncoder
 
-from gpunets.core import ops
-
+from gpunets.base.saved import saved_operation
 from gpunets.compose import stacking
-from gpunets.devices.data import array_namespace, device_of, to_device
+from gpunets.core import ops
 from gpunets.core.graph import upstream_machines
 from gpunets.core.machines import machine
 from gpunets.core.nodes import Source, node
+from gpunets.devices.data import array_namespace, device_of, to_device
 from gpunets.sklearn_import._base import Context, build, is_drop, join, leaf
-from gpunets.base.saved import saved_operation
 
 __all__ = ["build_stacking", "build_voting_classifier", "build_voting_regressor"]
 

@@ -30,8 +30,8 @@ import numpy as np
 from sklearn.base import BaseEstimator, clone
 
 from gpunets.base.config import get_config
-from gpunets.executors.base import default_workers
 from gpunets.core.machines import machine
+from gpunets.executors.base import default_workers
 from gpunets.sklearn_import._base import Context, leaf
 
 __all__ = ["ForestChunk", "ForestJoin", "build_forest", "chunk_bounds", "is_forest", "n_chunks"]

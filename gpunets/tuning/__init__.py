@@ -12,8 +12,8 @@
 
 from __future__ import annotations
 
-from gpunets.tuning.report import SearchReport
 from gpunets.tuning.halving import HalvingGridSearchCV, HalvingRandomSearchCV
+from gpunets.tuning.report import SearchReport
 from gpunets.tuning.search import GridSearchCV, RandomizedSearchCV
 from gpunets.tuning.tasks import step_key
 

@@ -24,12 +24,12 @@ from sklearn.pipeline import Pipeline
 
 from gpunets.compose._composite_ops import same_value
 from gpunets.compose.composite import Composite
+from gpunets.compute.models import resolve_estimator
 from gpunets.core.fitted_machine import MACHINE_VALUE, view_of_estimator
 from gpunets.core.graph import op_nodes, upstream_machines
 from gpunets.core.nodes import AbstractNode, Node, Source, node
 from gpunets.tuning import tasks
 from gpunets.tuning.memory import prefix_keys
-from gpunets.compute.models import resolve_estimator
 from gpunets.tuning.report import SearchReport, fit_name
 
 __all__ = ["CompositeFold", "StepsFold", "is_composite", "pipeline_steps"]

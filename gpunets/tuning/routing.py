@@ -10,10 +10,9 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-
-from gpunets.tuning import tasks
 from gpunets.compute.models import fit_context
 from gpunets.devices.data import to_device
+from gpunets.tuning import tasks
 from gpunets.tuning.report import SearchReport
 
 

@@ -59,25 +59,25 @@ from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.metadata_routing import _routing_enabled
 from sklearn.utils.validation import _check_method_params, indexable
 
+from gpunets.api.network import evaluate, last_trace
 from gpunets.base.config import config
+from gpunets.compute.models import resolve_estimator
+from gpunets.core.nodes import node
 from gpunets.devices.data import device_of
-from gpunets.devices.store import current_store
 from gpunets.devices.placement import Device, override_placement
 from gpunets.devices.placement import device as device_block
+from gpunets.devices.store import current_store
 from gpunets.executors import check_executor_spec
-from gpunets.api.network import evaluate, last_trace
-from gpunets.core.nodes import node
 from gpunets.tuning import dropin, memory, stored, tasks
-from gpunets.compute.models import resolve_estimator
-from gpunets.tuning.networks import SKLEARN_CONFIG, CompositeFold, StepsFold, fold_data, is_composite, pipeline_steps
 from gpunets.tuning.evaluation import Run as _Run
 from gpunets.tuning.evaluation import by_candidate as _by_candidate
+from gpunets.tuning.networks import SKLEARN_CONFIG, CompositeFold, StepsFold, fold_data, is_composite, pipeline_steps
 from gpunets.tuning.report import SearchReport
 from gpunets.tuning.routing import (  # noqa: F401 - moved there, used or re-exported here
+    _fit_params_by_step,
+    _pipeline_score_routing,
     _refit_context,
     _routed_by_step,
-    _pipeline_score_routing,
-    _fit_params_by_step,
 )
 
 __all__ = ["GridSearchCV", "RandomizedSearchCV", "SearchReport"]

@@ -12,11 +12,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from gpunets.devices.data import check_placeable, take_rows
-from gpunets.compute.estimators import apply_estimator
-from gpunets.core.nodes import source
-from gpunets.compute.models import fit_context, prepare_inputs
 from gpunets.base.saved import saved_operation
+from gpunets.compute.estimators import apply_estimator
+from gpunets.compute.models import fit_context, prepare_inputs
+from gpunets.core.nodes import source
+from gpunets.devices.data import check_placeable, take_rows
 from gpunets.tuning import stored
 
 __all__ = ["Failed", "Replay", "Stage", "fn_key", "step_key"]
