@@ -87,6 +87,8 @@ def explain(plan: Plan, rows: Any = None, force: bool = False) -> dict[Machine, 
         if action == "stored":   # it would have trained, for this reason; its state came from the store
             why = out[m] if out[m] != "stored" else "same state"
             out[m] = f"{why}: the same fit was in the store, loaded instead of fitted"
+            if plan.stored_from.get(m):
+                out[m] += f" ({plan.stored_from[m]})"
     return out
 
 

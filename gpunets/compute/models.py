@@ -30,6 +30,7 @@ unless a GPU route is being built.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import inspect
 import logging
@@ -44,7 +45,7 @@ from sklearn.base import clone
 from gpunets.base.config import get_config
 from gpunets.base.exceptions import DeviceUnavailableError
 from gpunets.devices._gpulibs import loaded_cupy
-from gpunets.devices.data import device_of, installed, is_cudf, to_device
+from gpunets.devices.data import device_of, installed, is_cudf, is_cupy_array, to_device
 from gpunets.devices.gpu_memory import note_gpu_estimator
 from gpunets.devices.placement import CPU, Device, device_exists, local_ordinal, why_unavailable
 
@@ -60,6 +61,8 @@ __all__ = [
     "sklearn_twin_class",
     "to_cuml",
     "to_sklearn",
+    "fitted_as_sklearn",
+    "fitted_on_host",
     "scipy_array_api_enabled",
     "supports_array_api",
     "resolve_estimator",
@@ -279,6 +282,54 @@ def to_sklearn(model: Any) -> tuple[Any, tuple[str, ...]]:
         raise LookupError(f"{type(model).__name__} has no scikit-learn twin")
     params, dropped = _common_params(model.get_params(deep=False), twin)
     return twin(**params), dropped
+
+
+def fitted_as_sklearn(est: Any) -> Any:
+    """A fitted cuML estimator's fitted scikit-learn twin (cuML's ``as_sklearn()``), or None where cuML
+    offers none (no ``as_sklearn``, or cuML's ``UnsupportedOnCPU`` for these settings)."""
+    as_sklearn = getattr(est, "as_sklearn", None)
+    if not callable(as_sklearn):
+        return None
+    try:
+        return as_sklearn()
+    except Exception as exc:
+        if type(exc).__name__ != "UnsupportedOnCPU":   # cuML's "no CPU twin for these settings"
+            raise
+        return None
+
+
+def fitted_on_host(est: Any) -> tuple[Any, str]:
+    """A state fitted on a GPU as one that runs on the CPU, and how it was made: a cuML estimator's fitted
+    scikit-learn twin (:func:`fitted_as_sklearn`; LookupError where cuML offers none), or a scikit-learn estimator
+    fitted on CuPy (array API) copied with its arrays (nested estimators' too) on the host.  ``est`` is kept."""
+    if is_cuml_estimator(est):
+        twin = fitted_as_sklearn(est)
+        if twin is None:
+            raise LookupError(f"cuML offers no scikit-learn twin of the fitted {type(est).__name__}")
+        return twin, "cuML's as_sklearn()"
+    return _on_host(est, 0), "its arrays copied to the host"
+
+
+def _on_host(x: Any, depth: int) -> Any:
+    if is_cupy_array(x) or is_cudf(x):
+        return to_device(x, CPU)
+    if depth > 8:
+        return x
+    if type(x) in (list, tuple):
+        items = [_on_host(v, depth + 1) for v in x]
+        return x if all(a is b for a, b in zip(items, x)) else type(x)(items)
+    if type(x) is dict:
+        moved = {k: _on_host(v, depth + 1) for k, v in x.items()}
+        return x if all(moved[k] is v for k, v in x.items()) else moved
+    attrs = getattr(x, "__dict__", None)
+    if not callable(getattr(x, "get_params", None)) or not isinstance(attrs, dict):
+        return x
+    moved = {k: _on_host(v, depth + 1) for k, v in attrs.items()}
+    if all(moved[k] is v for k, v in attrs.items()):
+        return x
+    out = copy.copy(x)
+    out.__dict__.update(moved)
+    return out
 
 
 # ----------------------------------------------------------------- array API

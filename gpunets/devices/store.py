@@ -48,7 +48,7 @@ from typing import Any
 
 from gpunets.base.config import get_config
 
-__all__ = ["Store", "StoreInfo", "StoreWarning", "store_info", "store_clear", "check_store_setting",
+__all__ = ["Store", "StoreInfo", "StoreWarning", "store_info", "store_clear", "check_store_setting", "dumps",
            "current_store", "DEFAULT_MAX_BYTES"]
 
 #: The size bound of a store given as a path (``gn.set_config(store="dir")``): 8 GiB.
@@ -162,9 +162,12 @@ class Store:
         h = key.hex()
         return os.path.join(self.path, h[:2], h + _SUFFIX)
 
-    def get(self, key: bytes) -> Any:
-        """The object stored under ``key`` (a hit), else None (a miss: absent, corrupt or of another version)."""
-        payload = self.get_bytes(key)
+    def get(self, key: bytes, probe: bool = False) -> Any:
+        """The object stored under ``key`` (a hit), else None (a miss: absent, corrupt or of another version).
+
+        ``probe=True``: a second look for the same fit in another form (a GPU state's CPU twin); its absence
+        is not counted as a miss."""
+        payload = self.get_bytes(key, probe)
         if payload is None:
             return None
         try:
@@ -176,15 +179,17 @@ class Store:
                 self.misses += 1
             return None
 
-    def get_bytes(self, key: bytes) -> bytes | None:
-        """The payload stored under ``key``, checksum verified; None when there is none (counted)."""
+    def get_bytes(self, key: bytes, probe: bool = False) -> bytes | None:
+        """The payload stored under ``key``, checksum verified; None when there is none (counted, unless
+        ``probe``)."""
         path = self._file(key)
         try:
             with open(path, "rb") as f:
                 data = f.read()
         except OSError:
-            with self._lock:
-                self.misses += 1
+            if not probe:
+                with self._lock:
+                    self.misses += 1
             return None
         payload = _decode(data)
         if payload is None:   # truncated, corrupt, or written by another version
@@ -201,7 +206,7 @@ class Store:
     def put(self, key: bytes, obj: Any) -> bool:
         """Store ``obj`` (pickled) under ``key``; False when it was not written (one warning says why)."""
         try:
-            payload = _dumps(obj)
+            payload = dumps(obj)
         except Exception as e:  # noqa: BLE001 - an unpicklable fitted state: not stored, said once
             what = type(obj[0] if isinstance(obj, tuple) and obj else obj).__name__
             self._warn(0, f"a fitted {what} could not be pickled ({type(e).__name__}: {e}), so it is not "
@@ -307,7 +312,7 @@ class Store:
                              self.failed, len(entries), sum(e[1] for e in entries), self.max_bytes)
 
 
-def _dumps(obj: Any) -> bytes:
+def dumps(obj: Any) -> bytes:
     """``obj`` pickled; by cloudpickle where it is installed (functions by value: a lambda in a
     ``FunctionTransformer``) when pickle cannot.  Either loads with :func:`pickle.loads`."""
     try:

@@ -38,7 +38,13 @@ from gpunets.api.report import ActionMap, FitReport
 from gpunets.base.config import get_config
 from gpunets.base.trace import Trace
 from gpunets.compose.composite import Composite, NetworkState
-from gpunets.compute.models import _fall_back, cuml_installed, cuml_twin_class, is_cuml_estimator
+from gpunets.compute.models import (
+    _fall_back,
+    cuml_installed,
+    cuml_twin_class,
+    fitted_as_sklearn,
+    is_cuml_estimator,
+)
 from gpunets.core.machines import OPERATIONS, FittedState, Machine
 from gpunets.core.nodes import AbstractNode, Node, Source, mark_data_not_saved
 from gpunets.devices._gpulibs import loaded_cupy
@@ -281,13 +287,7 @@ class Encoder:
         converted = ""
         if st.path == "cuml" and is_cuml_estimator(est):
             self.devices.add(st.device)
-            twin = None
-            if callable(getattr(est, "as_sklearn", None)):   # cuML's InteropMixin: the fitted scikit-learn twin
-                try:
-                    twin = est.as_sklearn()
-                except Exception as exc:
-                    if type(exc).__name__ != "UnsupportedOnCPU":   # cuML's "no CPU twin for these settings"
-                        raise
+            twin = fitted_as_sklearn(est)   # cuML's InteropMixin: the fitted scikit-learn twin
             # no CPU twin (MinMaxScaler, GaussianNB, ... have no as_sklearn): the cuML estimator itself is saved
             est, converted = (twin, "cuml") if twin is not None else (est, "cuml-native")
         # what a fit recorded of its training data is not kept: the next fit of a loaded network always trains

@@ -170,6 +170,14 @@ class PlacementRules:
             dev = check_available(dev, what=what() if callable(what) else what, owner=owner)
         return dev
 
+    def fell_back(self, spec: Any, dev: Any) -> Any:
+        """The CUDA device ``spec`` asked for where what was placed there runs on the CPU ``dev`` instead (no GPU
+        here, or no GPU route for the estimator), else None."""
+        if not dev.is_cpu:
+            return None
+        asked = self._placed.get(spec if spec is None or spec.__class__ is str else str(spec))
+        return asked if asked is not None and asked.is_cuda else None
+
     def moved(self, key: int, dev: Any, frames: str = "auto") -> int:
         """The key of task ``key``'s value on ``dev``: a move task, made once per (value, device)."""
         have = self.dev[key]

@@ -52,7 +52,7 @@ from gpunets.planning.placement import (  # noqa: F401 - moved there, used or re
     _resolve_fit,
     _warm_route_ok,
 )
-from gpunets.planning.stored import STORED, StoreKeys, commit_and_store, storable, stored_task
+from gpunets.planning.stored import STORED, StoreKeys, commit_and_store, lookup, storable, stored_task
 from gpunets.planning.tasks import (  # noqa: F401 - moved there, used or re-exported here
     _apply_fitted,
     _apply_state,
@@ -120,6 +120,7 @@ class Plan:
     # scikit-learn's configuration where the plan was made, where it differs from a new thread's (None: same):
     # the executors run the tasks under it, as scikit-learn's Parallel does (its configuration is per thread)
     sklearn_config: dict[str, Any] | None = None
+    stored_from: dict[Any, str] = field(default_factory=dict)   # machine -> a loaded GPU state's origin
 
     @property
     def n_lanes(self) -> int:
@@ -483,6 +484,7 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
     b = _Builder(rows=rows, bindings={}, mode="fit", cache=cache)
     store = get_config()["store"]
     keys = StoreKeys(actions.get, b"all" if rows_key is None else _rows_bytes(rows_key)) if store is not None else None
+    notes: dict[Machine, str] = {}   # where a stored state came from, when not a fit of this kind
     # Every source is validated here (no data, rows out of range) before anything runs.
     for m in machines:
         if actions[m] == "skip":
@@ -510,20 +512,23 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
             if actions[m] in ("train", "update") and pending.warm is None and storable(est):
                 skey = keys.fit_key(m, dev, path)
             keys.set_machine(m, skey)
-        loaded = store.get(skey) if skey is not None else None
+        hit = lookup(store, keys, m, skey, b.fell_back(m.device, dev), "machine " + m.label) if keys and skey else None
         if skey is not None:
-            pending = dataclasses.replace(pending, key=skey)
+            pending = dataclasses.replace(pending, key=skey if hit is None else hit.key)
             commit = partial(_commit_fit, m, pending, _asked(m.device))
-        if isinstance(loaded, tuple) and len(loaded) == 2:
+        if hit is not None:
             # stored: the state is loaded instead of fitted, and needs no training data (pruned below)
+            assert keys is not None
+            keys.set_machine(m, hit.key)   # a GPU state's twin: downstream keys name the GPU fit
             actions[m] = STORED
+            notes[m] = hit.note
             pending = dataclasses.replace(pending, action=STORED)
             commit = partial(_commit_fit, m, pending, _asked(m.device))
-            key = b.add(kind="fit", label=f"load {m.label} (stored)", fn=partial(stored_task, loaded[0],
-                        {**loaded[1], "device": str(dev), "path": path}), deps=(), machine=m, cost=0.0,
+            key = b.add(kind="fit", label=f"load {m.label} (stored)", fn=partial(stored_task, hit.estimator,
+                        {**hit.info, "device": str(dev), "path": path}), deps=(), machine=m, cost=0.0,
                         commit=commit, device=dev)
             b.mach_dev[m._uid] = (dev, path)
-            b.fit_args[m._uid] = (loaded[0], 0, None)
+            b.fit_args[m._uid] = (hit.estimator, 0, None)
             b.fit_action[m._uid] = STORED
             b.fit_key[m._uid] = key
             b.n_hits += 1
@@ -541,7 +546,8 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
     if b.n_hits:
         remap = b.prune(tuple(b.fit_key.values()))
         b.fit_key = {u: remap[k] for u, k in b.fit_key.items()}
-    return Plan("fit", b.tasks, tuple(b.fit_key.values()), actions, max_lanes, sklearn_config=sklearn_config_delta())
+    return Plan("fit", b.tasks, tuple(b.fit_key.values()), actions, max_lanes, sklearn_config=sklearn_config_delta(),
+                stored_from={m: n for m, n in notes.items() if n})
 
 
 def _rows_bytes(rows_key: Any) -> bytes:

@@ -24,22 +24,33 @@ action ``"stored"``.  A miss fits as before and, once the fit succeeded, writes 
 
 from __future__ import annotations
 
+import logging
+import pickle
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpunets.base._warn import warn_once
+from gpunets.base.config import get_config
+from gpunets.compute.models import fitted_on_host
 from gpunets.core.machines import STATIC, RemoteEstimator
 from gpunets.core.nodes import AbstractNode, Node, Source, is_node
 from gpunets.devices import store as _store
 from gpunets.devices.cache import digest
 from gpunets.devices.fingerprint import fingerprint
-from gpunets.devices.placement import Device
+from gpunets.devices.placement import Device, DeviceFallbackWarning
 from gpunets.devices.store import Store
 from gpunets.devices.store_keys import library_versions, stable_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from gpunets.core.machines import Machine
 
-__all__ = ["STORED", "StoreKeys", "storable", "stored_task", "commit_and_store"]
+__all__ = ["STORED", "GPU_ROUTES", "Hit", "StoreKeys", "storable", "stored_task", "commit_and_store", "lookup"]
+
+logger = logging.getLogger("gpunets")
+
+#: The routes of a state fitted on a GPU: such a state's entry also holds its CPU twin (:func:`commit_and_store`).
+GPU_ROUTES = ("cuml", "array_api")
 
 #: The action of a machine whose state was loaded from the store instead of fitted.
 STORED = "stored"
@@ -155,6 +166,52 @@ class StoreKeys:
         return None if op is None else digest(b"op", op, *parts)
 
 
+@dataclass
+class Hit:
+    """A state found in the store: the estimator, its fit's info, the key the machine's state carries (the fit
+    it came from: downstream keys are made from it) and, for a GPU state's CPU twin, where it came from."""
+
+    estimator: Any
+    info: dict[str, Any]
+    key: bytes
+    note: str = ""
+
+
+def lookup(store: Store, keys: StoreKeys, m: Machine, key: bytes, gpu: Any, what: str) -> Hit | None:
+    """The state stored under ``key``, else, where ``m`` was placed on the GPU ``gpu`` but runs on the CPU (no
+    GPU here, or no GPU route), the CPU twin of a state fitted on that kind of GPU, as the fallback policy
+    says: ``"raise"`` refuses it, ``"warn"`` warns once naming the machine, ``"silent"`` logs it."""
+    loaded = store.get(key)
+    if isinstance(loaded, tuple) and len(loaded) == 2:
+        return Hit(loaded[0], loaded[1], key)
+    if isinstance(loaded, tuple) and len(loaded) == 3:   # a GPU state (and its CPU twin), on a GPU here
+        try:
+            return Hit(pickle.loads(loaded[0]), loaded[1], key)
+        except Exception:  # noqa: BLE001 - a class that no longer loads (cuML gone): a miss
+            return None
+    policy = get_config()["fallback"]
+    if gpu is None or policy == "raise":
+        return None
+    for route in GPU_ROUTES:
+        gkey = keys.fit_key(m, gpu, route)
+        if gkey is None:
+            return None
+        entry = store.get(gkey, probe=True)   # the GPU state stays pickled: only its CPU twin is read
+        if not (isinstance(entry, tuple) and len(entry) == 3):
+            continue
+        info, (est, how) = entry[1], entry[2]
+        note = f"from a GPU state fitted on cuda ({route}), converted for the CPU: {how}"
+        msg = (f"{what} is placed on {gpu} but runs on the CPU here: its state was loaded from the store, {note}. "
+               "Its answers may differ from the GPU's in the last bits. Place it on 'cpu' to fit it here instead, "
+               "or use gn.config(fallback='raise') to refuse GPU states.")
+        if policy == "warn":
+            warn_once(("stored GPU state", what, route), msg, DeviceFallbackWarning, owner=m)
+        else:
+            logger.info(msg)
+        return Hit(est, info, gkey, note)
+    return None
+
+
 def stored_task(est: Any, info: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """A fit task's value for a state loaded from the store: the estimator and its fit's info."""
     return est, info
@@ -170,4 +227,15 @@ def commit_and_store(store: Store, key: bytes, commit: Callable[..., None], est:
             return
         est = est.gather()
     keep = {k: info[k] for k in ("seconds", "path", "n_rows") if k in info}
+    if keep.get("path") in GPU_ROUTES and str(info.get("device", "")).startswith("cuda"):
+        # a GPU state: pickled on its own, next to its CPU twin, so that a process with no GPU reads the twin
+        # without unpickling a GPU object (docs/store.md, "Devices")
+        try:
+            twin = fitted_on_host(est)
+            gpu = _store.dumps(est)
+        except Exception:  # noqa: BLE001 - no scikit-learn twin (cuML), or it does not pickle: stored as it is
+            pass
+        else:
+            store.put(key, (gpu, keep, twin))
+            return
     store.put(key, (est, keep))
