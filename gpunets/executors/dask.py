@@ -49,6 +49,7 @@ from typing import Any
 
 from gpunets.base.exceptions import NotFittedError
 from gpunets.compute.estimators import under_sklearn_config
+from gpunets.devices.store import current_store
 from gpunets.executors import _dask_lower as _lower
 from gpunets.executors._args import check_flag, check_mapping, check_seconds
 from gpunets.executors._dask_cluster import (
@@ -80,6 +81,7 @@ from gpunets.executors._dask_lower import (  # noqa: F401 - the lowering and its
     submit_and_collect,
 )
 from gpunets.executors._dask_state import DaskState
+from gpunets.executors._dask_store import shared, worker_functions
 from gpunets.executors._dask_worker import gpu_owners
 from gpunets.executors.base import Executor
 from gpunets.executors.scheduler import Run
@@ -342,20 +344,29 @@ class DaskExecutor(Executor):
             return run   # a task cannot be pickled: nothing was sent
         client, closer, persistent = self._acquire()
         try:
+            store = current_store()
+            swap = worker_functions(tasks, store) if store is not None else {}
+            if store is not None and swap and shared(client, store):   # the workers read and write the store: keys, not states
+                more = self._pickle_tasks(run, [t for t in tasks if t.key in swap], states, swap)
+                if more is None:
+                    return run
+                payloads.update(more)
             self._drive(client, run, tasks, payloads, states, persistent)
         finally:
             if closer is not None:
                 closer()
         return run
 
-    def _pickle_tasks(self, run: Run, tasks: list[Any], states: dict[int, Any]) -> dict[int, bytes] | None:
-        """Each task's function, pickled; one that applies a fitted state gets the state as its last input
-        (a key on the cluster, see :meth:`_state_refs`), so the estimator never travels in the graph."""
+    def _pickle_tasks(self, run: Run, tasks: list[Any], states: dict[int, Any],
+                      swap: dict[int, Any] | None = None) -> dict[int, bytes] | None:
+        """Each task's function (or its replacement in ``swap``), pickled; one that applies a fitted state gets
+        the state as its last input (a key on the cluster, see :meth:`_state_refs`), so the estimator never
+        travels in the graph."""
         import cloudpickle
 
         payloads: dict[int, bytes] = {}
         for t in tasks:
-            fn = t.fn
+            fn = t.fn if swap is None else swap[t.key]
             if t.key in states:
                 fn = partial(_apply_fitted, fn.args[0], fn.args[1])
             if run.plan.sklearn_config:   # scikit-learn's configuration is per thread: the caller's goes along

@@ -525,7 +525,8 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
             pending = dataclasses.replace(pending, action=STORED)
             commit = partial(_commit_fit, m, pending, _asked(m.device))
             key = b.add(kind="fit", label=f"load {m.label} (stored)", fn=partial(stored_task, hit.estimator,
-                        {**hit.info, "device": str(dev), "path": path}), deps=(), machine=m, cost=0.0,
+                        {**hit.info, "device": str(dev), "path": path}, None if hit.note else hit.key), deps=(),
+                        machine=m, cost=0.0,
                         commit=commit, device=dev)
             b.mach_dev[m._uid] = (dev, path)
             b.fit_args[m._uid] = (hit.estimator, 0, None)

@@ -45,7 +45,8 @@ from gpunets.devices.store_keys import library_versions, stable_key
 if TYPE_CHECKING:  # pragma: no cover
     from gpunets.core.machines import Machine
 
-__all__ = ["STORED", "GPU_ROUTES", "Hit", "StoreKeys", "storable", "stored_task", "commit_and_store", "lookup"]
+__all__ = ["STORED", "GPU_ROUTES", "Hit", "StoreKeys", "storable", "stored_task", "commit_and_store", "lookup",
+           "read_state", "write_state", "WRITTEN"]
 
 logger = logging.getLogger("gpunets")
 
@@ -212,20 +213,46 @@ def lookup(store: Store, keys: StoreKeys, m: Machine, key: bytes, gpu: Any, what
     return None
 
 
-def stored_task(est: Any, info: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """A fit task's value for a state loaded from the store: the estimator and its fit's info."""
+def stored_task(est: Any, info: dict[str, Any], key: bytes | None = None) -> tuple[Any, dict[str, Any]]:
+    """A fit task's value for a state loaded from the store: the estimator and its fit's info (``key``: the
+    entry it came from, which a Dask worker that shares the store reads instead of receiving the state)."""
     return est, info
+
+
+#: Set in a fit's info by a Dask worker that wrote the state to a store it shares with the client.
+WRITTEN = "_gn_stored_on_worker"
+
+
+def read_state(store: Store, key: bytes) -> Any:
+    """The fitted estimator stored under ``key`` in the form that runs here (a GPU state as it is), or None."""
+    loaded = store.get(key)
+    if isinstance(loaded, tuple) and len(loaded) == 3:
+        try:
+            return pickle.loads(loaded[0])
+        except Exception:  # noqa: BLE001 - a class that no longer loads (cuML gone): a miss
+            return None
+    return loaded[0] if isinstance(loaded, tuple) and len(loaded) == 2 else None
 
 
 def commit_and_store(store: Store, key: bytes, commit: Callable[..., None], est: Any, info: dict[str, Any],
                      *output: Any) -> None:
-    """Commit a fit, then write its state under ``key`` (a state kept on a Dask worker is fetched to write it:
-    the store is the client's)."""
+    """Commit a fit, then write its state under ``key`` (a state kept on a Dask worker is fetched to write it,
+    unless the worker shares the store and wrote it itself)."""
+    written = info.get(WRITTEN, False)
+    if written:
+        info = {k: v for k, v in info.items() if k != WRITTEN}
     commit(est, info, *output)
+    if written:
+        return
     if isinstance(est, RemoteEstimator):
         if est.lost:
             return
         est = est.gather()
+    write_state(store, key, est, info)
+
+
+def write_state(store: Store, key: bytes, est: Any, info: dict[str, Any]) -> None:
+    """Write a fitted state under ``key``: with its CPU twin when it was fitted on a GPU."""
     keep = {k: info[k] for k in ("seconds", "path", "n_rows") if k in info}
     if keep.get("path") in GPU_ROUTES and str(info.get("device", "")).startswith("cuda"):
         # a GPU state: pickled on its own, next to its CPU twin, so that a process with no GPU reads the twin

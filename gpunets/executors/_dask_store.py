@@ -1,0 +1,93 @@
+"""The store of fitted states on a Dask cluster whose workers share its folder (docs/store.md, "Dask").
+
+Once per (cluster, store), the client writes a marker file with a random token in the store and asks every
+worker to read it back (:func:`shared`).  Where every worker sees it (the same filesystem: a ``LocalCluster``
+always does), the workers read and write entries themselves and the client sends keys, not states:
+
+* a state the compile found in the store is loaded on the worker by its key (:func:`load_on_worker`);
+* a fit writes its state on the worker as soon as it is done (:func:`fit_and_write`): the state stays there,
+  as the executor keeps states on the workers, and is never fetched to the client to be written.
+
+Where a worker cannot see it, the store stays the client's: hits are sent with their task, and a state fitted
+on a worker is fetched to the client to be written.  The functions here are module-level so that they pickle
+by reference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import uuid
+from functools import partial
+from typing import Any
+
+from gpunets.devices.store import Store
+from gpunets.planning.stored import WRITTEN, commit_and_store, read_state, stored_task, write_state
+
+__all__ = ["shared", "worker_functions", "load_on_worker", "fit_and_write"]
+
+_SHARED: dict[tuple[str, str], bool] = {}   # (scheduler address, store folder) -> every worker sees it
+_LOCK = threading.Lock()
+
+
+def _sees(marker: str, token: str) -> bool:
+    try:
+        with open(marker) as f:
+            return f.read() == token
+    except OSError:
+        return False
+
+
+def shared(client: Any, store: Store) -> bool:
+    """Whether every worker of ``client``'s cluster sees ``store``'s folder (asked once per cluster)."""
+    where = (str(getattr(getattr(client, "scheduler", None), "address", id(client))), store.path)
+    with _LOCK:
+        if where in _SHARED:
+            return _SHARED[where]
+    token = uuid.uuid4().hex
+    marker = os.path.join(store.path, f".gpunets-shared-{token}")
+    ok = False
+    try:
+        with open(marker, "w") as f:
+            f.write(token)
+        seen = client.run(_sees, marker, token, on_error="return")
+        ok = bool(seen) and all(v is True for v in seen.values())
+    except Exception:  # noqa: BLE001, S110 - no answer: not shared
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(marker)
+    with _LOCK:
+        _SHARED[where] = ok
+    return ok
+
+
+def load_on_worker(store: Store, key: bytes, info: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """A stored state, read on the worker by its key."""
+    est = read_state(store, key)
+    if est is None:
+        msg = (f"the stored state {key.hex()} was found when the fit was compiled but is no longer in the store "
+               f"{store.path!r} (evicted or deleted meanwhile). Hint: fit again; it is fitted and written anew.")
+        raise LookupError(msg)
+    return est, info
+
+
+def fit_and_write(store: Store, key: bytes, fn: Any, *args: Any) -> Any:
+    """Run a fit task on the worker, then write its state to the store it shares with the client."""
+    value = fn(*args)
+    est, info = value[0], value[1]
+    write_state(store, key, est, info)
+    return (est, {**info, WRITTEN: True}, *value[2:])
+
+
+def worker_functions(tasks: list[Any], store: Store) -> dict[int, Any]:
+    """The tasks whose functions change when the workers share ``store``: loads by key, fits that write."""
+    out: dict[int, Any] = {}
+    for t in tasks:
+        fn, commit = t.fn, t.commit
+        if isinstance(fn, partial) and fn.func is stored_task and len(fn.args) == 3 and fn.args[2] is not None:
+            out[t.key] = partial(load_on_worker, store, fn.args[2], fn.args[1])
+        elif isinstance(commit, partial) and commit.func is commit_and_store and commit.args[0] is store:
+            out[t.key] = partial(fit_and_write, store, commit.args[1], fn)
+    return out
