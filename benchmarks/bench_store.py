@@ -16,7 +16,6 @@ Run: ``python benchmarks/bench_store.py [--quick]`` or ``python -m benchmarks --
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -31,6 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import gpunets as gn  # noqa: E402
+from benchmarks._runner import bench_main  # noqa: E402 - after the path set-up
 
 _SEARCH = """
 import json, sys, time
@@ -130,13 +130,4 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args()
-    res = run(quick=a.quick)
-    text = json.dumps(res, indent=2)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
+    raise SystemExit(bench_main(run, __doc__, name="store"))
