@@ -12,7 +12,7 @@ reach those implementations here, by name, and nowhere else:
 >>> verbs.get("fit").__module__
 'gpunets.api.network'
 >>> sorted(verbs.PROVIDERS)[:3]
-['apply_gpu_memory', 'check_device', 'check_executor']
+['all_sources', 'apply_gpu_memory', 'check_device']
 
 Each verb is resolved on first use from the module that provides it (importing
 it then, so ``display.py`` and its Graphviz stay lazy) and cached.
