@@ -209,8 +209,8 @@ def gpu_search(quick: bool = False, rows: int | None = None, budget_s: float = 3
     from sklearn.model_selection import KFold
 
     import gpunets as gn
-    from gpunets.devices import _gpulibs
     from gpunets.compute.models import scipy_array_api_enabled
+    from gpunets.devices import _gpulibs
 
     try:
         cp = _gpulibs.cupy()
