@@ -184,6 +184,49 @@ def test_warm_budget_on_a_pipelines_last_step(reg_data):
     assert ours.search_report_.warm == 2   # one survivor, two folds
 
 
+JOBS: list = []
+
+
+class SpyForest(RandomForestRegressor):
+    """A forest that notes the ``n_jobs`` its fits run with."""
+
+    def fit(self, X, y, sample_weight=None):
+        with _LOCK:
+            JOBS.append(self.n_jobs)
+        return super().fit(X, y, sample_weight=sample_weight)
+
+
+def test_forests_of_a_small_rung_and_the_refit_grow_on_the_lanes_threads(reg_data):
+    """A rung of few tasks fits its forests on every lane (the lanes idle at its end help); the refit too:
+    the trees, scores and best estimator are scikit-learn's, ``n_jobs`` is the user's after."""
+    from gpunets.tuning import warm
+
+    assert (warm.inner_jobs(5, 2), warm.inner_jobs(135, 2), warm.inner_jobs(5, 1)) == (2, 1, 1)
+    assert warm.lanes("serial", 4) == 1 and warm.lanes("threads", 3) == 3
+    X, y = reg_data
+    first = RandomForestRegressor(4, random_state=0, max_depth=5, warm_start=True).fit(X, y)
+    grown = warm._continuable_copy(first).set_params(n_estimators=9)
+    with warm.threaded_trees(grown, 2):
+        assert grown.n_jobs == 2
+        grown.fit(X, y)
+    assert grown.n_jobs is None and len(first.estimators_) == 4 and len(grown.estimators_) == 9
+    cold = RandomForestRegressor(9, random_state=0, max_depth=5).fit(X, y)
+    assert np.array_equal(grown.predict(X), cold.predict(X))
+    JOBS.clear()
+    rf = SpyForest(random_state=0, max_features=0.5)
+    grid = {"max_depth": [2, 4, None], "min_samples_leaf": [1, 3, 5]}
+    kw = dict(cv=2, factor=3, resource="n_estimators", min_resources=2, max_resources=18, random_state=0)
+    ours = gn.HalvingGridSearchCV(rf, grid, executor="threads", workers=2, **kw).fit(X, y)
+    assert ours.n_candidates_ == [9, 3, 1]
+    assert JOBS.count(2) == 3 * 2 + 2 + 1 and JOBS.count(None) == 9 * 2   # rungs 1, 2 (< 8 tasks), the refit
+    JOBS.clear()
+    theirs = skms.HalvingGridSearchCV(rf, grid, **kw).fit(X, y)
+    assert set(JOBS) == {None}
+    assert_same_halving(ours, theirs)
+    assert ours.best_estimator_.n_jobs is None
+    assert np.array_equal(ours.best_estimator_.predict(X), theirs.best_estimator_.predict(X))
+
+
 def test_warm_start_true_on_an_unknown_resource_lists_the_known_ones(reg_data):
     X, y = reg_data
     rf = RandomForestRegressor(random_state=0, n_estimators=3)

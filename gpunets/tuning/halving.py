@@ -37,7 +37,7 @@ from sklearn.model_selection._search_successive_halving import BaseSuccessiveHal
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import _num_samples
 
-from gpunets.tuning import memory, warm
+from gpunets.tuning import dropin, memory, warm
 from gpunets.tuning.report import SearchReport
 from gpunets.tuning.search import _NetworkSearch
 
@@ -92,7 +92,9 @@ class _Halving(_NetworkSearch):
         if not getattr(self, "_gn_warm", False):
             return None
         _, param = warm.warm_target(self.estimator, self.resource) or (None, self.resource)
-        return warm.WarmPlan(param, self._resource_free_keys(candidates), mem.fold_keys(splits), mem.fitted)
+        # a rung of few tasks: its forests grow their trees on every lane (the lanes idle at its end help)
+        jobs = warm.inner_jobs(len(candidates) * len(splits), warm.lanes(self.executor, dropin.workers(self)))
+        return warm.WarmPlan(param, self._resource_free_keys(candidates), mem.fold_keys(splits), mem.fitted, jobs)
 
     def _after_run(self, candidates: list[dict[str, Any]], splits: Any, outs: list[dict[str, Any]],
                    mem: Any) -> None:

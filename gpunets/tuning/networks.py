@@ -96,7 +96,7 @@ class StepsFold:
             self.routes[k] = resolve_estimator(est, self.device, what=f"search step {name!r}")
         return self.routes[k]
 
-    def candidate(self, steps: list[tuple[str, Any]], warm: tuple[Any, str] | None = None,
+    def candidate(self, steps: list[tuple[str, Any]], warm: tuple[Any, str, int] | None = None,
                   keys: list[Any] | None = None) -> None:
         """Add one candidate's steps (its last step and score are made by :meth:`scores`, once all are known).
 
@@ -104,8 +104,8 @@ class StepsFold:
         test rows (and the training rows to score) and passes on a :class:`~gpunets.tuning.tasks.Stage`;
         the deepest one already in this fold's network or kept by the search's memory is not fitted again.
         ``warm`` (an iteration budget warm-started, :mod:`gpunets.tuning.warm`): ``(the candidate's fitted
-        last step of the previous rung or None, the budget's parameter)``; its last step is then a task of
-        its own that continues that fit and returns it with the scores.  ``keys``: the steps' keys
+        last step of the previous rung or None, the budget's parameter, the threads its fit may use)``; its
+        last step is then a task of its own that continues that fit and returns it with the scores.  ``keys``: the steps' keys
         (:func:`~gpunets.tuning.memory.prefix_keys`), computed once per candidate for all folds.
         """
         keys = prefix_keys(steps) if keys is None else keys
@@ -180,7 +180,7 @@ class StepsFold:
 
                 users = (*users[:-1], 1)
                 out.append(node(_sk(warm_fit_and_score), est, warm[0], warm[1], route, fp, X, self.ytr, users, head,
-                                X_test, self.yte, X_train, ytr, name=fit_name(name)))
+                                X_test, self.yte, X_train, ytr, warm[2], name=fit_name(name)))
                 continue
             if self.users[keys[-1]] == 1:
                 out.append(node(_sk(tasks.fit_and_score), est, route, fp, X, self.ytr, users, head, X_test, self.yte,

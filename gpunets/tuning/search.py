@@ -68,7 +68,7 @@ from gpunets.devices.placement import Device, override_placement
 from gpunets.devices.placement import device as device_block
 from gpunets.devices.store import current_store
 from gpunets.executors import check_executor_spec
-from gpunets.tuning import dropin, memory, stored, tasks
+from gpunets.tuning import dropin, memory, stored, tasks, warm
 from gpunets.tuning.evaluation import Run as _Run
 from gpunets.tuning.evaluation import by_candidate as _by_candidate
 from gpunets.tuning.networks import SKLEARN_CONFIG, CompositeFold, StepsFold, fold_data, is_composite, pipeline_steps
@@ -204,10 +204,12 @@ class _NetworkSearch(BaseSearchCV):
                     kept = memory.refit_kept(self, self.best_estimator_, Xf, yf, fit_params)
                     if kept is not None:
                         report.refit_reused = kept
-                    elif y is not None:
-                        self.best_estimator_.fit(Xf, yf, **fit_params)
-                    else:
-                        self.best_estimator_.fit(Xf, **fit_params)
+                    else:   # one task: a forest grows its trees on the search's lanes
+                        with warm.threaded_trees(self.best_estimator_, warm.lanes(self.executor, workers)):
+                            if y is not None:
+                                self.best_estimator_.fit(Xf, yf, **fit_params)
+                            else:
+                                self.best_estimator_.fit(Xf, **fit_params)
                 self.refit_time_ = time.time() - start
             if hasattr(self.best_estimator_, "feature_names_in_"):
                 self.feature_names_in_ = self.best_estimator_.feature_names_in_

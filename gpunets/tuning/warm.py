@@ -16,18 +16,20 @@ on the search gives scikit-learn's cold rungs.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 import traceback
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from typing import Any
 
 from gpunets.base.config import get_config
 from gpunets.base.saved import saved_operation
+from gpunets.executors.base import default_workers
 from gpunets.tuning.networks import is_composite, pipeline_steps
 from gpunets.tuning.tasks import Failed, Stage, aligned, moved, on_device, score_fit
 
-__all__ = ["WarmPlan", "check_warm", "warm_fit_and_score", "warm_target"]
+__all__ = ["WarmPlan", "check_warm", "inner_jobs", "lanes", "threaded_trees", "warm_fit_and_score", "warm_target"]
 
 
 def warm_target(estimator: Any, resource: str) -> tuple[str, str] | None:
@@ -92,16 +94,72 @@ class WarmPlan:
     """For one rung: per (candidate, fold), the fitted last step of the previous rung to continue from.
 
     ``keys[c]`` is candidate ``c``'s key without its resource, ``folds[f]`` fold ``f``'s key; the memory's
-    ``fitted`` maps ``(candidate key, fold key)`` to ``(resource value, fitted step)``."""
+    ``fitted`` maps ``(candidate key, fold key)`` to ``(resource value, fitted step)``; ``jobs``: the threads
+    a forest's fit builds its trees on in this rung (:func:`inner_jobs`)."""
 
-    def __init__(self, param: str, keys: list[Hashable | None], folds: list[Hashable], fitted: dict[Any, Any]) -> None:
-        self.param, self.keys, self.folds, self.fitted = param, keys, folds, fitted
+    def __init__(self, param: str, keys: list[Hashable | None], folds: list[Hashable], fitted: dict[Any, Any],
+                 jobs: int = 1) -> None:
+        self.param, self.keys, self.folds, self.fitted, self.jobs = param, keys, folds, fitted, jobs
 
-    def step(self, c: int, f: int) -> tuple[Any, str]:
-        """``(the fitted step to continue, or None, the step's parameter)``."""
+    def step(self, c: int, f: int) -> tuple[Any, str, int]:
+        """``(the fitted step to continue, or None, the step's parameter, the threads of its fit)``."""
         key = self.keys[c]
         hit = None if key is None else self.fitted.get((key, self.folds[f]))
-        return (None if hit is None else hit[1]), self.param
+        return (None if hit is None else hit[1]), self.param, self.jobs
+
+
+# A rung of fewer tasks than this many per lane leaves lanes idle at its end (its last tasks are few and long):
+# its forests build their trees on every lane's thread, so a lane whose task is done helps those still running.
+FEW_TASKS_PER_LANE = 4
+
+
+def lanes(executor: Any, workers: int | None) -> int:
+    """The lanes (threads) a search's network runs on, for its tasks' own threads: 1 on Dask or serial."""
+    name = executor if isinstance(executor, str) or executor is None else getattr(executor, "name", "")
+    if name in ("serial", "dask"):
+        return 1
+    if workers is None:
+        workers = getattr(executor, "workers", None) or get_config()["workers"]
+    return max(1, int(workers or default_workers()))
+
+
+def inner_jobs(tasks: int, n_lanes: int) -> int:
+    """The threads each forest fit of a rung of ``tasks`` tasks on ``n_lanes`` lanes builds its trees on.
+
+    Trees release the GIL while they grow, so a fit on ``n_lanes`` threads next to others shares the cores
+    with them (the total work is the same) and fills the cores left idle at the rung's end; a rung of many
+    tasks keeps its lanes busy on its own (and saves the thread pool each fit would start).
+
+    >>> inner_jobs(5, 2), inner_jobs(135, 2), inner_jobs(5, 1)
+    (2, 1, 1)
+    """
+    return n_lanes if 1 < n_lanes and tasks < FEW_TASKS_PER_LANE * n_lanes else 1
+
+
+def _forests(est: Any) -> list[Any]:
+    """The scikit-learn forests among ``est`` and a plain pipeline's steps whose ``n_jobs`` is unset (or 1)."""
+    from sklearn.ensemble._forest import BaseForest
+
+    steps = pipeline_steps(est)
+    found = [s for _, s in steps] if steps is not None else [est]
+    return [s for s in found if isinstance(s, BaseForest) and s.get_params(deep=False).get("n_jobs") in (None, 1)]
+
+
+@contextlib.contextmanager
+def threaded_trees(est: Any, jobs: int) -> Iterator[None]:
+    """Within the block, the forests of ``est`` (:func:`_forests`) build their trees on ``jobs`` threads
+    (joblib's threading backend, as ``n_jobs`` does); their ``n_jobs`` is restored after.  The trees are
+    the same as on one thread (each from its own seed, in order): only their fit is parallel, not
+    ``predict``, whose sum over trees would then come in another order."""
+    forests = _forests(est) if jobs > 1 else []
+    before = [f.n_jobs for f in forests]
+    for f in forests:
+        f.n_jobs = jobs
+    try:
+        yield
+    finally:
+        for f, n in zip(forests, before):
+            f.n_jobs = n
 
 
 def _warm_estimator(est: Any, previous: Any, param: str, route: Any) -> tuple[Any, bool]:
@@ -117,17 +175,34 @@ def _warm_estimator(est: Any, previous: Any, param: str, route: Any) -> tuple[An
     new = spec.get_params(deep=False)[param]
     if getattr(previous, param) == new:
         return previous, False
-    out = copy.deepcopy(previous)   # the previous rung's fit stays as it was (a resumed rung may read it)
+    out = _continuable_copy(previous)   # the previous rung's fit stays as it was (a resumed rung may read it)
     out.set_params(**{param: new})
     return out, True
+
+
+def _continuable_copy(fitted: Any) -> Any:
+    """A copy of a fitted step that a warm fit can grow without changing ``fitted``.
+
+    A forest's warm fit only appends trees to ``estimators_`` and assigns its other attributes anew: a
+    shallow copy with its own list of (shared, never refitted) trees will do, unless its ``random_state``
+    is a generator that the fit would draw from.  Anything else is copied whole."""
+    from sklearn.ensemble._forest import BaseForest
+
+    if isinstance(fitted, BaseForest) and isinstance(fitted.random_state, (int, type(None))) \
+            and isinstance(getattr(fitted, "estimators_", None), list):
+        out = copy.copy(fitted)
+        out.estimators_ = list(fitted.estimators_)
+        return out
+    return copy.deepcopy(fitted)
 
 
 @saved_operation
 def warm_fit_and_score(est: Any, previous: Any, param: str, route: Any, fit_params: dict[str, Any], X: Any, y: Any,
                        users: tuple[int, ...], head: tuple[Any, ...], X_test: Any, y_test: Any, X_train: Any,
-                       y_train: Any) -> dict[str, Any]:
+                       y_train: Any, jobs: int = 1) -> dict[str, Any]:
     """Fit a candidate's last step, continuing ``previous`` (its fit on this fold in the previous rung) when
-    there is one, and score it: scikit-learn's ``_fit_and_score`` output, the fitted step under ``_fitted``."""
+    there is one, and score it: scikit-learn's ``_fit_and_score`` output, the fitted step under ``_fitted``.
+    A forest grows its trees on ``jobs`` threads (:func:`threaded_trees`)."""
     if isinstance(X, Stage):
         X_stage: Any = X
         X = X.train
@@ -142,7 +217,7 @@ def warm_fit_and_score(est: Any, previous: Any, param: str, route: Any, fit_para
         try:
             fitted, needed = _warm_estimator(est, previous, param, route)
             if needed:
-                with on_device(route):
+                with on_device(route), threaded_trees(fitted, jobs if route is None else 1):
                     Xm, ym = moved(route, X, y)
                     fitted.fit(Xm, **fit_params) if ym is None else fitted.fit(Xm, ym, **fit_params)
             step = (fitted, None, time.perf_counter() - start)
