@@ -40,10 +40,9 @@ Run: ``python benchmarks/bench_tuning.py [--quick] [--gpu] [--halving [--parts p
 
 from __future__ import annotations
 
-import argparse
 import collections
-import json
 import os
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +50,9 @@ from typing import Any
 
 import numpy as np
 from sklearn.decomposition import PCA
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # run as a script
+from benchmarks._runner import bench_main  # noqa: E402 - after the path set-up
 
 FITS: collections.Counter = collections.Counter()
 
@@ -474,33 +476,26 @@ def _trees(search: Any) -> int:
     return total
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--gpu", action="store_true", help="the one-stage grid on CuPy data: streams vs serial")
-    p.add_argument("--rows", type=int, default=None, help="rows of the GPU mode (default 50k, --quick 2k)")
-    p.add_argument("--halving", action="store_true", help="the halving section alone")
-    p.add_argument("--parts", default="pipeline,forest,grow",
-                   help="with --halving: which of its workloads (comma-separated: pipeline, forest, grow)")
-    p.add_argument("--out", default=None)
-    p.add_argument("--warm-picture", default=None, metavar="PNG",
-                   help="draw docs/tuning.md's timeline of a warm-started halving search to PNG, and stop")
-    a = p.parse_args()
-    if a.warm_picture:
-        res = warm_picture(a.warm_picture)
-    elif a.gpu:
-        res = gpu_search(quick=a.quick, rows=a.rows)
-    elif a.halving:
-        res = halving(quick=a.quick, parts=tuple(a.parts.split(",")))
-    else:
-        res = run(quick=a.quick)
-        res["halving"] = halving(quick=a.quick)
-    text = json.dumps(res, indent=2, default=str)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
-    print(text)
+def _run(quick: bool, gpu: bool, rows: int | None, halving_only: bool, parts: str,
+         warm_picture_png: str | None) -> dict[str, Any]:
+    if warm_picture_png:
+        return warm_picture(warm_picture_png)
+    if gpu:
+        return gpu_search(quick=quick, rows=rows)
+    if halving_only:
+        return halving(quick=quick, parts=tuple(parts.split(",")))
+    res = run(quick=quick)
+    res["halving"] = halving(quick=quick)
+    return res
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(bench_main(_run, __doc__, name="tuning", options=[
+        (["--gpu"], {"action": "store_true", "help": "the one-stage grid on CuPy data: streams vs serial"}),
+        (["--rows"], {"type": int, "default": None, "help": "rows of the GPU mode (default 50k, --quick 2k)"}),
+        (["--halving"], {"action": "store_true", "dest": "halving_only", "help": "the halving section alone"}),
+        (["--parts"], {"default": "pipeline,forest,grow",
+                       "help": "with --halving: which of its workloads (comma-separated: pipeline, forest, grow)"}),
+        (["--warm-picture"], {"default": None, "metavar": "PNG", "dest": "warm_picture_png",
+                              "help": "draw docs/tuning.md's timeline of a warm-started halving search to PNG"}),
+    ]))
