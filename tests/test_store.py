@@ -362,3 +362,27 @@ def test_step_fits_alone_are_loaded_when_results_are_not_kept(store):
         os.remove(p)
     again = _search([0.1, 1.0], X, y).fit(X, y)
     assert again.search_report_.fitted == 0 and again.search_report_.stored == 12
+
+
+def test_from_sklearn_conversions_and_stacks_look_in_the_store(tmp_path, executor):
+    """A converted pipeline and a stack fit their machines through the same lookup: fitted again (a new
+    object, or a new process) they load every state and predict as the first."""
+    from sklearn.linear_model import LinearRegression
+    from sklearn.model_selection import KFold
+
+    rng = np.random.default_rng(1)
+    X, y = rng.normal(size=(90, 5)), rng.normal(size=90)
+    pipe = make_pipeline(StandardScaler(), PCA(3), Ridge(alpha=0.5))
+    stack = lambda: gn.StackingRegressor([("r", Ridge()), ("p", make_pipeline(StandardScaler(), Ridge(2.0)))],  # noqa: E731
+                                         final_estimator=LinearRegression(), cv=KFold(3), executor=executor)
+    with gn.config(store=gn.Store(tmp_path / "s")):
+        first = gn.from_sklearn(pipe).fit(X, y)
+        misses = gn.store_info().misses
+        again = gn.from_sklearn(pipe).fit(X, y)
+        assert gn.store_info().hits >= 3 and gn.store_info().misses == misses
+        np.testing.assert_array_equal(again.predict(X), first.predict(X))
+        s1 = stack().fit(X, y)
+        hits, misses = gn.store_info().hits, gn.store_info().misses
+        s2 = stack().fit(X, y)
+        assert gn.store_info().hits > hits and gn.store_info().misses == misses   # every machine of the stack
+        np.testing.assert_array_equal(s2.predict(X), s1.predict(X))
