@@ -386,3 +386,22 @@ def test_from_sklearn_conversions_and_stacks_look_in_the_store(tmp_path, executo
         s2 = stack().fit(X, y)
         assert gn.store_info().hits > hits and gn.store_info().misses == misses   # every machine of the stack
         np.testing.assert_array_equal(s2.predict(X), s1.predict(X))
+
+
+def test_no_entry_holds_the_training_data(store, executor):
+    """A store holds fitted states, never the data they were fitted on (nor their transforms of it)."""
+    rng = np.random.default_rng(7)
+    Xd, yd = rng.normal(size=(200, 6)), rng.normal(size=200)
+    out, parts = _net(data=(Xd, yd))
+    out.fit(executor=executor)
+    gn.GridSearchCV(make_pipeline(StandardScaler(), PCA(3), Ridge()), {"ridge__alpha": [0.1, 1.0]}, cv=3,
+                    executor=executor).fit(Xd, yd)
+    import pathlib
+
+    raw = b"".join(p.read_bytes() for p in pathlib.Path(store.path).rglob("*")
+                   if p.is_file())
+    assert raw, "the store wrote its entries"
+    for values in (Xd, yd, Xd[:, 0].copy(), parts["scale"].estimator_.transform(Xd)[:, 0].copy()):
+        for row in range(0, len(values), 37):
+            chunk = np.ascontiguousarray(values[row:row + 4]).tobytes()
+            assert chunk not in raw, "a stored entry holds training data"
