@@ -69,6 +69,23 @@ class _Halving(_NetworkSearch):
                    "Hint: give at least one value per parameter, e.g. {'alpha': [0.1, 1.0]}.")
             raise ValueError(msg)
 
+    @_fit_context(prefer_skip_nested_validation=False)
+    def fit(self, X: Any, y: Any = None, **params: Any) -> Any:
+        """Run the rungs, each as one network, then refit the best candidate of the last rung on all rows.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,), optional
+        **params : dict
+            ``groups`` goes to the splitter; other parameters to the estimator's ``fit``.
+
+        Returns
+        -------
+        self
+        """
+        return self._halving_fit(X, y, **params)
+
     def _halving_fit(self, X: Any, y: Any, **params: Any) -> Any:
         self._n_samples_orig = _num_samples(X)
         self._fit(X, y, **params)
@@ -180,23 +197,6 @@ class HalvingGridSearchCV(_Halving, _SkHalvingGrid):
         self.workers = workers
         self.warm_start = warm_start
 
-    @_fit_context(prefer_skip_nested_validation=False)
-    def fit(self, X: Any, y: Any = None, **params: Any) -> HalvingGridSearchCV:
-        """Run the rungs, each as one network, then refit the best candidate of the last rung on all rows.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,), optional
-        **params : dict
-            ``groups`` goes to the splitter; other parameters to the estimator's ``fit``.
-
-        Returns
-        -------
-        self
-        """
-        return self._halving_fit(X, y, **params)
-
 
 class HalvingRandomSearchCV(_Halving, _SkHalvingRandom):
     """Successive halving over sampled candidates, each rung run as one learning network.
@@ -235,20 +235,3 @@ class HalvingRandomSearchCV(_Halving, _SkHalvingRandom):
         self.device = device
         self.workers = workers
         self.warm_start = warm_start
-
-    @_fit_context(prefer_skip_nested_validation=False)
-    def fit(self, X: Any, y: Any = None, **params: Any) -> HalvingRandomSearchCV:
-        """Run the rungs, each as one network, then refit the best candidate of the last rung on all rows.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,), optional
-        **params : dict
-            ``groups`` goes to the splitter; other parameters to the estimator's ``fit``.
-
-        Returns
-        -------
-        self
-        """
-        return self._halving_fit(X, y, **params)
