@@ -351,7 +351,7 @@ def test_failing_composite_candidate(reg_data):
         gn.GridSearchCV(est, grid, cv=3, error_score="raise").fit(X, y)
 
 
-def test_gpu_mode_of_the_benchmark_on_the_fake_gpu():
+def test_gpu_mode_of_the_benchmark_on_the_fake_gpu(tmp_path):
     """benchmarks/bench_tuning.py --gpu: a search on CuPy data, device="cuda", streams and serial equal to the CPU."""
     import json
     import os
@@ -362,11 +362,13 @@ def test_gpu_mode_of_the_benchmark_on_the_fake_gpu():
     root = pathlib.Path(__file__).resolve().parents[1]
     env = {**os.environ, "GPUNETS_FAKE_GPU": "1", "SCIPY_ARRAY_API": "1", "PYTHONPATH": str(root)}
     env.pop("NUMBA_ENABLE_CUDASIM", None)
+    out = tmp_path / "tuning_gpu.json"
     proc = subprocess.run([sys.executable, "-W", "ignore", "benchmarks/bench_tuning.py", "--gpu", "--quick",
-                           "--rows", "600"], cwd=root, env=env, capture_output=True, text=True, timeout=600,
-                          check=False)
+                           "--rows", "600", "--out", str(out)], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert f"wrote {out}" in proc.stdout, proc.stdout[-2000:]   # the shared runner's last line
+    res = json.loads(out.read_text())
     assert res["fake_gpu"] and "error" not in res, res
     assert res["scores_equal_cpu"]["met"], res
     for ex in ("serial", "streams"):
