@@ -84,7 +84,7 @@ from gpunets.base._warn import _OWNER
 from gpunets.base.config import config
 from gpunets.compose._composite_extras import check_extra_names, evaluate_extras, extra_nodes
 from gpunets.compose._composite_ops import adopt_states, carry_frozen, frozen_names, match_machines
-from gpunets.compose._composite_state import (  # noqa: F401 - moved there, used or re-exported here
+from gpunets.compose._composite_state import (
     COMPOSITE_OPERATIONS,
     CompositeChecks,
     CompositeViews,

@@ -45,7 +45,7 @@ from sklearn.utils.metaestimators import _BaseComposition, available_if
 from sklearn.utils.multiclass import check_classification_targets, type_of_target
 from sklearn.utils.validation import _check_feature_names_in, check_is_fitted, validate_data
 
-from gpunets.compose._stack_network import (  # noqa: F401 - moved there, used or re-exported here
+from gpunets.compose._stack_network import (  # noqa: F401 - also here, their path in files saved before the split
     SUMMARY,
     MemberSummary,
     StackNetwork,

@@ -61,7 +61,7 @@ from gpunets.compute.estimators import apply_estimator, fresh_estimator
 from gpunets.core.fitted_machine import learned_attributes
 from gpunets.core.graph import Upstream
 from gpunets.core.nodes import AbstractNode, Node, Source, as_node
-from gpunets.core.params import (  # noqa: F401 - moved there, used or re-exported here
+from gpunets.core.params import (
     WARM_MODES,
     _check_argument,
     _check_warm,

@@ -78,7 +78,7 @@ from gpunets.devices._gpulibs import fake_gpu_count
 __all__ = ["module", "ndarray", "legacy_work", "implicit_conversions", "order_violations", "reset_log", "launch",
            "seed"]
 
-from gpunets.devices._fakecuda import (  # noqa: F401 - the runtime half of the fake, re-exported
+from gpunets.devices._fakecuda import (
     _IMPLICIT,
     CUDARuntimeError,
     Device,
@@ -92,7 +92,6 @@ from gpunets.devices._fakecuda import (  # noqa: F401 - the runtime half of the 
     _implicit,
     _issue,
     _lock,
-    _seq,
     _state,
     get_current_stream,
     get_elapsed_time,

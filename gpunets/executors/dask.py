@@ -66,7 +66,7 @@ from gpunets.executors._dask_cluster import (
     _worker_client,
     require_distributed,
 )
-from gpunets.executors._dask_lower import (  # noqa: F401 - the lowering and its helpers
+from gpunets.executors._dask_lower import (
     _applies_state,
     _cuda_index,
     _describe,
@@ -75,10 +75,6 @@ from gpunets.executors._dask_lower import (  # noqa: F401 - the lowering and its
     _release,
     _RunContext,
     _set_error,
-    collect_trace,
-    gpu_map_of,
-    placement,
-    submit_and_collect,
 )
 from gpunets.executors._dask_state import DaskState
 from gpunets.executors._dask_store import shared, worker_functions

@@ -40,7 +40,7 @@ __all__ = ["StreamsExecutor", "EmulatedBackend", "CudaBackend", "StreamChecker",
            "MAX_GPU_LANES", "LegacyStreamWarning", "check_default_streams"]
 
 
-from gpunets.executors._cuda_streams import (  # noqa: F401 - the backends, re-exported
+from gpunets.executors._cuda_streams import (
     MAX_GPU_LANES,
     CudaBackend,
     EmulatedBackend,

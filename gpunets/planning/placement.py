@@ -30,31 +30,7 @@ from gpunets.devices.placement import (
     same_device,
 )
 from gpunets.devices.value_types import host_only
-from gpunets.planning.lanes import (  # noqa: F401 - moved there, used or re-exported here
-    assign_lanes,
-)
-from gpunets.planning.tasks import (  # noqa: F401 - moved there, used or re-exported here
-    _apply_fitted,
-    _apply_state,
-    _cached,
-    _call_with_constants,
-    _combine,
-    _commit_fit,
-    _constant_on,
-    _constants_key,
-    _fit_task,
-    _fit_transform_task,
-    _function_head,
-    _move,
-    _n_rows_of,
-    _partial_fit_task,
-    _rows_key,
-    _source_head,
-    _static_state,
-    _static_task,
-    _store,
-    _training_output,
-)
+from gpunets.planning.tasks import _move
 
 if TYPE_CHECKING:  # pragma: no cover
     from gpunets.planning.plan import Task, _Builder

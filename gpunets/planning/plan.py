@@ -42,10 +42,10 @@ from gpunets.devices.cache import CACHE, digest, machine_caches, token
 from gpunets.devices.data import device_of
 from gpunets.devices.fingerprint import scope
 from gpunets.devices.placement import CPU, Device
-from gpunets.planning.lanes import (  # noqa: F401 - moved there, used or re-exported here
+from gpunets.planning.lanes import (
     assign_lanes,
 )
-from gpunets.planning.placement import (  # noqa: F401 - moved there, used or re-exported here
+from gpunets.planning.placement import (
     PlacementRules,
     _asked,
     _fit_keywords,
@@ -53,7 +53,7 @@ from gpunets.planning.placement import (  # noqa: F401 - moved there, used or re
     _warm_route_ok,
 )
 from gpunets.planning.stored import STORED, StoreKeys, commit_and_store, lookup, storable, stored_task
-from gpunets.planning.tasks import (  # noqa: F401 - moved there, used or re-exported here
+from gpunets.planning.tasks import (  # noqa: F401 - also here, their path in files saved before the split
     _apply_fitted,
     _apply_state,
     _cached,

@@ -28,9 +28,6 @@ from gpunets.devices._gpulibs import loaded_cupy
 from gpunets.devices.cache import CACHE, digest, operation_key, value_key
 from gpunets.devices.data import device_of, is_cupy_array, n_rows, to_device
 from gpunets.devices.placement import Device, local_ordinal, same_device
-from gpunets.planning.lanes import (  # noqa: F401 - moved there, used or re-exported here
-    assign_lanes,
-)
 
 
 def _combine(recipe: tuple[tuple[int, ...], Any], memo: dict[int, bytes | None]) -> bytes | None:

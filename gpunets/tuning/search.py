@@ -73,7 +73,7 @@ from gpunets.tuning.evaluation import Run as _Run
 from gpunets.tuning.evaluation import by_candidate as _by_candidate
 from gpunets.tuning.networks import SKLEARN_CONFIG, CompositeFold, StepsFold, fold_data, is_composite, pipeline_steps
 from gpunets.tuning.report import SearchReport
-from gpunets.tuning.routing import (  # noqa: F401 - moved there, used or re-exported here
+from gpunets.tuning.routing import (
     _fit_params_by_step,
     _pipeline_score_routing,
     _refit_context,
