@@ -224,6 +224,44 @@ class Run:
             if k is None and block:
                 k = self.next_ready(True)
 
+    def work_short(self, lane: Any, seconds: float) -> None:
+        """Run ready tasks in this thread while they take less than ``seconds``: return once two of the last
+        three took longer (one slow task, a pause of the process, does not count), when none is ready, or when
+        the run is over or has failed."""
+        if self.plan.sklearn_config:
+            with sklearn_config(self.plan.sklearn_config):
+                self._work_short(lane, seconds)
+        else:
+            self._work_short(lane, seconds)
+
+    def _work_short(self, lane: Any, seconds: float) -> None:
+        tasks, vals, t0 = self.plan.tasks, self.values, self.t0
+        thread = threading.current_thread().name
+        perf = time.perf_counter
+        last = [0.0, 0.0]   # the durations of the two tasks before this one
+        while True:
+            k = self.next_ready(False)
+            if k is None:
+                return
+            task = tasks[k]
+            fn = task.fn
+            assert fn is not None   # only source tasks have no function, and they are never ready
+            inputs = [vals[d] for d in task.deps]
+            start = perf()
+            try:
+                value = fn(*inputs)
+            except BaseException as e:  # noqa: BLE001 - re-raised by raise_error
+                self.trace.add(task, lane, start - t0, perf() - t0, thread, None, True)
+                self.fail(k, e)
+                return
+            end = perf()
+            self.trace.add(task, lane, start - t0, end - t0, thread, None, False)
+            self.complete(k, value)
+            took = end - start
+            if took >= seconds and max(last) >= seconds:
+                return
+            last = [last[1], took]
+
     def release(self, key: int) -> None:
         """Drop an intermediate value nobody needs any more (lane executors defer this)."""
         if self.plan.tasks[key].kind != "source":

@@ -22,7 +22,7 @@ from functools import partial
 from typing import Any
 
 from gpunets.executors import pool
-from gpunets.executors._args import check_flag
+from gpunets.executors._args import check_flag, check_seconds
 from gpunets.executors.base import Executor, default_workers, task_context
 from gpunets.executors.scheduler import Run
 from gpunets.executors.streams import run_on_cuda, wants_cuda
@@ -117,18 +117,29 @@ def limit_native_threads(n: int, user_api: str | None = None) -> Any:
 class ThreadsExecutor(Executor):
     """Run ready tasks on ``workers`` threads (default: the cores).
 
+    ``serial_below`` (seconds, default None): run the tasks in the calling thread, one after another, while
+    they take less than that; once two of the last three took longer, the worker threads run the rest of
+    the run.  Short Python tasks (scikit-learn's fits and scores of small arrays) hold the GIL: a second
+    thread cannot overlap them and only adds hand-overs of the GIL (the searches use it, see
+    :data:`gpunets.tuning.search.SERIAL_TASK_SECONDS`).
+
     >>> import numpy as np, gpunets as gn
     >>> X = gn.source(np.ones(2), name="X")
     >>> gn.mean(X + 1, X * 3)(executor=ThreadsExecutor(workers=2)).tolist()
+    [2.5, 2.5]
+    >>> gn.mean(X + 1, X * 3)(executor=ThreadsExecutor(workers=2, serial_below=0.01)).tolist()
     [2.5, 2.5]
     """
 
     name = "threads"
 
-    def __init__(self, workers: int | None = None, limit_native: bool = True) -> None:
+    def __init__(self, workers: int | None = None, limit_native: bool = True,
+                 serial_below: float | None = None) -> None:
         check_flag("limit_native", limit_native, "ThreadsExecutor")
+        check_seconds("serial_below", serial_below, "ThreadsExecutor", "always on the worker threads")
         super().__init__(workers)
         self.limit_native = limit_native
+        self.serial_below = serial_below
 
     def run(self, plan: Any, on_task_done: Any = None) -> Run:
         if wants_cuda(plan):
@@ -141,6 +152,10 @@ class ThreadsExecutor(Executor):
         jobs = []
         with limit:
             try:
+                if self.serial_below is not None and n > 1:   # short tasks first run here, one by one
+                    task_context().run(run.work_short, 0, self.serial_below)
+                    if run.finished:
+                        return run
                 for i in range(n):
                     ctx = task_context()
                     jobs.append(pool.checkout(("cpu", i)).submit(partial(ctx.run, self._work, run, i, per_task)))

@@ -168,11 +168,14 @@ class Memory:
 def nbytes(value: Any) -> int:
     """The bytes of the arrays in ``value`` (a tuple of arrays, frames, sparse matrices; other objects: 0).
 
-    >>> nbytes((np.zeros(4), None, (np.zeros(2, dtype=np.float32),)))
-    40
+    An array held twice (a Stage whose rows to score are its training rows) counts once.
+
+    >>> a = np.zeros(4)
+    >>> nbytes((a, None, (np.zeros(2, dtype=np.float32),))), nbytes((a, a))
+    (40, 32)
     """
     if isinstance(value, tuple):
-        return sum(nbytes(v) for v in value)
+        return sum(nbytes(v) for v in {id(v): v for v in value}.values())
     if hasattr(value, "memory_usage") and not hasattr(value, "nbytes"):   # a pandas frame
         return int(np.sum(value.memory_usage(index=True, deep=False)))
     if hasattr(value, "indptr"):   # a SciPy sparse matrix
