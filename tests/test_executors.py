@@ -357,6 +357,44 @@ def test_threads_run_branches_at_the_same_time():
     np.testing.assert_array_equal(out(executor=gn.StreamsExecutor(workers=2)), 2 * np.ones(3))
 
 
+def test_threads_run_short_tasks_in_the_calling_thread_until_they_grow():
+    """serial_below=: short tasks run in the caller, one slow task (a pause) does not start the threads, two of
+    the last three over the limit do; the result is the serial one, a failure raises as on the threads."""
+    import time
+
+    X = gn.source(np.ones(3), name="X")
+    ran = []
+
+    def step(x, seconds):
+        ran.append(threading.current_thread().name)
+        time.sleep(seconds)
+        return x + 1
+
+    def chain(delays):
+        out = X
+        for d in delays:
+            out = gn.node(step, out, d)
+        return out
+
+    ex = gn.ThreadsExecutor(workers=2, serial_below=0.02)
+    out = chain([0.0, 0.05, 0.0, 0.0])   # one slow task among short ones
+    np.testing.assert_array_equal(out(executor=ex), 5 * np.ones(3))
+    assert set(ran) == {threading.current_thread().name}
+    ran.clear()
+    out = chain([0.0, 0.03, 0.03, 0.0, 0.0])   # two slow tasks in a row: the rest on the worker threads
+    np.testing.assert_array_equal(out(executor=ex), 6 * np.ones(3))
+    assert ran[:3] == [threading.current_thread().name] * 3
+    assert all(t.startswith("gpunets-cpu") for t in ran[3:])
+
+    def boom(x):
+        raise ValueError("boom")
+
+    with pytest.raises(gn.EvaluationError, match="boom"):
+        gn.node(boom, X)(executor=ex)
+    with pytest.raises(ValueError, match="serial_below=0"):
+        gn.ThreadsExecutor(serial_below=0)
+
+
 def test_threads_cap_native_thread_pools():
     threadpoolctl = pytest.importorskip("threadpoolctl")
     seen = []

@@ -708,3 +708,42 @@ def test_metadata_routing_errors_before_any_fit(executor, how, reg_data):
         assert FITS["routed"] == (2 * 3 + 2 if how == "unrouted" else 0)
     else:
         assert FITS["routed"] == (3 + 2 if how == "unrouted" else 0)   # scikit-learn's 3 + 1, our refit
+
+
+def test_a_step_whose_fit_output_is_its_transform_scores_the_training_rows_once():
+    """A step with scikit-learn's fit_transform (fit then transform) passes its fit output on as the transformed
+    rows to score; one that overrides it (PCA) transforms them again; the train scores equal scikit-learn's."""
+    from gpunets.tuning import tasks
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(60, 5)), rng.normal(size=60)
+    scaled = tasks.fit_stage(StandardScaler(), None, {}, True, y, X, X[:10], X)
+    assert scaled.score is scaled.train
+    np.testing.assert_array_equal(scaled.train, StandardScaler().fit(X).transform(X))
+    reduced = tasks.fit_stage(PCA(n_components=2), None, {}, True, y, scaled)
+    assert reduced.score is not reduced.train
+    np.testing.assert_array_equal(reduced.score, PCA(n_components=2).fit(scaled.train).transform(scaled.train))
+    apart = tasks.fit_stage(StandardScaler(), None, {}, True, y, X, X[:10], X.copy())   # other rows to score
+    assert apart.score is not apart.train
+    pipe = make_pipeline(StandardScaler(), PCA(n_components=3), Ridge())
+    grid = {"ridge__alpha": [0.1, 10.0]}
+    ours = gn.GridSearchCV(pipe, grid, cv=3, return_train_score=True, executor="threads", workers=2).fit(X, y)
+    theirs = skms.GridSearchCV(pipe, grid, cv=3, return_train_score=True).fit(X, y)
+    for key in ("mean_train_score", "mean_test_score"):
+        np.testing.assert_allclose(ours.cv_results_[key], theirs.cv_results_[key], rtol=0, atol=1e-12)
+
+
+def test_short_search_tasks_run_in_the_calling_thread_on_threads():
+    """executor="threads": tasks shorter than SERIAL_TASK_SECONDS run in the caller (small fits hold the GIL)."""
+    import threading
+
+    from gpunets.tuning.search import SERIAL_TASK_SECONDS
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(40, 3)), rng.normal(size=40)
+    s = gn.GridSearchCV(Ridge(), {"alpha": [0.1, 1.0, 10.0]}, cv=2, executor="threads", workers=2).fit(X, y)
+    recs = s.search_report_.trace.records
+    slow = [r for r in recs if r.seconds >= SERIAL_TASK_SECONDS]
+    if len(slow) < 2:   # a loaded machine may slow two tasks down: then the threads took over, as they should
+        assert {r.thread for r in recs} == {threading.current_thread().name}
+    assert s.search_report_.ran == s.search_report_.fits == {"Ridge": 6}

@@ -225,9 +225,9 @@ class Run:
                 k = self.next_ready(True)
 
     def work_short(self, lane: Any, seconds: float) -> None:
-        """Run ready tasks in this thread while they take less than ``seconds``: return once two of the last
-        three took longer (one slow task, a pause of the process, does not count), when none is ready, or when
-        the run is over or has failed."""
+        """Run ready tasks in this thread while they take less than ``seconds``: return once the last two, or
+        three of the last eight, took longer (one slow task, a pause of the process, does not count), when none
+        is ready, or when the run is over or has failed."""
         if self.plan.sklearn_config:
             with sklearn_config(self.plan.sklearn_config):
                 self._work_short(lane, seconds)
@@ -238,7 +238,7 @@ class Run:
         tasks, vals, t0 = self.plan.tasks, self.values, self.t0
         thread = threading.current_thread().name
         perf = time.perf_counter
-        last = [0.0, 0.0]   # the durations of the two tasks before this one
+        slow: collections.deque[bool] = collections.deque(maxlen=8)   # the last tasks: each took `seconds` or more
         while True:
             k = self.next_ready(False)
             if k is None:
@@ -257,10 +257,9 @@ class Run:
             end = perf()
             self.trace.add(task, lane, start - t0, end - t0, thread, None, False)
             self.complete(k, value)
-            took = end - start
-            if took >= seconds and max(last) >= seconds:
+            slow.append(end - start >= seconds)
+            if (slow[-1] and len(slow) > 1 and slow[-2]) or sum(slow) >= 3:
                 return
-            last = [last[1], took]
 
     def release(self, key: int) -> None:
         """Drop an intermediate value nobody needs any more (lane executors defer this)."""

@@ -34,7 +34,8 @@ class Run:
                  fit_params: dict[str, Any], score_params: dict[str, Any], scorers: Any,
                  workers: int | None) -> None:
         self.search, self.X, self.y, self.split_params = search, X, y, split_params
-        self.data = (X, y, fit_params, score_params, scorers, workers, base)
+        # the last item: what the calls of one fit share (the search's memory for this data, fingerprinted once)
+        self.data = (X, y, fit_params, score_params, scorers, workers, base, {})
         self.candidates: list[dict[str, Any]] = []
         self.outs: list[dict[str, Any]] = []
         self.more: dict[str, list[Any]] = {}

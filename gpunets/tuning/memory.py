@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any
@@ -64,6 +65,7 @@ class Memory:
         self.made: dict[Hashable, tuple[Any, Hashable | None]] = {}
         self.keys_of: dict[int, tuple[Any, Hashable | None]] = {}
         self._lock = threading.Lock()
+        self._folds: tuple[list[Any], list[Hashable]] | None = None   # fold_keys' last rows (weakly) and keys
 
     def specs(self, base: Any, candidates: list[dict[str, Any]], cache: bool = True) -> list[Any]:
         """Each candidate's estimator, ``clone(base).set_params(**params)`` (unknown names raise here), made
@@ -152,7 +154,7 @@ class Memory:
         """The key of every (candidate, fold), candidate-major, and per fold the candidates to run.
 
         ``extra`` (a list, one per candidate) is added to each candidate's key."""
-        folds = [(fingerprint(np.asarray(tr)), fingerprint(np.asarray(te))) for tr, te in splits]
+        folds = self.fold_keys(splits)
         cands = [self.key_of(s) for s in specs]
         if extra is not None:
             cands = [None if c is None else (c, e) for c, e in zip(cands, extra)]
@@ -162,7 +164,18 @@ class Memory:
         return keys, todo
 
     def fold_keys(self, splits: list[tuple[np.ndarray, np.ndarray]]) -> list[Hashable]:
-        return [(fingerprint(np.asarray(tr)), fingerprint(np.asarray(te))) for tr, te in splits]
+        """Each fold's key: the fingerprints of its rows (kept for the last splits asked, while their index
+        arrays live: a rung asks for them several times)."""
+        rows = [a for pair in splits for a in pair]
+        last = self._folds
+        if last is not None and len(last[0]) == len(rows) and all(r() is a for r, a in zip(last[0], rows)):
+            return last[1]
+        keys: list[Hashable] = [(fingerprint(np.asarray(tr)), fingerprint(np.asarray(te))) for tr, te in splits]
+        try:
+            self._folds = ([weakref.ref(a) for a in rows], keys)
+        except TypeError:   # index lists (no weak references): not kept
+            self._folds = None
+        return keys
 
 
 def nbytes(value: Any) -> int:

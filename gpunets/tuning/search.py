@@ -251,8 +251,10 @@ class _NetworkSearch(BaseSearchCV):
                   data: Any) -> list[dict[str, Any]]:
         """scikit-learn's ``_fit_and_score`` outputs of every (candidate, fold), candidate-major: those
         the search's memory holds for the same data, the others computed as one network."""
-        X, y, fit_params, score_params, scorers, workers, base = data
-        mem = memory.of(self, X, y, fit_params, score_params, scorers)
+        X, y, fit_params, score_params, scorers, workers, base, shared = data
+        mem = shared.get("memory")
+        if mem is None or self.__dict__.get("_gn_memory") is not mem:   # the data fingerprinted once per fit
+            mem = shared["memory"] = memory.of(self, X, y, fit_params, score_params, scorers)
         specs = mem.specs(base, candidates, cache=not is_composite(base))   # unknown names raise here
         extra = self._warm_keys(candidates)
         keys, todo = mem.lookup(specs, splits, extra)
