@@ -35,7 +35,7 @@ class Run:
                  workers: int | None) -> None:
         self.search, self.X, self.y, self.split_params = search, X, y, split_params
         # the last item: what the calls of one fit share (the search's memory for this data, fingerprinted once)
-        self.data = (X, y, fit_params, score_params, scorers, workers, base, {})
+        self.data: tuple[Any, ...] = (X, y, fit_params, score_params, scorers, workers, base, {})
         self.candidates: list[dict[str, Any]] = []
         self.outs: list[dict[str, Any]] = []
         self.more: dict[str, list[Any]] = {}
