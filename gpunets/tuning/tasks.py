@@ -230,33 +230,18 @@ def fit_stage(est: Any, route: Any, fit_params: dict[str, Any], score: bool, y: 
     same = X_score is X   # the rows to score are the training rows (train scores)
     X_test, X_score = aligned(X_test, X_score)
     est, out, seconds, key = _keyed_fit_step(est, route, False, fit_params, X, y)
-    if not score:
-        scored = None
-    elif same and fit_output_is_transform(est):
-        scored = out   # what transform(X_score) would compute, computed once
-    else:
-        scored = transform(est, X_score, route)
+    scored = (out if same and fit_output_is_transform(est) else transform(est, X_score, route)) if score else None
     return Stage(out, transform(est, X_test, route), scored, secs + (seconds,), stored.stage_key(key))
 
 
 def fit_output_is_transform(est: Any) -> bool:
-    """Whether ``est``'s fit output (:func:`fit_step`: ``fit_transform``, else ``fit`` then ``transform``)
-    is by construction its ``transform`` of the same rows: scikit-learn's ``TransformerMixin.fit_transform``
-    is ``fit(X, y).transform(X)``; a class that overrides it (PCA: ``U * S``) may round otherwise.
-
-    >>> from sklearn.preprocessing import StandardScaler
-    >>> from sklearn.decomposition import PCA
-    >>> fit_output_is_transform(StandardScaler()), fit_output_is_transform(PCA())
-    (True, False)
-    """
-    if isinstance(est, Failed):
-        return False
-    own = getattr(type(est), "fit_transform", None)
-    if own is None:
-        return True
+    """Whether ``est``'s fit output (:func:`fit_step`) is by construction its ``transform`` of the same rows:
+    scikit-learn's ``TransformerMixin.fit_transform`` is ``fit(X, y).transform(X)`` (an override, PCA's
+    ``U * S``, may round otherwise); without ``fit_transform``, :func:`fit_step` fits then transforms."""
     from sklearn.base import TransformerMixin
 
-    return own is TransformerMixin.fit_transform
+    own = getattr(type(est), "fit_transform", None)
+    return not isinstance(est, Failed) and (own is None or own is TransformerMixin.fit_transform)
 
 
 def score_on(route: Any, *args: Any) -> dict[str, Any]:
