@@ -80,14 +80,16 @@ from gpunets.tuning.routing import (
     _routed_by_step,
 )
 
-__all__ = ["GridSearchCV", "RandomizedSearchCV", "SearchReport", "SERIAL_TASK_SECONDS"]
+__all__ = ["GridSearchCV", "RandomizedSearchCV", "SearchReport", "SERIAL_MAX_VALUES", "SERIAL_TASK_SECONDS"]
 
-# On executor="threads", a search's tasks run in the calling thread while each takes less than this; the first
-# longer one starts the threads (ThreadsExecutor(serial_below=...)).  scikit-learn's fits and scores of small
-# arrays are Python holding the GIL: on 2 cores, the 150 fits of rung 0 of the halving benchmark (Ridge on
-# 1,481 x 20 rows, 1.7 ms each with its two scores) took 0.32 s on two threads and 0.25 s in one; its fits of
-# 13k rows (6 ms) gain from the second thread.
+# On executor="threads", a search whose folds train on at most SERIAL_MAX_VALUES values (rows x columns) runs
+# its tasks in the calling thread while they take less than SERIAL_TASK_SECONDS (ThreadsExecutor(serial_below=)).
+# scikit-learn's fits and scores of small arrays are Python holding the GIL: on 2 cores, the 150 fits of rung 0
+# of the halving benchmark (Ridge on 1,481 x 20 rows, 1.7 ms each with its two scores) took 0.32 s on two
+# threads and 0.25 s in one, those of rung 1 (4,442 rows) 0.15 s and 0.12 s.  Larger folds start on the threads
+# at once (their first tasks, rows taken and scalers fitted, would wait in one thread before the rule saw them).
 SERIAL_TASK_SECONDS = 0.004
+SERIAL_MAX_VALUES = 1 << 18
 
 
 # --- the searches ----------------------------------------------------------------------------------------------
@@ -380,7 +382,7 @@ class _NetworkSearch(BaseSearchCV):
             for pair, n in zip(pairs_done, ordered):
                 memory.record_in(n, self._gn_record, pair)
         target = node(tasks.collect, *ordered, device=str(gpu) if gpu is not None else "cpu")
-        if executor == "threads":   # the short tasks of a network of small fits run in this thread
+        if executor == "threads" and _small_folds(X, splits):   # short tasks of small fits run in this thread
             executor = ThreadsExecutor(workers=workers, serial_below=SERIAL_TASK_SECONDS)
         opts = {"executor": executor, "workers": workers}
         start = time.perf_counter()
@@ -440,6 +442,13 @@ class _NetworkSearch(BaseSearchCV):
                 fold.candidate(steps[c], warm=None if warm is None else warm.step(c, f), keys=keys[c])
             score_nodes.append(dict(zip(run, fold.scores())))
         return score_nodes
+
+
+def _small_folds(X: Any, splits: list[tuple[np.ndarray, np.ndarray]]) -> bool:
+    """Whether the largest training fold holds at most :data:`SERIAL_MAX_VALUES` values of ``X``."""
+    shape = getattr(X, "shape", None) or (len(X),)
+    columns = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    return max((len(train) for train, _ in splits), default=0) * columns <= SERIAL_MAX_VALUES
 
 
 class GridSearchCV(_NetworkSearch):
