@@ -358,16 +358,18 @@ def test_threads_run_branches_at_the_same_time():
 
 
 def test_threads_run_short_tasks_in_the_calling_thread_until_they_grow():
-    """serial_below=: short tasks run in the caller, one slow task (a pause) does not start the threads, two of
-    the last three over the limit do; the result is the serial one, a failure raises as on the threads."""
+    """serial_below=: short tasks run in the caller, one slow task (a pause) does not start the threads, two in
+    a row over the limit do; the result is the serial one, a failure raises as on the threads."""
     import time
 
     X = gn.source(np.ones(3), name="X")
     ran = []
 
-    def step(x, seconds):
+    def step(x, seconds):   # busy: the rule reads the thread's CPU time
         ran.append(threading.current_thread().name)
-        time.sleep(seconds)
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
         return x + 1
 
     def chain(delays):

@@ -225,9 +225,10 @@ class Run:
                 k = self.next_ready(True)
 
     def work_short(self, lane: Any, seconds: float) -> None:
-        """Run ready tasks in this thread while they take less than ``seconds``: return once the last two, or
-        three of the last eight, took longer (one slow task, a pause of the process, does not count), when none
-        is ready, or when the run is over or has failed."""
+        """Run ready tasks in this thread while they take less than ``seconds`` of this thread's CPU time: return
+        once the last two, or three of the last eight, took longer (one slow task, a pause of the process, does
+        not count; nor does time other processes take the core), when none is ready, or when the run is over or
+        has failed."""
         if self.plan.sklearn_config:
             with sklearn_config(self.plan.sklearn_config):
                 self._work_short(lane, seconds)
@@ -247,17 +248,17 @@ class Run:
             fn = task.fn
             assert fn is not None   # only source tasks have no function, and they are never ready
             inputs = [vals[d] for d in task.deps]
-            start = perf()
+            start, cpu = perf(), time.thread_time()
             try:
                 value = fn(*inputs)
             except BaseException as e:  # noqa: BLE001 - re-raised by raise_error
                 self.trace.add(task, lane, start - t0, perf() - t0, thread, None, True)
                 self.fail(k, e)
                 return
-            end = perf()
+            end, cpu = perf(), time.thread_time() - cpu
             self.trace.add(task, lane, start - t0, end - t0, thread, None, False)
             self.complete(k, value)
-            slow.append(end - start >= seconds)
+            slow.append(cpu >= seconds)
             if (slow[-1] and len(slow) > 1 and slow[-2]) or sum(slow) >= 3:
                 return
 

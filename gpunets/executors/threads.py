@@ -118,8 +118,8 @@ class ThreadsExecutor(Executor):
     """Run ready tasks on ``workers`` threads (default: the cores).
 
     ``serial_below`` (seconds, default None): run the tasks in the calling thread, one after another, while
-    they take less than that; once the last two, or three of the last eight, took longer, the worker threads
-    run the rest of the run.  Short Python tasks (scikit-learn's fits and scores of small arrays) hold the GIL: a second
+    they take less than that (CPU time of the thread: a busy machine does not lengthen them); once the last two,
+    or three of the last eight, took longer, the worker threads run the rest of the run.  Short Python tasks (scikit-learn's fits and scores of small arrays) hold the GIL: a second
     thread cannot overlap them and only adds hand-overs of the GIL (the searches use it, see
     :data:`gpunets.tuning.search.SERIAL_TASK_SECONDS`).
 
