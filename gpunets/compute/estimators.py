@@ -22,7 +22,7 @@ from gpunets.devices.data import device_of
 
 __all__ = ["fresh_estimator", "fit_estimator", "fit_transform_estimator", "apply_estimator", "is_stateless",
            "static_estimator", "partial_fit_estimator", "is_frozen_estimator", "sklearn_config_delta",
-           "sklearn_config", "under_sklearn_config"]
+           "sklearn_config", "under_sklearn_config", "training_output_differs"]
 
 
 def fresh_estimator(model: Any) -> Any:
@@ -64,6 +64,60 @@ def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None,
     shape = getattr(values[0], "shape", None) if values else None
     info["n_rows"] = int(shape[0]) if shape else None
     return est, info
+
+
+# scikit-learn classes that define their own ``fit_transform`` and whose result is ``fit(X, y).transform(X)``
+# bit for bit (checked in tests/test_outputs.py): a fast path, a docstring, or a validation, not other values
+_SAME_AS_TRANSFORM = frozenset({
+    "_BaseKMeans", "KMeans", "MiniBatchKMeans", "BisectingKMeans", "KNeighborsTransformer", "RadiusNeighborsTransformer",
+    "PowerTransformer", "RandomTreesEmbedding", "MissingIndicator", "LabelEncoder", "LabelBinarizer",
+    "MultiLabelBinarizer", "DictVectorizer", "HashingVectorizer", "_BaseVoting", "VotingClassifier", "VotingRegressor",
+    "StackingClassifier", "StackingRegressor"})
+
+
+def training_output_differs(est: Any) -> bool:
+    """Whether ``est.fit_transform(X)`` may differ from ``est.fit(X).transform(X)``.
+
+    scikit-learn's ``TransformerMixin.fit_transform`` is ``fit(X, y).transform(X)``; a class that defines its
+    own may give other values: cross-fitted encodings (``TargetEncoder``), the SVD's own factors (``PCA``,
+    ``TruncatedSVD``: the last bits), an embedding of the training rows (``TSNE``, ``Isomap``).  Such a
+    machine's training output cannot be recomputed from its fitted state, only by fitting again
+    (docs/networks.md, "Training outputs").  Compositions differ when a part does; classes not known are
+    taken to differ.
+
+    >>> from sklearn.decomposition import PCA
+    >>> from sklearn.pipeline import make_pipeline
+    >>> from sklearn.preprocessing import StandardScaler, TargetEncoder
+    >>> training_output_differs(StandardScaler()), training_output_differs(TargetEncoder())
+    (False, True)
+    >>> training_output_differs(make_pipeline(StandardScaler(), PCA(2)))
+    True
+    """
+    cls = type(est)
+    owner = next((k for k in cls.__mro__ if "fit_transform" in vars(k)), None)
+    if owner is None:
+        return False            # no fit_transform: fit then transform, as the planner does
+    if vars(owner).get("_gn_fit_transform_is_transform", False):
+        return False            # a gpunets class whose fit_transform is fit(X, y).transform(X)
+    module = getattr(owner, "__module__", "")
+    if module.startswith("sklearn."):
+        if owner.__name__ == "TransformerMixin" or owner.__name__ in _SAME_AS_TRANSFORM:
+            return False
+        parts = _parts(est, owner.__name__)
+        if parts is not None:
+            return any(training_output_differs(p) for p in parts)
+    return True
+
+
+def _parts(est: Any, kind: str) -> list[Any] | None:
+    """The estimators of a scikit-learn composition whose ``fit_transform`` is its parts' (None: not one)."""
+    if kind == "Pipeline":
+        return [s for _, s in est.steps if s is not None and s != "passthrough"]
+    if kind == "ColumnTransformer":
+        return [t for _, t, _ in est.transformers if not isinstance(t, str)]
+    if kind == "FeatureUnion":
+        return [t for _, t in est.transformer_list if not isinstance(t, str)]
+    return None
 
 
 def partial_fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None,

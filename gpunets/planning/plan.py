@@ -45,6 +45,7 @@ from gpunets.devices.placement import CPU, Device
 from gpunets.planning.lanes import (
     assign_lanes,
 )
+from gpunets.planning.outputs import cached_operation, recomputed_output
 from gpunets.planning.placement import (
     PlacementRules,
     _asked,
@@ -212,7 +213,8 @@ class _Builder(PlacementRules):
         if key is not None:
             return key
         for x in op_nodes([n], done=self.memo):   # only the nodes not built yet: linear over a compile
-            self.memo[x._uid] = self._make(x)
+            if x._uid not in self.memo:           # (a node's task may build others first: planning.outputs)
+                self.memo[x._uid] = self._make(x)
         return self.memo[n._uid]
 
     def _make(self, x: AbstractNode) -> int:
@@ -279,7 +281,7 @@ class _Builder(PlacementRules):
             owner = token(est) or 0
             head = None if not owner else digest(
                 b"op", str(owner).encode(), str(version).encode(),
-                str(x.operation).encode(), f"{dev} {frames}".encode(), _constants_key(spec))
+                cached_operation(self.mode, x, m).encode(), f"{dev} {frames}".encode(), _constants_key(spec))
             recipe = (tuple(deps), head)
             ck = self.key_of(recipe) if machine_caches(m) else None
         if ck is not None and fk is None:
@@ -288,6 +290,9 @@ class _Builder(PlacementRules):
                 self.n_hits += 1
                 return self.add(kind="eval", fn=partial(_cached, hit), deps=(), node=x, machine=m, cost=0.0,
                                 device=dev, label=f"{x._short()} (cached)", recipe=((), ck))
+        again = recomputed_output(self, x, m, fk, st, frames, ck, owner)
+        if again is not None:
+            return again
         if fk is not None and self._training_output(x, m, fk):
             fn = _training_output if ck is None else partial(_store, ck, owner, self.budget, _training_output)
             return self.add(kind="eval", fn=fn, deps=(fk,), node=x, machine=m, cost=1.0, device=dev, recipe=recipe)

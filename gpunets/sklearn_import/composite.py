@@ -223,6 +223,7 @@ class FromSklearnTransformer(TransformerMixin, _FromSklearn):
     """A scikit-learn transformer composition converted to a gpunets network."""
 
     _default_operation = "transform"
+    _gn_fit_transform_is_transform = True
 
     def fit_transform(self, X: Any, y: Any = None, **fit_params: Any) -> Any:
         """``fit(X, y).transform(X)``."""

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from gpunets.base.saved import saved_operation
-from gpunets.compute.estimators import apply_estimator
+from gpunets.compute.estimators import apply_estimator, training_output_differs
 from gpunets.compute.models import fit_context, prepare_inputs
 from gpunets.core.nodes import source
 from gpunets.devices.data import check_placeable, take_rows
@@ -176,13 +176,24 @@ def _keyed_fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any]
         with on_device(route):
             X, y = moved(route, X, y)
             if hit is not None:   # loaded: only the training rows' transform is left to compute
-                return est, None if last else est.transform(X), time.perf_counter() - start, key
+                return est, None if last else _training_rows(est, fit_params, X, y), time.perf_counter() - start, key
             out = _fit_step(est, last, fit_params, X, y, start)
         stored.keep(key, est)
         return (*out, key)
     except Exception as e:  # noqa: BLE001 - reported by candidate through error_score
         failed = Failed(e, traceback.format_exc(), time.perf_counter() - start)
         return failed, failed, failed.seconds, None
+
+
+def _training_rows(est: Any, fit_params: dict[str, Any], X: Any, y: Any) -> Any:
+    """A loaded step's output on its training rows, as its fit gave it: ``transform``, or, where
+    ``fit_transform`` may differ (``TargetEncoder``, ``PCA``), ``fit_transform`` on a copy (the copy is dropped;
+    gpunets.planning.outputs says why)."""
+    from sklearn.base import clone
+
+    if not training_output_differs(est):
+        return est.transform(X)
+    return _fit_step(clone(est), False, fit_params, X, y, 0.0)[1]
 
 
 def _fit_step(est: Any, last: bool, fit_params: dict[str, Any], X: Any, y: Any,
