@@ -59,6 +59,7 @@ def test_a_downstream_refit_trains_on_the_fit_transform_output(executor, kind):
 
 def test_a_machine_keeping_its_outputs_serves_them_from_memory(executor):
     """The in-memory cache is the first tier (off on Dask, docs/caching.md: there it is computed again)."""
+    gn.cache_clear()
     yhat, ridge = _net("encoder", cache=True)
     yhat.fit(executor=executor)
     ridge.model.alpha = 3.0
@@ -68,6 +69,7 @@ def test_a_machine_keeping_its_outputs_serves_them_from_memory(executor):
     fresh, _ = _net("encoder", alpha=3.0)
     fresh.fit(executor=executor)
     np.testing.assert_array_equal(yhat(), fresh())
+    gn.cache_clear()
 
 
 @pytest.mark.parametrize("kind", ["encoder", "pca"])
@@ -181,3 +183,53 @@ def test_the_classes_taken_as_plain_give_fit_then_transform_bit_for_bit(name):
     a = a.toarray() if hasattr(a, "toarray") else np.asarray(a)
     b = b.toarray() if hasattr(b, "toarray") else np.asarray(b)
     np.testing.assert_array_equal(a, b)
+
+
+def _columns_data():
+    rng = np.random.default_rng(0)
+    X = np.c_[rng.integers(0, 8, size=400), rng.normal(size=400)]
+    return X, X[:, 0] * 0.5 + rng.normal(size=400)
+
+
+def test_a_converted_transformer_fit_transforms_as_scikit_learn(executor):
+    """gn.from_sklearn(ColumnTransformer with a TargetEncoder).fit_transform: the cross-fitted encodings, as
+    scikit-learn's fit_transform gives them (not its transform of the training rows), from the fit's own run."""
+    from sklearn.compose import ColumnTransformer
+
+    X, y = _columns_data()
+    ct = ColumnTransformer([("te", _encoder(), [0]), ("s", StandardScaler(), [1])])
+    expected = ct.fit_transform(X, y)
+    g = gn.from_sklearn(ct, executor=executor)
+    got = g.fit_transform(X, y)
+    np.testing.assert_array_equal(np.asarray(got), expected)
+    assert set(g.fit_report_.actions.by_label().values()) == {"train"}   # one run: nothing fitted twice
+    assert not np.array_equal(np.asarray(g.transform(X)), expected)     # a call transforms, as scikit-learn's
+    np.testing.assert_array_equal(np.asarray(g.transform(X)), ct.transform(X))
+
+
+def test_a_composite_transformer_fit_transforms_as_its_fit_passes_on(executor):
+    class Encode(gn.CompositeTransformer):
+        def __init__(self, executor="auto"):
+            self.executor = executor
+
+        def network(self, X, y):
+            return gn.machine(_encoder(), X, y).transform(X)
+
+    X, y = _columns_data()
+    Xc = X[:, :1].astype(int)
+    enc = Encode(executor=executor)
+    np.testing.assert_array_equal(np.asarray(enc.fit_transform(Xc, y)), _encoder().fit_transform(Xc, y))
+    np.testing.assert_array_equal(np.asarray(enc.transform(Xc)), _encoder().fit(Xc, y).transform(Xc))
+
+
+def test_set_output_gives_one_container_for_fit_transform_and_transform():
+    import pandas as pd
+    from sklearn.compose import ColumnTransformer
+
+    X, y = _columns_data()
+    Xp = pd.DataFrame(X, columns=["a", "b"])
+    g = gn.from_sklearn(ColumnTransformer([("s", StandardScaler(), ["b"])])).set_output(transform="pandas")
+    first, again = g.fit_transform(Xp, y), g.transform(Xp)
+    assert isinstance(first, pd.DataFrame) and isinstance(again, pd.DataFrame)
+    assert list(first.columns) == list(again.columns) == ["s__b"]
+    pd.testing.assert_frame_equal(first, again)

@@ -97,8 +97,9 @@ def training_output_differs(est: Any) -> bool:
     owner = next((k for k in cls.__mro__ if "fit_transform" in vars(k)), None)
     if owner is None:
         return False            # no fit_transform: fit then transform, as the planner does
-    if vars(owner).get("_gn_fit_transform_is_transform", False):
-        return False            # a gpunets class whose fit_transform is fit(X, y).transform(X)
+    hook = getattr(est, "_gn_training_output_differs", None)
+    if callable(hook):
+        return bool(hook())     # a gpunets composite that knows its parts
     module = getattr(owner, "__module__", "")
     if module.startswith("sklearn."):
         if owner.__name__ == "TransformerMixin" or owner.__name__ in _SAME_AS_TRANSFORM:

@@ -424,18 +424,22 @@ class _Builder(PlacementRules):
 
 
 def compile_fit(targets: Sequence[Any], *, rows: Any = None, force: bool = False,
-                max_lanes: int | None = None, only: bool = False, cache: bool = False) -> Plan:
+                max_lanes: int | None = None, only: bool = False, cache: bool = False,
+                outputs: Sequence[AbstractNode] = ()) -> Plan:
     """The plan that trains every machine upstream of ``targets`` (nodes or machines).
 
     With ``only=True`` the targets must be machines, and only they train (MLJ's ``fit_only!``):
     their upstream values are computed with the upstream machines' current fitted states.
     With ``cache=True`` machines that keep their outputs (:mod:`gpunets.devices.cache`) take them from the
-    cache and store them.
+    cache and store them.  ``outputs``: nodes whose values on the training rows the plan also gives, after
+    the fits' (a composite's ``fit_transform``): computed as the fits' inputs are, so a machine fitted in the
+    plan passes on its ``fit_transform`` (:mod:`gpunets.planning.outputs`).
     """
     if only:
         _check_only(targets)
     with scope():   # each source's data is fingerprinted once per fit
-        return _compile_fit(targets, rows=rows, force=force, max_lanes=max_lanes, only=only, cache=cache)
+        return _compile_fit(targets, rows=rows, force=force, max_lanes=max_lanes, only=only, cache=cache,
+                            outputs=outputs)
 
 
 def _check_only(targets: Sequence[Any]) -> None:
@@ -458,7 +462,7 @@ def _check_only(targets: Sequence[Any]) -> None:
 
 
 def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: int | None,
-                 only: bool = False, cache: bool = False) -> Plan:
+                 only: bool = False, cache: bool = False, outputs: Sequence[AbstractNode] = ()) -> Plan:
 
     nodes: list[AbstractNode] = []
     extra: list[Machine] = []
@@ -549,10 +553,12 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
             fn = partial(_fit_task, est, len(deps), resolved, **_fit_keywords(m))
         key = b.add(kind="fit", label=label, fn=fn, deps=tuple(deps), machine=m, cost=10.0, commit=commit, device=dev)
         b.fit_key[m._uid] = key
+    out_keys = tuple(b.node(n) for n in outputs)
     if b.n_hits:
-        remap = b.prune(tuple(b.fit_key.values()))
+        remap = b.prune(tuple(b.fit_key.values()) + out_keys)
         b.fit_key = {u: remap[k] for u, k in b.fit_key.items()}
-    return Plan("fit", b.tasks, tuple(b.fit_key.values()), actions, max_lanes, sklearn_config=sklearn_config_delta(),
+        out_keys = tuple(remap[k] for k in out_keys)
+    return Plan("fit", b.tasks, tuple(b.fit_key.values()) + out_keys, actions, max_lanes, sklearn_config=sklearn_config_delta(),
                 stored_from={m: n for m, n in notes.items() if n})
 
 

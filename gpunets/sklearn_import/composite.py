@@ -223,11 +223,21 @@ class FromSklearnTransformer(TransformerMixin, _FromSklearn):
     """A scikit-learn transformer composition converted to a gpunets network."""
 
     _default_operation = "transform"
-    _gn_fit_transform_is_transform = True
 
     def fit_transform(self, X: Any, y: Any = None, **fit_params: Any) -> Any:
-        """``fit(X, y).transform(X)``."""
-        return self.fit(X, y, **fit_params).transform(X)
+        """Fit, and give the composition's output on ``X`` as its ``fit_transform`` does in scikit-learn: each
+        part's ``fit_transform`` output (``TargetEncoder``'s cross-fitting), from the same run as the fit."""
+        return self._gn_fit_and_output("transform", X, y, fit_params)
+
+    def transform(self, X: Any) -> Any:
+        """The composition's output on ``X`` (in the container its ``set_output`` asks for, as ``fit_transform``)."""
+        return self._gn_call("transform", X)
+
+    def _gn_training_output_differs(self) -> bool:
+        """Whether its ``fit_transform`` may differ from ``fit(X).transform(X)``: as its composition's."""
+        from gpunets.compute.estimators import training_output_differs
+
+        return training_output_differs(self.sklearn_estimator)
 
 
 def make_composite(est: Any, **kw: Any) -> _FromSklearn:
