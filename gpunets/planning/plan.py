@@ -520,8 +520,11 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
         if keys is not None:
             if actions[m] in ("train", "update") and pending.warm is None and storable(est):
                 skey = keys.fit_key(m, dev, path)
+            elif pending.warm is not None and storable(est):
+                skey = keys.warm_key(m, dev, path, pending.warm)   # a continued state: chained to the one it continues
             keys.set_machine(m, skey)
-        hit = lookup(store, keys, m, skey, b.fell_back(m.device, dev), "machine " + m.label) if keys and skey else None
+        gpu = b.fell_back(m.device, dev) if pending.warm is None else None   # a GPU twin: of cold fits only
+        hit = lookup(store, keys, m, skey, gpu, "machine " + m.label) if keys and skey else None
         if skey is not None:
             pending = dataclasses.replace(pending, key=skey if hit is None else hit.key)
             commit = partial(_commit_fit, m, pending, _asked(m.device))
