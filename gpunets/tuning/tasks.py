@@ -6,6 +6,7 @@ Module-level functions so that the network pickles (Dask).  A fit or score that 
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from typing import Any, NamedTuple
@@ -80,6 +81,7 @@ class Stage(NamedTuple):
     score: Any
     seconds: tuple[float, ...]
     key: Any = None   # the store key of the values it holds (:mod:`gpunets.tuning.stored`), or None
+    loaded: tuple[bytes, ...] = ()   # a token per step fit of its chain loaded from the store (counted once each)
 
 
 def aligned(*values: Any) -> tuple[Any, ...]:
@@ -146,18 +148,21 @@ def moved(route: Any, *values: Any) -> tuple[Any, ...]:
 
 @saved_operation
 def fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: Any,
-             y: Any) -> tuple[Any, Any, float]:
-    """Fit one step: ``(fitted, transformed training rows or None, seconds)``, as Pipeline's fit does.
+             y: Any) -> tuple[Any, Any, float, tuple[bytes, ...]]:
+    """Fit one step: ``(fitted, transformed training rows or None, seconds, loaded)``, as Pipeline's fit does
+    (``loaded``: one token if the fit was loaded from the store, see :attr:`Stage.loaded`).
 
     ``route`` is the step's :class:`~gpunets.compute.models.Resolved` on a GPU (its estimator is the one fitted),
     None on the CPU; ``X`` is the training rows, or the previous step's :class:`Stage`.
     """
-    return _keyed_fit_step(est, route, last, fit_params, X, y)[:3]
+    est, out, secs, _, loaded = _keyed_fit_step(est, route, last, fit_params, X, y)
+    return est, out, secs, loaded
 
 
 def _keyed_fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: Any,
-                    y: Any) -> tuple[Any, Any, float, Any]:
-    """:func:`fit_step` and its store key: a step stored under that key is loaded, not fitted (docs/store.md)."""
+                    y: Any) -> tuple[Any, Any, float, Any, tuple[bytes, ...]]:
+    """:func:`fit_step`, its store key and loaded token: a step stored under that key is loaded, not fitted
+    (docs/store.md)."""
     from sklearn.base import clone
 
     x_key = None
@@ -165,7 +170,7 @@ def _keyed_fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any]
         X, x_key = X.train, X.key
     if isinstance(X, Failed):
         X = X.as_fit()
-        return X, X, 0.0, None
+        return X, X, 0.0, None, ()
     X, y = aligned(X, y)
     fit_params = dict(zip(fit_params, aligned(*fit_params.values())))
     start = time.perf_counter()
@@ -176,13 +181,13 @@ def _keyed_fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any]
         with on_device(route):
             X, y = moved(route, X, y)
             if hit is not None:   # loaded: only the training rows' transform is left to compute
-                return est, None if last else est.transform(X), time.perf_counter() - start, key
+                return est, None if last else est.transform(X), time.perf_counter() - start, key, (os.urandom(8),)
             out = _fit_step(est, last, fit_params, X, y, start)
         stored.keep(key, est)
-        return (*out, key)
+        return (*out, key, ())
     except Exception as e:  # noqa: BLE001 - reported by candidate through error_score
         failed = Failed(e, traceback.format_exc(), time.perf_counter() - start)
-        return failed, failed, failed.seconds, None
+        return failed, failed, failed.seconds, None, ()
 
 
 def _fit_step(est: Any, last: bool, fit_params: dict[str, Any], X: Any, y: Any,
@@ -197,11 +202,11 @@ def _fit_step(est: Any, last: bool, fit_params: dict[str, Any], X: Any, y: Any,
     return est, out, time.perf_counter() - start
 
 
-def fitted(step: tuple[Any, Any, float]) -> Any:
+def fitted(step: tuple[Any, ...]) -> Any:
     return step[0]
 
 
-def seconds(step: tuple[Any, Any, float]) -> float:
+def seconds(step: tuple[Any, ...]) -> float:
     return step[2]
 
 
@@ -225,12 +230,13 @@ def fit_stage(est: Any, route: Any, fit_params: dict[str, Any], score: bool, y: 
     one task.  ``X`` is the fold's training rows (then ``X_test``, ``X_score`` are given) or the previous
     step's :class:`Stage`."""
     secs: tuple[float, ...] = ()
+    before: tuple[bytes, ...] = ()
     if isinstance(X, Stage):
-        X, X_test, X_score, secs = X.train, X.test, X.score, X.seconds
+        X, X_test, X_score, secs, before = X.train, X.test, X.score, X.seconds, X.loaded
     X_test, X_score = aligned(X_test, X_score)
-    est, out, seconds, key = _keyed_fit_step(est, route, False, fit_params, X, y)
+    est, out, seconds, key, loaded = _keyed_fit_step(est, route, False, fit_params, X, y)
     return Stage(out, transform(est, X_test, route), transform(est, X_score, route) if score else None,
-                 secs + (seconds,), stored.stage_key(key))
+                 secs + (seconds,), stored.stage_key(key), before + loaded)
 
 
 def score_on(route: Any, *args: Any) -> dict[str, Any]:
@@ -351,20 +357,24 @@ def score_noting(est: Any, X: Any, y: Any, scorer: Any, params: dict[str, Any], 
 
 
 @saved_operation
-def score_fit(route: Any, users: tuple[int, ...], head: tuple[Any, ...], step: tuple[Any, Any, float],
+def score_fit(route: Any, users: tuple[int, ...], head: tuple[Any, ...], step: tuple[Any, ...],
               X_test: Any, y_test: Any, X_train: Any, y_train: Any, *upstream_seconds: float) -> dict[str, Any]:
     """:func:`score_one` (:func:`score_on` on a GPU route) of a fitted last step ``step``, as :func:`fit_step`
     returned it; ``head`` is score_one's first six arguments, the fit time the candidate's share of the
     upstream steps' ``upstream_seconds`` and of the last step's (``users``: candidates sharing each).
     ``X_test`` may be the previous step's :class:`Stage` (then ``X_train`` and the seconds come from it)."""
+    loaded = step[3] if len(step) > 3 else ()
     if isinstance(X_test, Stage):   # the previous step's: its test rows, training rows to score, fit seconds
-        X_test, X_train, upstream_seconds = X_test.test, X_test.score, X_test.seconds
-    est, _, secs = step
+        X_test, X_train, upstream_seconds, loaded = X_test.test, X_test.score, X_test.seconds, X_test.loaded + loaded
+    est, secs = step[0], step[2]
     X_test, y_test, X_train, y_train = aligned(X_test, y_test, X_train, y_train)
     if head[5] is not None:   # the scorer's sample weights, (test, train)
         head = (*head[:5], tuple(dict(zip(p, aligned(*p.values()))) for p in head[5]))
     args = (*head, est, X_test, y_test, X_train, y_train, share_seconds(users, *upstream_seconds, secs))
-    return score_one(*args) if route is None else score_on(route, *args)
+    out = score_one(*args) if route is None else score_on(route, *args)
+    if loaded:   # the step fits loaded from the store (the search counts them, also from Dask workers)
+        out["_stored"] = loaded
+    return out
 
 
 @saved_operation
