@@ -69,6 +69,21 @@ def test_workers_that_share_the_store_read_and_write_it(gn_dask_client, tmp_path
         np.testing.assert_array_equal(first(executor=ex), expected)
 
 
+def test_workers_that_do_not_see_the_folder_are_said_once(tmp_path, caplog):
+    class Blind:   # a client whose one worker does not see the marker
+        class scheduler:
+            address = f"tcp://blind-{tmp_path.name}:1"
+
+        def run(self, fn, *args, **kw):
+            return {"tcp://w:2": False}
+
+    store = gn.Store(tmp_path / "b")
+    with caplog.at_level("INFO", logger="gpunets"):
+        assert _dask_store.shared(Blind(), store) is False and _dask_store.shared(Blind(), store) is False
+    said = [r.getMessage() for r in caplog.records if "do not all see the store" in r.getMessage()]
+    assert len(said) == 1 and store.path in said[0] and "client's only" in said[0]
+
+
 def test_the_marker_is_asked_once_per_cluster_and_removed(gn_dask_client, tmp_path):
     store = gn.Store(tmp_path / "m")
     assert _dask_store.shared(gn_dask_client, store) is True

@@ -19,6 +19,7 @@ by reference.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import uuid
@@ -30,6 +31,8 @@ from gpunets.devices.store import Store
 from gpunets.planning.stored import WRITTEN, commit_and_store, read_state, stored_task, write_state
 
 __all__ = ["shared", "worker_functions", "load_on_worker", "fit_and_write", "in_store", "under_store"]
+
+logger = logging.getLogger("gpunets")
 
 _SHARED: dict[tuple[str, str], bool] = {}   # (scheduler address, store folder) -> every worker sees it
 _LOCK = threading.Lock()
@@ -65,6 +68,10 @@ def shared(client: Any, store: Store) -> bool:
             os.remove(marker)
     with _LOCK:
         _SHARED[where] = ok
+    if not ok:   # once per cluster and store: said where it is looked for, not as a warning
+        logger.info("the Dask workers of %s do not all see the store's folder %r: the store is the client's only "
+                    "(states are sent to and fetched from the workers; a search's steps fit there without it; "
+                    "docs/store.md, Dask)", where[0], store.path)
     return ok
 
 
