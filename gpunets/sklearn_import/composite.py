@@ -18,6 +18,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from gpunets.compose.composite import COMPOSITE_OPERATIONS, Composite
 from gpunets.compose.routing import routing_enabled
+from gpunets.compute.estimators import training_output_differs
 from gpunets.core.graph import upstream_machines
 from gpunets.sklearn_import._base import Context, build, converts_as, first_part, operations
 from gpunets.sklearn_import.fit_params import route_fit_params
@@ -235,8 +236,6 @@ class FromSklearnTransformer(TransformerMixin, _FromSklearn):
 
     def _gn_training_output_differs(self) -> bool:
         """Whether its ``fit_transform`` may differ from ``fit(X).transform(X)``: as its composition's."""
-        from gpunets.compute.estimators import training_output_differs
-
         return training_output_differs(self.sklearn_estimator)
 
 

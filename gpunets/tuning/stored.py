@@ -9,9 +9,16 @@ key of the upstream step's fit (carried by the :class:`~gpunets.tuning.tasks.Sta
 search run again, in this process or a new one, loads every step it fitted before, and a grid widened with new
 values of the last step loads the shared upstream steps and fits only the new candidates' last steps.
 
-The tasks read the store in force where they run (the caller's ``gn.config(store=...)`` travels with them
-on the serial, threads and streams executors).  On Dask the workers have no store: a search on a cluster
-fits as without one.
+The tasks read the store in force where they run: the caller's ``gn.config(store=...)`` travels with them on
+the serial, threads and streams executors, and on Dask to workers that share the store's folder (the executor
+checks it once per cluster, :mod:`gpunets.executors._dask_store`).  There each step fit is looked up and
+written on the worker that runs it, and each (candidate, fold) result is written by the task that scores it
+(:class:`Keeping`): the client sends keys, never fitted steps, and a search stopped midway (Ctrl-C, a lost
+worker, a timeout) keeps what finished.  The step fits loaded on a worker come back to the client's
+``search_report_.stored`` with the scores (a token per load, ``_stored`` in the task's result).  Where the
+workers do not see the folder the store is the client's only: the client looks up each (candidate, fold)
+result before the run and writes the new ones when the run ends; the steps fit on the workers as without a
+store.
 
 >>> from sklearn.linear_model import Ridge
 >>> import numpy as np
@@ -25,12 +32,18 @@ from typing import Any
 
 import numpy as np
 
+from gpunets.core.nodes import Node
 from gpunets.devices import store as _store
 from gpunets.devices.cache import digest
 from gpunets.devices.fingerprint import fingerprint
 from gpunets.devices.store_keys import library_versions, stable_key
 
-__all__ = ["step_key", "stage_key", "data_key", "load", "keep", "result_keys"]
+__all__ = ["step_key", "stage_key", "data_key", "load", "keep", "result_keys", "entry", "Keeping", "keep_in",
+           "PRIVATE"]
+
+#: The keys of a task's result that are not part of scikit-learn's result, hence never remembered nor stored:
+#: a warm-started fit, the tokens of the step fits loaded from the store, whether the task wrote the result.
+PRIVATE = ("_fitted", "_stored", "_kept")
 
 
 def data_key(x: Any) -> bytes | None:
@@ -81,6 +94,39 @@ def keep(key: bytes | None, est: Any) -> None:
     s = _store.current_store()
     if key is not None and s is not None:
         s.put(key, est)
+
+
+def entry(out: dict[str, Any]) -> dict[str, Any]:
+    """The (candidate, fold) result ``out`` as it is remembered and stored: its :data:`PRIVATE` keys dropped.
+
+    >>> entry({"fit_time": 0.1, "_fitted": object(), "_stored": (b"t",)})
+    {'fit_time': 0.1}
+    """
+    return {k: v for k, v in out.items() if k not in PRIVATE}
+
+
+class Keeping:
+    """A score task's function that writes the (candidate, fold) result it computes under ``key`` in the store
+    in force where it runs (a Dask worker that shares the store's folder), marking it ``_kept`` so the client
+    does not write it again; without a store there, the result is returned as it is."""
+
+    def __init__(self, fn: Any, key: bytes) -> None:
+        self.fn, self.key = fn, key
+        self.__name__ = getattr(fn, "__name__", "task")
+        self.__wrapped__ = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.fn(*args, **kwargs)
+        s = _store.current_store()
+        if s is not None and isinstance(out, dict) and out.get("_raise") is None and s.put(self.key, entry(out)):
+            out["_kept"] = True
+        return out
+
+
+def keep_in(score_node: Any, key: bytes | None) -> None:
+    """Make ``score_node`` (one (candidate, fold)'s score) write its result under ``key`` where it runs."""
+    if key is not None and isinstance(score_node, Node) and callable(score_node.operation):
+        score_node.operation = Keeping(score_node.operation, key)
 
 
 def result_keys(search: Any, specs: list[Any], splits: list[Any], X: Any, y: Any, fit_params: dict[str, Any],
