@@ -123,3 +123,34 @@ def test_a_gpu_state_loads_in_a_process_without_a_gpu(fitted_on_gpu, tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[('Ridge', 'stored'), ('Ridge#2', 'stored'), ('StandardScaler', 'stored')]"
     np.testing.assert_allclose(np.load(out), expected, rtol=0, atol=1e-6)
+
+
+def _search(alphas):
+    from sklearn.pipeline import make_pipeline
+
+    return gn.GridSearchCV(make_pipeline(StandardScaler(), Ridge(solver="svd")), {"ridge__alpha": alphas}, cv=3,
+                           device="cuda")
+
+
+@pytest.mark.parametrize("policy", ["warn", "raise"])
+def test_a_search_step_fitted_on_a_gpu_loads_where_no_gpu_is(tmp_path, monkeypatch, policy):
+    """A search's step fitted on a GPU is stored with its CPU twin; a search placed on the GPU that runs on the
+    CPU (no GPU here) loads the twin by the fallback policy, and fits only what is new."""
+    path = str(tmp_path / "s")
+    X, y = _data()
+    with fake_gpu(), gn.config(store=path):
+        first = _search([0.1, 1.0]).fit(X, y)
+        assert first.search_report_.fits == {"standardscaler": 3, "ridge": 6}
+    cpu = gn.GridSearchCV(first.estimator, {"ridge__alpha": [0.1, 1.0, 10.0]}, cv=3).fit(X, y)
+    with _no_gpu(monkeypatch), gn.config(store=path, fallback=policy):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            if policy == "raise":   # no GPU and no fallback: refused before anything is loaded or fitted
+                with pytest.raises(gn.DeviceUnavailableError, match="fallback='warn'"):
+                    _search([0.1, 1.0, 10.0]).fit(X, y)
+                return
+            wide = _search([0.1, 1.0, 10.0]).fit(X, y)
+        report = wide.search_report_
+        assert report.fitted == 3 and report.stored == 3   # the new Ridges fitted; the scalers: the GPU fits' twins
+        assert any("fitted on cuda (array_api), converted for the CPU" in str(w.message) for w in seen)
+    np.testing.assert_allclose(wide.cv_results_["mean_test_score"], cpu.cv_results_["mean_test_score"], rtol=1e-10)

@@ -28,17 +28,24 @@ True
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
 
+from gpunets.base._warn import warn_once
+from gpunets.base.config import get_config
 from gpunets.core.nodes import Node
 from gpunets.devices import store as _store
 from gpunets.devices.cache import digest
 from gpunets.devices.fingerprint import fingerprint
+from gpunets.devices.placement import Device, DeviceFallbackWarning
 from gpunets.devices.store_keys import library_versions, stable_key
+from gpunets.planning.stored import GPU_ROUTES, read_state, write_state
 
-__all__ = ["step_key", "stage_key", "data_key", "load", "keep", "result_keys", "entry", "Keeping", "keep_in",
+logger = logging.getLogger("gpunets")
+
+__all__ = ["load_step", "step_key", "stage_key", "data_key", "load", "keep", "result_keys", "entry", "Keeping", "keep_in",
            "PRIVATE"]
 
 #: The keys of a task's result that are not part of scikit-learn's result, hence never remembered nor stored:
@@ -81,18 +88,70 @@ def step_key(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: Any,
                   library_versions(libs - {"gpunets"}))
 
 
-def load(key: bytes | None) -> Any:
-    """The fitted step stored under ``key``, else None."""
+def load(key: bytes | None, route: Any = None) -> Any:
+    """The fitted step stored under ``key``, else None (a step fitted on a GPU: in the form that runs there)."""
     s = _store.current_store()
     if key is None or s is None:
         return None
-    return s.get(key)
+    got = s.get(key)
+    if isinstance(got, tuple):   # written by write_state: (estimator, info) or (GPU state pickled, info, CPU twin)
+        return read_state(s, key) if len(got) in (2, 3) else None
+    return got
 
 
-def keep(key: bytes | None, est: Any) -> None:
-    """Write a fitted step under ``key`` (nothing without a key or a store)."""
+def load_step(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: Any,
+              x_key: bytes | None = None) -> tuple[Any, bytes | None]:
+    """The fitted step to use instead of fitting ``est`` (None: fit it) and the key it is, or will be, under.
+
+    A step placed on a GPU that runs on the CPU here (``route.path == "cpu_fallback"``: no GPU, or no GPU
+    route) also finds the CPU twin of the same fit done on a GPU, as a network's machine does (docs/store.md,
+    "Devices"), following the fallback policy: ``"raise"`` refuses it, ``"warn"`` warns once, ``"silent"``
+    logs it; the key it gives is the GPU fit's, so the steps downstream find theirs.
+    """
+    key = step_key(est, route, fit_params, X, y, x_key)
+    hit = load(key, route)
+    if hit is not None or key is None or getattr(route, "path", None) != "cpu_fallback":
+        return hit, key
+    policy = get_config()["fallback"]
     s = _store.current_store()
-    if key is not None and s is not None:
+    if policy == "raise" or s is None:
+        return None, key
+    for path in GPU_ROUTES:
+        gkey = step_key(est, _GpuRoute(path), fit_params, X, y, x_key)
+        got = s.get(gkey, probe=True) if gkey is not None else None
+        if isinstance(got, tuple) and len(got) == 3:
+            twin, how = got[2]
+            msg = (f"search step {type(est).__name__} is placed on a GPU but runs on the CPU here: its fit was loaded "
+                   f"from the store, from a state fitted on cuda ({path}), converted for the CPU: {how}. Its answers "
+                   "may differ from the GPU's in the last bits. Use gn.config(fallback='raise') to refuse GPU states.")
+            if policy == "warn":
+                warn_once(("stored GPU step", type(est).__name__, path), msg, DeviceFallbackWarning)
+            else:
+                logger.info(msg)
+            return twin, gkey
+    return None, key
+
+
+class _GpuRoute:
+    """The route a step fitted on a GPU had, as its store key names it."""
+
+    device = Device.parse("cuda")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+def keep(key: bytes | None, est: Any, route: Any = None) -> None:
+    """Write a fitted step under ``key`` (nothing without a key or a store); one fitted on a GPU with its CPU
+    twin, as a machine's state (:func:`gpunets.planning.stored.write_state`)."""
+    s = _store.current_store()
+    if key is None or s is None:
+        return
+    path = getattr(route, "path", "sklearn")
+    dev = getattr(route, "device", None)
+    if path in GPU_ROUTES and getattr(dev, "is_cuda", False):
+        write_state(s, key, est, {"path": path, "device": str(dev)})
+    else:
         s.put(key, est)
 
 

@@ -135,8 +135,7 @@ def _keyed_fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any]
     X, y = aligned(X, y)
     fit_params = dict(zip(fit_params, aligned(*fit_params.values())))
     start = time.perf_counter()
-    key = stored.step_key(est, route, fit_params, X, y, x_key)
-    hit = stored.load(key)
+    hit, key = stored.load_step(est, route, fit_params, X, y, x_key)
     est = hit if hit is not None else clone(est if route is None else route.estimator)
     try:
         with on_device(route):
@@ -145,7 +144,7 @@ def _keyed_fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any]
                 out = None if last else _training_rows(est, fit_params, X, y)
                 return est, out, time.perf_counter() - start, key, (os.urandom(8),)
             out = _fit_step(est, last, fit_params, X, y, start)
-        stored.keep(key, est)
+        stored.keep(key, est, route)
         return (*out, key, ())
     except Exception as e:  # noqa: BLE001 - reported by candidate through error_score
         failed = Failed(e, traceback.format_exc(), time.perf_counter() - start)
