@@ -233,3 +233,35 @@ def test_set_output_gives_one_container_for_fit_transform_and_transform():
     assert isinstance(first, pd.DataFrame) and isinstance(again, pd.DataFrame)
     assert list(first.columns) == list(again.columns) == ["s__b"]
     pd.testing.assert_frame_equal(first, again)
+
+
+def test_a_transform_checked_equal_at_fit_time_is_used_without_fitting_again(tmp_path, executor):
+    """PCA's covariance solver: its transform gives its fit_transform's output bit for bit (checked once, when it
+    fits), so a skipped or loaded PCA passes on its transform; the answers are a fresh fit's all the same."""
+    rng = np.random.default_rng(0)
+    Xd = rng.normal(size=(400, 10))
+    yd = Xd[:, 0] + rng.normal(size=400)
+
+    def net(alpha):
+        X, y = gn.source(Xd, name="X"), gn.source(yd, name="y")
+        pca = gn.machine(PCA(3, svd_solver="covariance_eigh"), X)
+        Z = pca.transform(X)
+        ridge = gn.machine(Ridge(alpha=alpha), Z, y)
+        return ridge.predict(Z), ridge, pca
+
+    fresh, _, _ = net(3.0)
+    fresh.fit(executor=executor)
+    yhat, ridge, pca = net(1.0)
+    yhat.fit(executor=executor)
+    assert pca.report()["trained"] and pca._state.same_output
+    ridge.model.alpha = 3.0
+    report = yhat.fit(executor=executor)
+    assert not any("fit_transform again" in r.label for r in report.trace.records)
+    np.testing.assert_array_equal(yhat(), fresh())
+    with gn.config(store=gn.Store(tmp_path / "s")):
+        net(1.0)[0].fit(executor=executor)
+        again, _, _ = net(3.0)
+        report = again.fit(executor=executor)
+        assert report.actions.by_label() == {"PCA": "stored", "Ridge": "train"}
+        assert not any("fit_transform again" in r.label for r in report.trace.records)
+        np.testing.assert_array_equal(again(), fresh())

@@ -22,7 +22,7 @@ from gpunets.devices.data import device_of
 
 __all__ = ["fresh_estimator", "fit_estimator", "fit_transform_estimator", "apply_estimator", "is_stateless",
            "static_estimator", "partial_fit_estimator", "is_frozen_estimator", "sklearn_config_delta",
-           "sklearn_config", "under_sklearn_config", "training_output_differs"]
+           "sklearn_config", "under_sklearn_config", "training_output_differs", "transform_gives", "same_bits"]
 
 
 def fresh_estimator(model: Any) -> Any:
@@ -186,12 +186,56 @@ def is_frozen_estimator(est: Any) -> bool:
     return cls.__name__ == "FrozenEstimator" and cls.__module__.startswith("sklearn.")
 
 
-def fit_transform_estimator(est: Any, values: tuple[Any, ...],
-                            resolved: Any = None, keywords: tuple[str, ...] = ()) -> tuple[Any, dict[str, Any], Any]:
+def fit_transform_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None, keywords: tuple[str, ...] = (),
+                            check: bool = True) -> tuple[Any, dict[str, Any], Any]:
     """Like :func:`fit_estimator` with ``est.fit_transform``: the fitted estimator, where it ran, and the
     transform of its training input (scikit-learn's contract: ``fit(X, y).transform(X)``)."""
     est, info = fit_estimator(est, values, resolved, method="fit_transform", keywords=keywords)
-    return est, info, info.pop("output")
+    out = info.pop("output")
+    if check and training_output_differs(est):   # info["same_output"]: whether its transform gives the output
+        info["same_output"] = transform_gives(est, values[0], out, info.get("path", "sklearn"))
+    return est, info, out
+
+
+def transform_gives(est: Any, X: Any, out: Any, path: str = "sklearn") -> bool:
+    """Whether the fitted ``est``'s ``transform(X)`` gives ``out`` (its ``fit_transform``'s) bit for bit.
+
+    Checked once, where the fit ran, for the estimators whose ``fit_transform`` may differ
+    (:func:`training_output_differs`): where it does not (``PCA`` by its covariance solver), a state fitted
+    before or loaded from the store passes on its ``transform`` without fitting again
+    (:mod:`gpunets.planning.outputs`).  Anything that cannot be compared counts as different.
+
+    >>> import numpy as np
+    >>> from sklearn.decomposition import PCA
+    >>> X = np.random.default_rng(0).normal(size=(50, 4))
+    >>> pca = PCA(2, svd_solver="covariance_eigh")
+    >>> transform_gives(pca, X, pca.fit_transform(X))
+    True
+    """
+    try:
+        again = apply_estimator(est, "transform", (X,), path)
+        return same_bits(out, again)
+    except Exception:  # noqa: BLE001 - a transform that fails or differs in kind: not the same
+        return False
+
+
+def same_bits(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` equal element for element, of one type, shape and dtype (NumPy, CuPy, SciPy sparse,
+    pandas); NaNs count as different.
+
+    >>> import numpy as np
+    >>> same_bits(np.ones(3), np.ones(3)), same_bits(np.ones(3), np.nextafter(np.ones(3), 2))
+    (True, False)
+    """
+    if type(a) is not type(b):
+        return False
+    if callable(getattr(a, "equals", None)) and hasattr(a, "index"):
+        return bool(a.equals(b))                                  # pandas / cuDF
+    if getattr(a, "shape", None) != getattr(b, "shape", None) or getattr(a, "dtype", None) != getattr(b, "dtype", None):
+        return False
+    if hasattr(a, "nnz"):                                         # SciPy / CuPy sparse
+        return bool((a != b).nnz == 0)
+    return bool((a == b).all())
 
 
 def apply_estimator(est: Any, op: str, values: tuple[Any, ...], path: str = "sklearn",

@@ -50,10 +50,12 @@ def recomputed_output(b: Any, x: Any, m: Any, fk: int | None, st: Any, frames: s
     if b.mode != "fit" or not _own_training_output(x, m) or m.static or m.frozen:
         return None
     if fk is None:
-        if st is None or st.action == STATIC or st.is_remote and st.stored.lost:
+        if st is None or st.action == STATIC or st.same_output or st.is_remote and st.stored.lost:
             return None
         where = (Device.parse(st.device), st.path)
     elif b.fit_action.get(m._uid) == STORED:
+        if m._uid in b.same_output:
+            return None
         where = b.mach_dev[m._uid]
     else:
         return None                     # it fits in this plan: its fit task gives the output

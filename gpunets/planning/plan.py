@@ -182,6 +182,7 @@ class _Builder(PlacementRules):
         self.mach_dev: dict[int, tuple[Any, str]] = {}  # machine uid -> (Device, path) of this plan's fit
         self.fit_args: dict[int, tuple[Any, int, Any]] = {}  # machine uid -> (estimator, n_args, resolved)
         self.fit_action: dict[int, str] = {}         # machine uid -> "train" / "update" in this plan
+        self.same_output: set[int] = set()           # loaded machines whose transform gives their training output
         self.moves: dict[tuple[int, Any, str], int] = {}
         self._placed: dict[Any, Any] = {}
         self.floating: set[int] = set()   # tasks of input-less nodes placed by default: they follow their consumers
@@ -543,6 +544,8 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
             b.mach_dev[m._uid] = (dev, path)
             b.fit_args[m._uid] = (hit.estimator, 0, None)
             b.fit_action[m._uid] = STORED
+            if hit.info.get("same_output"):
+                b.same_output.add(m._uid)
             b.fit_key[m._uid] = key
             b.n_hits += 1
             continue

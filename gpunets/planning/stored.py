@@ -264,7 +264,7 @@ def commit_and_store(store: Store, key: bytes, commit: Callable[..., None], est:
 
 def write_state(store: Store, key: bytes, est: Any, info: dict[str, Any]) -> None:
     """Write a fitted state under ``key``: with its CPU twin when it was fitted on a GPU."""
-    keep = {k: info[k] for k in ("seconds", "path", "n_rows") if k in info}
+    keep = {k: info[k] for k in ("seconds", "path", "n_rows", "same_output") if k in info}
     if keep.get("path") in GPU_ROUTES and str(info.get("device", "")).startswith("cuda"):
         # a GPU state: pickled on its own, next to its CPU twin, so that a process with no GPU reads the twin
         # without unpickling a GPU object (docs/store.md, "Devices")

@@ -255,7 +255,7 @@ class _NetworkSearch(BaseSearchCV):
             for f, cands in enumerate(todo):
                 for c in list(cands):
                     i = c * len(splits) + f
-                    hit = stored.load(skeys[i]) if keys[i] is not None else None
+                    hit = stored.load_result(skeys[i]) if keys[i] is not None else None
                     if isinstance(hit, dict):
                         mem.put(keys[i], hit)
                         cands.remove(c)
@@ -265,7 +265,7 @@ class _NetworkSearch(BaseSearchCV):
             def record(c: int, f: int, out: dict[str, Any]) -> None:
                 mem.put(keys[c * len(splits) + f], out)
                 if skeys is not None and out.get("_raise") is None:
-                    stored.keep(skeys[c * len(splits) + f], stored.entry(out))
+                    stored.keep_result(skeys[c * len(splits) + f], stored.entry(out))
 
             self._gn_record, self._gn_skeys = record, skeys
             device = self.device
@@ -285,7 +285,7 @@ class _NetworkSearch(BaseSearchCV):
                 outs[i] = o
                 mem.put(keys[i], o)
                 if skeys is not None and dask and not kept and o.get("_raise") is None:
-                    stored.keep(skeys[i], stored.entry(o))   # the workers have no store: the client keeps it
+                    stored.keep_result(skeys[i], stored.entry(o))   # the workers have no store: the client keeps it
         else:
             report = SearchReport(fits={}, naive={})
         report.remembered = sum(len(splits) - len(t) for t in _by_candidate(todo, len(specs)))

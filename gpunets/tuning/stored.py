@@ -45,7 +45,7 @@ from gpunets.planning.stored import GPU_ROUTES, read_state, write_state
 
 logger = logging.getLogger("gpunets")
 
-__all__ = ["load_step", "step_key", "stage_key", "data_key", "load", "keep", "result_keys", "entry", "Keeping", "keep_in",
+__all__ = ["load_step", "step_key", "stage_key", "data_key", "load_result", "keep_result", "keep_step", "result_keys", "entry", "Keeping", "keep_in",
            "PRIVATE"]
 
 #: The keys of a task's result that are not part of scikit-learn's result, hence never remembered nor stored:
@@ -88,20 +88,35 @@ def step_key(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: Any,
                   library_versions(libs - {"gpunets"}))
 
 
-def load(key: bytes | None, route: Any = None) -> Any:
-    """The fitted step stored under ``key``, else None (a step fitted on a GPU: in the form that runs there)."""
+def load_result(key: bytes | None) -> Any:
+    """The (candidate, fold) result stored under ``key`` (see :func:`keep_result`), else None."""
+    s = _store.current_store()
+    got = s.get(key) if key is not None and s is not None else None
+    return got if isinstance(got, dict) else None
+
+
+def keep_result(key: bytes | None, out: dict[str, Any]) -> None:
+    """Write a (candidate, fold) result (:func:`entry`) under ``key`` (nothing without a key or a store)."""
+    s = _store.current_store()
+    if key is not None and s is not None:
+        s.put(key, out)
+
+
+def _load(key: bytes | None) -> tuple[Any, dict[str, Any]]:
+    """The step stored under ``key`` and its fit's info (``same_output``: see :func:`keep_step`)."""
     s = _store.current_store()
     if key is None or s is None:
-        return None
+        return None, {}
     got = s.get(key)
     if isinstance(got, tuple):   # written by write_state: (estimator, info) or (GPU state pickled, info, CPU twin)
-        return read_state(s, key) if len(got) in (2, 3) else None
-    return got
+        return (read_state(s, key), dict(got[1])) if len(got) in (2, 3) else (None, {})
+    return got, {}
 
 
 def load_step(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: Any,
-              x_key: bytes | None = None) -> tuple[Any, bytes | None]:
-    """The fitted step to use instead of fitting ``est`` (None: fit it) and the key it is, or will be, under.
+              x_key: bytes | None = None) -> tuple[Any, bytes | None, bool]:
+    """The fitted step to use instead of fitting ``est`` (None: fit it), the key it is, or will be, under, and
+    whether its ``transform`` of its training rows gives its fit's output (see :func:`keep_step`).
 
     A step placed on a GPU that runs on the CPU here (``route.path == "cpu_fallback"``: no GPU, or no GPU
     route) also finds the CPU twin of the same fit done on a GPU, as a network's machine does (docs/store.md,
@@ -109,13 +124,13 @@ def load_step(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: Any,
     logs it; the key it gives is the GPU fit's, so the steps downstream find theirs.
     """
     key = step_key(est, route, fit_params, X, y, x_key)
-    hit = load(key, route)
+    hit, info = _load(key)
     if hit is not None or key is None or getattr(route, "path", None) != "cpu_fallback":
-        return hit, key
+        return hit, key, bool(info.get("same_output", False))
     policy = get_config()["fallback"]
     s = _store.current_store()
     if policy == "raise" or s is None:
-        return None, key
+        return None, key, False
     for path in GPU_ROUTES:
         gkey = step_key(est, _GpuRoute(path), fit_params, X, y, x_key)
         got = s.get(gkey, probe=True) if gkey is not None else None
@@ -128,8 +143,8 @@ def load_step(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: Any,
                 warn_once(("stored GPU step", type(est).__name__, path), msg, DeviceFallbackWarning)
             else:
                 logger.info(msg)
-            return twin, gkey
-    return None, key
+            return twin, gkey, bool(got[1].get("same_output", False))
+    return None, key, False
 
 
 class _GpuRoute:
@@ -141,18 +156,18 @@ class _GpuRoute:
         self.path = path
 
 
-def keep(key: bytes | None, est: Any, route: Any = None) -> None:
-    """Write a fitted step under ``key`` (nothing without a key or a store); one fitted on a GPU with its CPU
-    twin, as a machine's state (:func:`gpunets.planning.stored.write_state`)."""
+def keep_step(key: bytes | None, est: Any, route: Any = None, same_output: bool = False) -> None:
+    """Write a fitted step under ``key`` (nothing without a key or a store), as a machine's state is written
+    (:func:`gpunets.planning.stored.write_state`): one fitted on a GPU with its CPU twin.  ``same_output``: its
+    ``transform`` of its training rows gives its ``fit_transform``'s output bit for bit (checked at fit time),
+    so a search that loads it passes on the ``transform`` (``gpunets.tuning.tasks._training_rows``)."""
     s = _store.current_store()
     if key is None or s is None:
         return
-    path = getattr(route, "path", "sklearn")
     dev = getattr(route, "device", None)
-    if path in GPU_ROUTES and getattr(dev, "is_cuda", False):
-        write_state(s, key, est, {"path": path, "device": str(dev)})
-    else:
-        s.put(key, est)
+    info = {"path": getattr(route, "path", "sklearn"), "device": str(dev) if dev is not None else "cpu",
+            "same_output": same_output}
+    write_state(s, key, est, info)
 
 
 def entry(out: dict[str, Any]) -> dict[str, Any]:

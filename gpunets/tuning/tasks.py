@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from gpunets.base.saved import saved_operation
-from gpunets.compute.estimators import apply_estimator, training_output_differs
+from gpunets.compute.estimators import apply_estimator, training_output_differs, transform_gives
 from gpunets.compute.models import fit_context, prepare_inputs
 from gpunets.core.nodes import source
 from gpunets.devices.data import check_placeable, take_rows
@@ -135,29 +135,31 @@ def _keyed_fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any]
     X, y = aligned(X, y)
     fit_params = dict(zip(fit_params, aligned(*fit_params.values())))
     start = time.perf_counter()
-    hit, key = stored.load_step(est, route, fit_params, X, y, x_key)
+    hit, key, same = stored.load_step(est, route, fit_params, X, y, x_key)
     est = hit if hit is not None else clone(est if route is None else route.estimator)
     try:
         with on_device(route):
             X, y = moved(route, X, y)
             if hit is not None:   # loaded: only the training rows' transform is left to compute
-                out = None if last else _training_rows(est, fit_params, X, y)
+                out = None if last else _training_rows(est, fit_params, X, y, same)
                 return est, out, time.perf_counter() - start, key, (os.urandom(8),)
             out = _fit_step(est, last, fit_params, X, y, start)
-        stored.keep(key, est, route)
+            same = (key is not None and not last and training_output_differs(est)   # read only from the store
+                    and transform_gives(est, X, out[1]))
+        stored.keep_step(key, est, route, same)
         return (*out, key, ())
     except Exception as e:  # noqa: BLE001 - reported by candidate through error_score
         failed = Failed(e, traceback.format_exc(), time.perf_counter() - start)
         return failed, failed, failed.seconds, None, ()
 
 
-def _training_rows(est: Any, fit_params: dict[str, Any], X: Any, y: Any) -> Any:
+def _training_rows(est: Any, fit_params: dict[str, Any], X: Any, y: Any, same: bool) -> Any:
     """A loaded step's output on its training rows, as its fit gave it: ``transform``, or, where
     ``fit_transform`` may differ (``TargetEncoder``, ``PCA``), ``fit_transform`` on a copy (the copy is dropped;
     gpunets.planning.outputs says why)."""
     from sklearn.base import clone
 
-    if not training_output_differs(est):
+    if same or not training_output_differs(est):
         return est.transform(X)
     return _fit_step(clone(est), False, fit_params, X, y, 0.0)[1]
 
