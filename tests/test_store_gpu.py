@@ -154,3 +154,25 @@ def test_a_search_step_fitted_on_a_gpu_loads_where_no_gpu_is(tmp_path, monkeypat
         assert report.fitted == 3 and report.stored == 3   # the new Ridges fitted; the scalers: the GPU fits' twins
         assert any("fitted on cuda (array_api), converted for the CPU" in str(w.message) for w in seen)
     np.testing.assert_allclose(wide.cv_results_["mean_test_score"], cpu.cv_results_["mean_test_score"], rtol=1e-10)
+
+
+def test_gpu_arrays_keep_their_layout_through_the_store():
+    """CuPy pickles through C order: a Fortran-ordered array of a fitted state (PCA's components_) would come back
+    C-ordered, and the loaded state's products round otherwise. The store keeps the layout."""
+    import pickle
+
+    from sklearn.decomposition import PCA
+
+    from gpunets.compute.models import call_context
+    from gpunets.devices import _gpulibs
+    from gpunets.devices import store as store_mod
+
+    with fake_gpu():
+        cp = _gpulibs.cupy()
+        X = cp.asarray(np.random.default_rng(0).normal(size=(400, 10)))
+        with call_context("array_api", None):
+            pca = PCA(3, svd_solver="covariance_eigh").fit(X)
+            assert pca.components_.flags.f_contiguous and not pca.components_.flags.c_contiguous
+            loaded = pickle.loads(store_mod.dumps(pca))
+            assert loaded.components_.flags.f_contiguous
+            assert bool((loaded.transform(X) == pca.transform(X)).all())

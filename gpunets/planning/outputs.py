@@ -6,8 +6,10 @@ its fit task gives it (:meth:`gpunets.planning.plan._Builder._training_output`).
 fitted before and skips, or its state is loaded from the store) and its ``fit_transform`` may differ from
 ``fit(X).transform(X)`` (:func:`~gpunets.compute.estimators.training_output_differs`: ``TargetEncoder``'s
 cross-fitting, ``PCA``'s last bits), transforming again would train the downstream machine on other values
-than a fresh fit of the whole network would.  The task made here computes ``fit_transform`` on a fresh copy
-of the machine's model and keeps only its output: the machine's fitted state is not replaced (its version,
+than a fresh fit of the whole network would, unless its fit found that its ``transform`` gives the same bits
+(:func:`~gpunets.compute.estimators.transform_gives`, kept as ``FittedState.same_output`` and in the store's
+entry).  Otherwise the task made here computes ``fit_transform`` on a fresh copy of the machine's model and
+keeps only its output: the machine's fitted state is not replaced (its version,
 and what depends on it, stay as they are).  A machine keeping its outputs (``cache=True``) serves it from
 memory instead.
 """
