@@ -236,8 +236,9 @@ def test_set_output_gives_one_container_for_fit_transform_and_transform():
 
 
 def test_a_transform_checked_equal_at_fit_time_is_used_without_fitting_again(tmp_path, executor):
-    """PCA's covariance solver: its transform gives its fit_transform's output bit for bit (checked once, when it
-    fits), so a skipped or loaded PCA passes on its transform; the answers are a fresh fit's all the same."""
+    """PCA's covariance solver: its transform gives its fit_transform's output bit for bit. With a store in force
+    that is checked once, when it fits, and kept with its state and entry, so a skipped or loaded PCA passes on its
+    transform; without one, a skipped PCA computes its training output again. The answers are a fresh fit's."""
     rng = np.random.default_rng(0)
     Xd = rng.normal(size=(400, 10))
     yd = Xd[:, 0] + rng.normal(size=400)
@@ -253,15 +254,24 @@ def test_a_transform_checked_equal_at_fit_time_is_used_without_fitting_again(tmp
     fresh.fit(executor=executor)
     yhat, ridge, pca = net(1.0)
     yhat.fit(executor=executor)
-    assert pca.report()["trained"] and pca._state.same_output
+    assert pca.report()["trained"] and not pca._state.same_output      # not checked: no store
     ridge.model.alpha = 3.0
     report = yhat.fit(executor=executor)
-    assert not any("fit_transform again" in r.label for r in report.trace.records)
+    assert any("fit_transform again" in r.label for r in report.trace.records)
     np.testing.assert_array_equal(yhat(), fresh())
     with gn.config(store=gn.Store(tmp_path / "s")):
-        net(1.0)[0].fit(executor=executor)
-        again, _, _ = net(3.0)
+        first, ridge, pca = net(1.0)
+        first.fit(executor=executor)
+        assert pca._state.same_output
+        ridge.model.alpha = 3.0
+        report = first.fit(executor=executor)                             # skipped: its transform
+        assert report.actions.by_label() == {"PCA": "skip", "Ridge": "update"}
+        assert not any("fit_transform again" in r.label for r in report.trace.records)
+        np.testing.assert_array_equal(first(), fresh())
+        again, _, _ = net(10.0)                                           # loaded: its transform
         report = again.fit(executor=executor)
         assert report.actions.by_label() == {"PCA": "stored", "Ridge": "train"}
         assert not any("fit_transform again" in r.label for r in report.trace.records)
-        np.testing.assert_array_equal(again(), fresh())
+    fresh10, _, _ = net(10.0)
+    fresh10.fit(executor=executor)
+    np.testing.assert_array_equal(again(), fresh10())

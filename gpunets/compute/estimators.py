@@ -187,7 +187,7 @@ def is_frozen_estimator(est: Any) -> bool:
 
 
 def fit_transform_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None, keywords: tuple[str, ...] = (),
-                            check: bool = True) -> tuple[Any, dict[str, Any], Any]:
+                            check: bool = False) -> tuple[Any, dict[str, Any], Any]:
     """Like :func:`fit_estimator` with ``est.fit_transform``: the fitted estimator, where it ran, and the
     transform of its training input (scikit-learn's contract: ``fit(X, y).transform(X)``)."""
     est, info = fit_estimator(est, values, resolved, method="fit_transform", keywords=keywords)

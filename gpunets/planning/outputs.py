@@ -70,7 +70,7 @@ def recomputed_output(b: Any, x: Any, m: Any, fk: int | None, st: Any, frames: s
     if resolved is not None:
         est = resolved.estimator
     deps = tuple(b.moved(b.node(a), dev, frames) for a in m.args)
-    fn: Any = partial(_refit_output_task, est, len(deps), resolved, **_fit_keywords(m))
+    fn: Any = partial(_refit_output_task, est, len(deps), resolved, **_fit_keywords(m))   # (no check: dropped)
     if ck is not None:
         fn = partial(_store, ck, owner, b.budget, fn)
     return b.add(kind="eval", fn=fn, deps=deps, node=x, machine=m, cost=10.0, device=dev,

@@ -390,7 +390,10 @@ class _Builder(PlacementRules):
         if fit.func is not _fit_task and fit.func is not _fit_transform_task:
             return False              # a static machine, or a warm update by partial_fit
         if fit.func is not _fit_transform_task:
-            task.fn = partial(_fit_transform_task, est, n_args, resolved, **fit.keywords)
+            # with a store in force, the fit also checks whether its transform gives the same output (kept in the
+            # entry: a loaded state then passes on its transform; gpunets.planning.outputs)
+            task.fn = partial(_fit_transform_task, est, n_args, resolved, **fit.keywords,
+                              check=get_config()["store"] is not None)
         return True
 
     def _check_in_step(self, m: Any, st: Any) -> None:
