@@ -280,9 +280,40 @@ def gpu_search(quick: bool = False, rows: int | None = None, budget_s: float = 3
     else:
         out["ratio_streams_vs_serial"] = {"value": v, "target": "< 1 (informative: streams overlap the candidates)",
                                           "met": v < 1}
+    out["halving"] = gpu_halving(Xg, yg, X, y, est, grid, cv)
     out["section_seconds"] = time.perf_counter() - t_start
     if out["scores_equal_cpu"]["met"] is False:
         out["error"] = f"GPU scores differ from the CPU search by {worst:.3g} > {GPU_ATOL}"
+    elif "error" in out["halving"]:
+        out["error"] = out["halving"]["error"]
+    return out
+
+
+def gpu_halving(Xg: Any, yg: Any, X: np.ndarray, y: np.ndarray, est: Any, grid: dict[str, list[Any]],
+                cv: Any) -> dict[str, Any]:
+    """``gn.HalvingGridSearchCV`` on the same CuPy data, ``device="cuda"``, serial and streams (one timed run each,
+    after a warm one): the rungs' candidates and scores against the same halving search on the CPU."""
+    import gpunets as gn
+
+    kw = {"factor": 3, "cv": cv, "random_state": 0}
+    cpu = gn.HalvingGridSearchCV(est, grid, executor="serial", **kw).fit(X, y)
+    out: dict[str, Any] = {"candidates": list(map(int, cpu.n_candidates_)),
+                           "resources": list(map(int, cpu.n_resources_))}
+    worst = 0.0
+    for ex in ("serial", "streams"):
+        gn.HalvingGridSearchCV(est, grid, executor=ex, device="cuda", **kw).fit(Xg, yg)   # warm
+        t = time.perf_counter()
+        s = gn.HalvingGridSearchCV(est, grid, executor=ex, device="cuda", **kw).fit(Xg, yg)
+        seconds = time.perf_counter() - t
+        diff = _same_results(s, cpu)
+        worst = max(worst, diff)
+        out[ex] = {"seconds": seconds, "max_abs_diff_vs_cpu": diff, "same_best_params": s.best_params_ == cpu.best_params_,
+                   "fits_per_rung": [dict(r.fits) for r in s.search_report_.rungs]}
+        print(f"   gpu halving {ex}: {seconds:.3f} s, rungs {out['candidates']}, max |diff| vs CPU {diff:.2e}",
+              flush=True)
+    out["scores_equal_cpu"] = {"value": worst, "target": f"<= {GPU_ATOL} (absolute)", "met": worst <= GPU_ATOL}
+    if not out["scores_equal_cpu"]["met"]:
+        out["error"] = f"GPU halving scores differ from the CPU search by {worst:.3g} > {GPU_ATOL}"
     return out
 
 

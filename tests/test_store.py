@@ -296,8 +296,6 @@ def _data():
 
 
 def test_a_search_again_fits_nothing_and_a_wider_grid_only_the_new(store, executor):
-    if "dask" in str(getattr(executor, "name", executor)).lower():
-        pytest.skip("Dask workers have no store (docs/store.md)")
     X, y = _data()
     cold = _search([0.1, 1.0], X, y).set_params(executor=executor).fit(X, y)
     first = cold.search_report_

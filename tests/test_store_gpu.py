@@ -123,3 +123,56 @@ def test_a_gpu_state_loads_in_a_process_without_a_gpu(fitted_on_gpu, tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[('Ridge', 'stored'), ('Ridge#2', 'stored'), ('StandardScaler', 'stored')]"
     np.testing.assert_allclose(np.load(out), expected, rtol=0, atol=1e-6)
+
+
+def _search(alphas):
+    from sklearn.pipeline import make_pipeline
+
+    return gn.GridSearchCV(make_pipeline(StandardScaler(), Ridge(solver="svd")), {"ridge__alpha": alphas}, cv=3,
+                           device="cuda")
+
+
+@pytest.mark.parametrize("policy", ["warn", "raise"])
+def test_a_search_step_fitted_on_a_gpu_loads_where_no_gpu_is(tmp_path, monkeypatch, policy):
+    """A search's step fitted on a GPU is stored with its CPU twin; a search placed on the GPU that runs on the
+    CPU (no GPU here) loads the twin by the fallback policy, and fits only what is new."""
+    path = str(tmp_path / "s")
+    X, y = _data()
+    with fake_gpu(), gn.config(store=path):
+        first = _search([0.1, 1.0]).fit(X, y)
+        assert first.search_report_.fits == {"standardscaler": 3, "ridge": 6}
+    cpu = gn.GridSearchCV(first.estimator, {"ridge__alpha": [0.1, 1.0, 10.0]}, cv=3).fit(X, y)
+    with _no_gpu(monkeypatch), gn.config(store=path, fallback=policy):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            if policy == "raise":   # no GPU and no fallback: refused before anything is loaded or fitted
+                with pytest.raises(gn.DeviceUnavailableError, match="fallback='warn'"):
+                    _search([0.1, 1.0, 10.0]).fit(X, y)
+                return
+            wide = _search([0.1, 1.0, 10.0]).fit(X, y)
+        report = wide.search_report_
+        assert report.fitted == 3 and report.stored == 3   # the new Ridges fitted; the scalers: the GPU fits' twins
+        assert any("fitted on cuda (array_api), converted for the CPU" in str(w.message) for w in seen)
+    np.testing.assert_allclose(wide.cv_results_["mean_test_score"], cpu.cv_results_["mean_test_score"], rtol=1e-10)
+
+
+def test_gpu_arrays_keep_their_layout_through_the_store():
+    """CuPy pickles through C order: a Fortran-ordered array of a fitted state (PCA's components_) would come back
+    C-ordered, and the loaded state's products round otherwise. The store keeps the layout."""
+    import pickle
+
+    from sklearn.decomposition import PCA
+
+    from gpunets.compute.models import call_context
+    from gpunets.devices import _gpulibs
+    from gpunets.devices import store as store_mod
+
+    with fake_gpu():
+        cp = _gpulibs.cupy()
+        X = cp.asarray(np.random.default_rng(0).normal(size=(400, 10)))
+        with call_context("array_api", None):
+            pca = PCA(3, svd_solver="covariance_eigh").fit(X)
+            assert pca.components_.flags.f_contiguous and not pca.components_.flags.c_contiguous
+            loaded = pickle.loads(store_mod.dumps(pca))
+            assert loaded.components_.flags.f_contiguous
+            assert bool((loaded.transform(X) == pca.transform(X)).all())

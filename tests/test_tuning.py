@@ -374,6 +374,11 @@ def test_gpu_mode_of_the_benchmark_on_the_fake_gpu(tmp_path):
     for ex in ("serial", "streams"):
         assert res[ex]["same_best_params"] and res[ex]["fits"] == {"scale": 5, "pca": 5, "ridge": 50}
         assert res[ex]["refit_route"].startswith("('array_api'"), res[ex]
+    halving = res["halving"]   # the halving search on the GPU too: its rungs and scores as on the CPU
+    assert halving["scores_equal_cpu"]["met"] and len(halving["candidates"]) >= 2, halving
+    for ex in ("serial", "streams"):
+        assert halving[ex]["same_best_params"], halving
+        assert len(halving[ex]["fits_per_rung"]) == len(halving["candidates"]), halving
 
 
 class WeightedScaler(CountingScaler):

@@ -26,7 +26,7 @@ from gpunets.executors import get_executor
 from gpunets.executors.base import default_workers, gpu_timing, inside_task
 from gpunets.planning.plan import compile_call, compile_fit
 
-__all__ = ["fit", "evaluate", "Evaluation", "last_trace", "remember_costs"]
+__all__ = ["fit", "fit_with_outputs", "evaluate", "Evaluation", "last_trace", "remember_costs"]
 
 _LAST_TRACE: contextvars.ContextVar[Trace | None] = contextvars.ContextVar("gpunets_last_trace", default=None)
 
@@ -99,12 +99,50 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
         raise TypeError(msg)
     check_run_options(executor=executor, workers=workers, progress=progress, force=force, only=only)
     _remember_site()
+    return _fit(targets, rows=rows, force=force, executor=executor, workers=workers, device=device,
+                progress=progress, only=only)[0]
+
+
+def fit_with_outputs(targets: Sequence[Any], outputs: Sequence[AbstractNode], *, executor: Any = None,
+                     workers: int | None = None, device: Any = None) -> tuple[Any, list[Any]]:
+    """:func:`fit` the ``targets``, and give the values of ``outputs`` on the training data *as the fit
+    passes them on* (a machine fitted now gives its ``fit_transform``'s output: scikit-learn's
+    ``fit_transform`` of a composition), in one run; the values in the caller's type family, as a call's.
+
+    >>> import numpy as np, gpunets as gn
+    >>> from sklearn.preprocessing import StandardScaler
+    >>> X = gn.source(np.array([[0.0], [2.0]]))
+    >>> Z = gn.machine(StandardScaler(), X).transform(X)
+    >>> report, (z,) = fit_with_outputs([Z], [Z])
+    >>> report.actions["StandardScaler"], z.ravel().tolist()
+    ('train', [-1.0, 1.0])
+    """
+    check_run_options(executor=executor, workers=workers)
+    _remember_site()
+    report, plan, run = _fit(tuple(targets), rows=None, force=False, executor=executor, workers=workers,
+                             device=device, progress=None, only=False, outputs=tuple(outputs))
+    values = run.results()[len(run.plan.outputs) - len(outputs):]
+    output = get_config()["output"]
+    out = []
+    for value in values:
+        with off_the_legacy_stream(value) if run.outputs_ready and output != "device" else contextlib.nullcontext():
+            if output == "auto":
+                value = _like_input(value, plan)
+            elif output in ("numpy", "pandas"):
+                value = _as_host(value, output, plan)
+        out.append(value)
+    return report, out
+
+
+def _fit(targets: Sequence[Any], *, rows: Any, force: bool, executor: Any, workers: int | None, device: Any,
+         progress: bool | None, only: bool, outputs: tuple[AbstractNode, ...] = ()) -> tuple[Any, Any, Any]:
+    """:func:`fit`'s run: the report, the plan and the run (its values, for ``outputs``)."""
     if device is not None:
         with config(device=device), _override_placement(device):
-            return fit(*targets, rows=rows, force=force, executor=executor, workers=workers, progress=progress,
-                       only=only)
+            return _fit(targets, rows=rows, force=force, executor=executor, workers=workers, device=None,
+                        progress=progress, only=only, outputs=outputs)
     plan = compile_fit(list(targets), rows=rows, force=force, max_lanes=_max_lanes(executor, workers), only=only,
-                       cache=_cache_allowed(executor))
+                       cache=_cache_allowed(executor), outputs=outputs)
     reasons = explain(plan, rows, force)
     ex = get_executor(executor, workers, plan)
     show = get_config()["progress"] if progress is None else progress
@@ -137,7 +175,7 @@ def fit(*targets: Any, rows: Any = None, force: bool = False, executor: Any = No
         raise
     report = FitReport(plan, run.trace, run.trace.executor, reasons)
     _adopt_nested_traces(report)
-    return report
+    return report, plan, run
 
 
 def _cache_allowed(executor: Any) -> bool:

@@ -288,7 +288,7 @@ def report(target: Any) -> Report:
     >>> import numpy as np, gpunets as gn
     >>> from sklearn.linear_model import Ridge
     >>> X, y = gn.source(np.eye(3), name="X"), gn.source(np.ones(3), name="y")
-    >>> p = gn.machine(Ridge(), X, y).predict(X)
+    >>> p = gn.machine(Ridge(), X, y, device="cpu").predict(X)
     >>> _ = p.fit()
     >>> gn.report(p)["Ridge"]["action"]
     'train'

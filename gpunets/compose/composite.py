@@ -78,7 +78,7 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import _check_feature_names_in, check_is_fitted
 
-from gpunets.api.network import evaluate
+from gpunets.api.network import evaluate, fit_with_outputs
 from gpunets.api.network import fit as gn_fit
 from gpunets.base._warn import _OWNER
 from gpunets.base.config import config
@@ -267,6 +267,18 @@ class Composite(CompositeChecks, CompositeViews, BaseEstimator):
             raise
         return self
 
+    def _gn_fit_and_output(self, op: str, X: Any, y: Any, fit_params: dict[str, Any]) -> Any:
+        """``fit``, and the value of the network's ``op`` node on the training data from the same run."""
+        self.__dict__["_gn_want_output"] = op
+        try:
+            self.fit(X, y, **fit_params)
+            value = self.__dict__.pop("_gn_fit_output", None)
+        finally:
+            self.__dict__.pop("_gn_want_output", None)
+        if value is None:      # the network has no such node (a subclass's own operations): fit, then call
+            value = self._gn_call(op, X)
+        return value
+
     def _gn_fit_network(self, X: Any, y: Any, fit_params: dict[str, Any]) -> None:
         with scope():   # the data are fingerprinted once, here and by the core's retraining rules
             self._gn_fit_network_scoped(X, y, fit_params)
@@ -306,7 +318,13 @@ class Composite(CompositeChecks, CompositeViews, BaseEstimator):
         opts = self._gn_run_options()
         token = _OWNER.set(self)   # fallback warnings name this estimator, not its internal machines
         try:
-            report = gn_fit(*outputs.values(), *extra_nodes(extras), **opts)
+            want = self.__dict__.get("_gn_want_output")
+            if want is not None and want in outputs:   # fit_transform: the output as the fit passes it on
+                report, (value,) = fit_with_outputs([*outputs.values(), *extra_nodes(extras)], [outputs[want]],
+                                                    **opts)
+                self.__dict__["_gn_fit_output"] = value
+            else:
+                report = gn_fit(*outputs.values(), *extra_nodes(extras), **opts)
             extra_values = evaluate_extras(extras, opts)
         finally:
             _OWNER.reset(token)
@@ -513,6 +531,16 @@ class CompositeTransformer(TransformerMixin, Composite, auto_wrap_output_keys=No
     """
 
     _default_operation = "transform"
+
+    def fit_transform(self, X: Any, y: Any = None, **fit_params: Any) -> Any:
+        """Fit, and give the network's ``transform`` node on the training data as the fit passes it on.
+
+        As scikit-learn's ``Pipeline.fit_transform``: a machine whose ``fit_transform`` differs from
+        ``fit(X).transform(X)`` (``TargetEncoder``'s cross-fitting) gives its ``fit_transform``'s output, in the
+        same run as the fit (docs/learning-networks.md, "Training outputs").
+        """
+        value = self._gn_fit_and_output("transform", X, y, fit_params)
+        return _wrap_data_with_container("transform", value, X, self)
 
     @available_if(_has_operation("transform"))
     def transform(self, X: Any) -> Any:

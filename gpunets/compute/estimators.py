@@ -22,7 +22,7 @@ from gpunets.devices.data import device_of
 
 __all__ = ["fresh_estimator", "fit_estimator", "fit_transform_estimator", "apply_estimator", "is_stateless",
            "static_estimator", "partial_fit_estimator", "is_frozen_estimator", "sklearn_config_delta",
-           "sklearn_config", "under_sklearn_config"]
+           "sklearn_config", "under_sklearn_config", "training_output_differs", "transform_gives", "same_bits"]
 
 
 def fresh_estimator(model: Any) -> Any:
@@ -64,6 +64,61 @@ def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None,
     shape = getattr(values[0], "shape", None) if values else None
     info["n_rows"] = int(shape[0]) if shape else None
     return est, info
+
+
+# scikit-learn classes that define their own ``fit_transform`` and whose result is ``fit(X, y).transform(X)``
+# bit for bit (checked in tests/test_outputs.py): a fast path, a docstring, or a validation, not other values
+_SAME_AS_TRANSFORM = frozenset({
+    "_BaseKMeans", "KMeans", "MiniBatchKMeans", "BisectingKMeans", "KNeighborsTransformer", "RadiusNeighborsTransformer",
+    "PowerTransformer", "RandomTreesEmbedding", "MissingIndicator", "LabelEncoder", "LabelBinarizer",
+    "MultiLabelBinarizer", "DictVectorizer", "HashingVectorizer", "_BaseVoting", "VotingClassifier", "VotingRegressor",
+    "StackingClassifier", "StackingRegressor"})
+
+
+def training_output_differs(est: Any) -> bool:
+    """Whether ``est.fit_transform(X)`` may differ from ``est.fit(X).transform(X)``.
+
+    scikit-learn's ``TransformerMixin.fit_transform`` is ``fit(X, y).transform(X)``; a class that defines its
+    own may give other values: cross-fitted encodings (``TargetEncoder``), the SVD's own factors (``PCA``,
+    ``TruncatedSVD``: the last bits), an embedding of the training rows (``TSNE``, ``Isomap``).  Such a
+    machine's training output cannot be recomputed from its fitted state, only by fitting again
+    (docs/networks.md, "Training outputs").  Compositions differ when a part does; classes not known are
+    taken to differ.
+
+    >>> from sklearn.decomposition import PCA
+    >>> from sklearn.pipeline import make_pipeline
+    >>> from sklearn.preprocessing import StandardScaler, TargetEncoder
+    >>> training_output_differs(StandardScaler()), training_output_differs(TargetEncoder())
+    (False, True)
+    >>> training_output_differs(make_pipeline(StandardScaler(), PCA(2)))
+    True
+    """
+    cls = type(est)
+    owner = next((k for k in cls.__mro__ if "fit_transform" in vars(k)), None)
+    if owner is None:
+        return False            # no fit_transform: fit then transform, as the planner does
+    hook = getattr(est, "_gn_training_output_differs", None)
+    if callable(hook):
+        return bool(hook())     # a gpunets composite that knows its parts
+    module = getattr(owner, "__module__", "")
+    if module.startswith("sklearn."):
+        if owner.__name__ == "TransformerMixin" or owner.__name__ in _SAME_AS_TRANSFORM:
+            return False
+        parts = _parts(est, owner.__name__)
+        if parts is not None:
+            return any(training_output_differs(p) for p in parts)
+    return True
+
+
+def _parts(est: Any, kind: str) -> list[Any] | None:
+    """The estimators of a scikit-learn composition whose ``fit_transform`` is its parts' (None: not one)."""
+    if kind == "Pipeline":
+        return [s for _, s in est.steps if s is not None and s != "passthrough"]
+    if kind == "ColumnTransformer":
+        return [t for _, t, _ in est.transformers if not isinstance(t, str)]
+    if kind == "FeatureUnion":
+        return [t for _, t in est.transformer_list if not isinstance(t, str)]
+    return None
 
 
 def partial_fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None,
@@ -131,12 +186,56 @@ def is_frozen_estimator(est: Any) -> bool:
     return cls.__name__ == "FrozenEstimator" and cls.__module__.startswith("sklearn.")
 
 
-def fit_transform_estimator(est: Any, values: tuple[Any, ...],
-                            resolved: Any = None, keywords: tuple[str, ...] = ()) -> tuple[Any, dict[str, Any], Any]:
+def fit_transform_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None, keywords: tuple[str, ...] = (),
+                            check: bool = False) -> tuple[Any, dict[str, Any], Any]:
     """Like :func:`fit_estimator` with ``est.fit_transform``: the fitted estimator, where it ran, and the
     transform of its training input (scikit-learn's contract: ``fit(X, y).transform(X)``)."""
     est, info = fit_estimator(est, values, resolved, method="fit_transform", keywords=keywords)
-    return est, info, info.pop("output")
+    out = info.pop("output")
+    if check and training_output_differs(est):   # info["same_output"]: whether its transform gives the output
+        info["same_output"] = transform_gives(est, values[0], out, info.get("path", "sklearn"))
+    return est, info, out
+
+
+def transform_gives(est: Any, X: Any, out: Any, path: str = "sklearn") -> bool:
+    """Whether the fitted ``est``'s ``transform(X)`` gives ``out`` (its ``fit_transform``'s) bit for bit.
+
+    Checked once, where the fit ran, for the estimators whose ``fit_transform`` may differ
+    (:func:`training_output_differs`): where it does not (``PCA`` by its covariance solver), a state fitted
+    before or loaded from the store passes on its ``transform`` without fitting again
+    (:mod:`gpunets.planning.outputs`).  Anything that cannot be compared counts as different.
+
+    >>> import numpy as np
+    >>> from sklearn.decomposition import PCA
+    >>> X = np.random.default_rng(0).normal(size=(50, 4))
+    >>> pca = PCA(2, svd_solver="covariance_eigh")
+    >>> transform_gives(pca, X, pca.fit_transform(X))
+    True
+    """
+    try:
+        again = apply_estimator(est, "transform", (X,), path)
+        return same_bits(out, again)
+    except Exception:  # noqa: BLE001 - a transform that fails or differs in kind: not the same
+        return False
+
+
+def same_bits(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` equal element for element, of one type, shape and dtype (NumPy, CuPy, SciPy sparse,
+    pandas); NaNs count as different.
+
+    >>> import numpy as np
+    >>> same_bits(np.ones(3), np.ones(3)), same_bits(np.ones(3), np.nextafter(np.ones(3), 2))
+    (True, False)
+    """
+    if type(a) is not type(b):
+        return False
+    if callable(getattr(a, "equals", None)) and hasattr(a, "index"):
+        return bool(a.equals(b))                                  # pandas / cuDF
+    if getattr(a, "shape", None) != getattr(b, "shape", None) or getattr(a, "dtype", None) != getattr(b, "dtype", None):
+        return False
+    if hasattr(a, "nnz"):                                         # SciPy / CuPy sparse
+        return bool((a != b).nnz == 0)
+    return bool((a == b).all())
 
 
 def apply_estimator(est: Any, op: str, values: tuple[Any, ...], path: str = "sklearn",

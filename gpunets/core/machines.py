@@ -161,6 +161,9 @@ class FittedState:
     parents: tuple[tuple[Machine, int], ...] = field(default=())
     asked: str = "auto"              # the placement asked for when it was fitted (its own, a block's, the config's)
     key: bytes | None = None         # the store key it was fitted (or loaded) under (gpunets.planning.stored)
+    # its transform of its training input gives its fit_transform's output bit for bit (checked when it was
+    # fitted, for the estimators where they may differ: gpunets.planning.outputs)
+    same_output: bool = False
 
     @property
     def estimator(self) -> Any:
@@ -446,7 +449,7 @@ class Machine:
         self._state = FittedState(est, pending.params, pending.rows_key, pending.upstream, self._version + 1,
                                   pending.action, info.get("seconds", 0.0), info.get("device", "cpu"),
                                   info.get("path", "sklearn"), info.get("n_rows"), hist, pending.parents,
-                                  info.get("asked", "auto"), pending.key)
+                                  info.get("asked", "auto"), pending.key, bool(info.get("same_output", False)))
         self._version += 1
         self.n_fits += 1
         # a previous state kept remotely is released when the last reference to it goes (at once, unless a

@@ -127,7 +127,7 @@ def params_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return all(_equal(a[k], b[k]) for k in a)
 
 
-def _equal(x: Any, y: Any) -> bool:
+def _equal(x: Any, y: Any, depth: int = 0) -> bool:
     if x is y:
         return True
     if type(x) is not type(y):
@@ -140,13 +140,35 @@ def _equal(x: Any, y: Any) -> bool:
         except TypeError:
             return bool(np.array_equal(np.asarray(x), np.asarray(y)))
     if isinstance(x, (list, tuple)):
-        return len(x) == len(y) and all(_equal(p, q) for p, q in zip(x, y))
+        return len(x) == len(y) and all(_equal(p, q, depth) for p, q in zip(x, y))
     if isinstance(x, dict):
-        return x.keys() == y.keys() and all(_equal(x[k], y[k]) for k in x)
+        return x.keys() == y.keys() and all(_equal(x[k], y[k], depth) for k in x)
     if isinstance(x, slice):
         return (x.start, x.stop, x.step) == (y.start, y.stop, y.step)
+    if type(x).__eq__ is object.__eq__:
+        return _same_contents(x, y, depth)
     try:
         r = x == y
         return bool(r) if isinstance(r, (bool,)) or type(r).__name__ == "bool_" else False
     except Exception:
         return False
+
+
+def _same_contents(x: Any, y: Any, depth: int) -> bool:
+    """Two objects of one class without ``__eq__`` (a CV splitter, a ``RandomState``), by what they hold: a copy
+    taken at fit time equals the object as long as nobody changed it."""
+    if depth > 8:
+        return False
+    state = getattr(x, "get_state", None)   # numpy's RandomState
+    if callable(state) and type(x).__module__.startswith("numpy"):
+        try:
+            a, b = state(), y.get_state()
+            return all(_equal(p, q, depth + 1) for p, q in zip(a, b)) and len(a) == len(b)
+        except Exception:  # noqa: BLE001 - not numpy's RandomState after all
+            return False
+    gen = getattr(x, "bit_generator", None)  # numpy's Generator
+    if gen is not None and type(x).__module__.startswith("numpy"):
+        return _equal(gen.state, y.bit_generator.state, depth + 1)
+    if hasattr(x, "__dict__") and hasattr(y, "__dict__"):
+        return _equal(vars(x), vars(y), depth + 1)
+    return False

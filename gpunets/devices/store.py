@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import io
 import os
 import pickle
 import re
@@ -47,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpunets.base.config import get_config
+from gpunets.devices import _gpulibs
 
 __all__ = ["Store", "StoreInfo", "StoreWarning", "store_info", "store_clear", "check_store_setting", "dumps",
            "current_store", "DEFAULT_MAX_BYTES"]
@@ -312,10 +314,38 @@ class Store:
                              self.failed, len(entries), sum(e[1] for e in entries), self.max_bytes)
 
 
+class _LayoutPickler(pickle.Pickler):
+    """Pickles CuPy arrays with their memory layout.  CuPy's own pickling copies through the host in C order,
+    so a Fortran-ordered array (a fitted ``PCA``'s ``components_``, made by a transpose) came back C-ordered,
+    and the matrix products of the loaded state rounded differently from the fitted one's: a state loaded from
+    the store must answer as the one that was fitted, bit for bit."""
+
+    def __init__(self, f: Any, cp: Any) -> None:
+        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
+        self._ndarray = cp.ndarray
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, self._ndarray) and obj.ndim > 1 and obj.flags.f_contiguous and not obj.flags.c_contiguous:
+            return _fortran_on_device, (obj.get(order="F"),)
+        return NotImplemented
+
+
+def _fortran_on_device(host: Any) -> Any:
+    """Unpickle a Fortran-ordered CuPy array (see :class:`_LayoutPickler`): on the current device, as CuPy's."""
+    cp = _gpulibs.cupy()
+    return cp.asfortranarray(cp.asarray(host))
+
+
 def dumps(obj: Any) -> bytes:
     """``obj`` pickled; by cloudpickle where it is installed (functions by value: a lambda in a
-    ``FunctionTransformer``) when pickle cannot.  Either loads with :func:`pickle.loads`."""
+    ``FunctionTransformer``) when pickle cannot.  Either loads with :func:`pickle.loads`.  Where CuPy is loaded,
+    its arrays keep their memory layout (:class:`_LayoutPickler`)."""
     try:
+        cp = _gpulibs.loaded_cupy()
+        if cp is not None:
+            buf = io.BytesIO()
+            _LayoutPickler(buf, cp).dump(obj)
+            return buf.getvalue()
         return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, AttributeError, TypeError):
         try:

@@ -6,7 +6,10 @@ always does), the workers read and write entries themselves and the client sends
 
 * a state the compile found in the store is loaded on the worker by its key (:func:`load_on_worker`);
 * a fit writes its state on the worker as soon as it is done (:func:`fit_and_write`): the state stays there,
-  as the executor keeps states on the workers, and is never fetched to the client to be written.
+  as the executor keeps states on the workers, and is never fetched to the client to be written;
+* every task runs under the caller's store (:func:`in_store`), as on the in-process executors: what looks in
+  the store where it runs (a search's step fits and results, :mod:`gpunets.tuning.stored`; the fit of a
+  composite's own network inside a task) reads and writes it on the worker.
 
 Where a worker cannot see it, the store stays the client's: hits are sent with their task, and a state fitted
 on a worker is fetched to the client to be written.  The functions here are module-level so that they pickle
@@ -16,19 +19,24 @@ by reference.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import uuid
 from functools import partial
 from typing import Any
 
+from gpunets.base.config import config
 from gpunets.devices.store import Store
 from gpunets.planning.stored import WRITTEN, commit_and_store, read_state, stored_task, write_state
 
-__all__ = ["shared", "worker_functions", "load_on_worker", "fit_and_write"]
+__all__ = ["shared", "worker_functions", "load_on_worker", "fit_and_write", "in_store", "under_store"]
+
+logger = logging.getLogger("gpunets")
 
 _SHARED: dict[tuple[str, str], bool] = {}   # (scheduler address, store folder) -> every worker sees it
 _LOCK = threading.Lock()
+_OPEN: dict[tuple[str, int], Store] = {}     # on a worker: the stores its tasks run under, one per folder and size
 
 
 def _sees(marker: str, token: str) -> bool:
@@ -60,6 +68,10 @@ def shared(client: Any, store: Store) -> bool:
             os.remove(marker)
     with _LOCK:
         _SHARED[where] = ok
+    if not ok:   # once per cluster and store: said where it is looked for, not as a warning
+        logger.info("the Dask workers of %s do not all see the store's folder %r: the store is the client's only "
+                    "(states are sent to and fetched from the workers; a search's steps fit there without it; "
+                    "docs/store.md, Dask)", where[0], store.path)
     return ok
 
 
@@ -79,6 +91,34 @@ def fit_and_write(store: Store, key: bytes, fn: Any, *args: Any) -> Any:
     est, info = value[0], value[1]
     write_state(store, key, est, info)
     return (est, {**info, WRITTEN: True}, *value[2:])
+
+
+def _opened(path: str, max_bytes: int) -> Store:
+    """The worker's :class:`Store` of ``path`` (opened once per process: its counters carry on)."""
+    with _LOCK:
+        s = _OPEN.get((path, max_bytes))
+        if s is None:
+            s = _OPEN[(path, max_bytes)] = Store(path, max_bytes)
+        return s
+
+
+def under_store(where: tuple[str, int], payload: bytes, *args: Any) -> Any:
+    """Run a pickled task function (``payload``) on the worker with the store ``where`` (its folder and size)
+    in force (``gn.config(store=...)``), as the caller's is on the in-process executors."""
+    import cloudpickle
+
+    fn = cloudpickle.loads(payload)
+    with config(store=_opened(*where)):
+        return fn(*args)
+
+
+def in_store(store: Store, payloads: dict[int, bytes]) -> dict[int, bytes]:
+    """Each pickled task function, wrapped to run under ``store`` on the worker (:func:`under_store`); the
+    functions are not pickled again, only the folder's name goes with them."""
+    import cloudpickle
+
+    where = (store.path, store.max_bytes)
+    return {k: cloudpickle.dumps(partial(under_store, where, p)) for k, p in payloads.items()}
 
 
 def worker_functions(tasks: list[Any], store: Store) -> dict[int, Any]:

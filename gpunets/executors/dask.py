@@ -77,7 +77,7 @@ from gpunets.executors._dask_lower import (
     _set_error,
 )
 from gpunets.executors._dask_state import DaskState
-from gpunets.executors._dask_store import shared, worker_functions
+from gpunets.executors._dask_store import in_store, shared, worker_functions
 from gpunets.executors._dask_worker import gpu_owners
 from gpunets.executors.base import Executor
 from gpunets.executors.scheduler import Run
@@ -342,11 +342,12 @@ class DaskExecutor(Executor):
         try:
             store = current_store()
             swap = worker_functions(tasks, store) if store is not None else {}
-            if store is not None and swap and shared(client, store):   # the workers read and write the store: keys, not states
-                more = self._pickle_tasks(run, [t for t in tasks if t.key in swap], states, swap)
+            if store is not None and shared(client, store):   # the workers read and write the store: keys, not states
+                more = self._pickle_tasks(run, [t for t in tasks if t.key in swap], states, swap) if swap else {}
                 if more is None:
                     return run
                 payloads.update(more)
+                payloads = in_store(store, payloads)   # and each task runs under it, as on the other executors
             self._drive(client, run, tasks, payloads, states, persistent)
         finally:
             if closer is not None:

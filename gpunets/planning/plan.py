@@ -45,6 +45,7 @@ from gpunets.devices.placement import CPU, Device
 from gpunets.planning.lanes import (
     assign_lanes,
 )
+from gpunets.planning.outputs import cached_operation, recomputed_output
 from gpunets.planning.placement import (
     PlacementRules,
     _asked,
@@ -181,6 +182,7 @@ class _Builder(PlacementRules):
         self.mach_dev: dict[int, tuple[Any, str]] = {}  # machine uid -> (Device, path) of this plan's fit
         self.fit_args: dict[int, tuple[Any, int, Any]] = {}  # machine uid -> (estimator, n_args, resolved)
         self.fit_action: dict[int, str] = {}         # machine uid -> "train" / "update" in this plan
+        self.same_output: set[int] = set()           # loaded machines whose transform gives their training output
         self.moves: dict[tuple[int, Any, str], int] = {}
         self._placed: dict[Any, Any] = {}
         self.floating: set[int] = set()   # tasks of input-less nodes placed by default: they follow their consumers
@@ -212,7 +214,8 @@ class _Builder(PlacementRules):
         if key is not None:
             return key
         for x in op_nodes([n], done=self.memo):   # only the nodes not built yet: linear over a compile
-            self.memo[x._uid] = self._make(x)
+            if x._uid not in self.memo:           # (a node's task may build others first: planning.outputs)
+                self.memo[x._uid] = self._make(x)
         return self.memo[n._uid]
 
     def _make(self, x: AbstractNode) -> int:
@@ -279,7 +282,7 @@ class _Builder(PlacementRules):
             owner = token(est) or 0
             head = None if not owner else digest(
                 b"op", str(owner).encode(), str(version).encode(),
-                str(x.operation).encode(), f"{dev} {frames}".encode(), _constants_key(spec))
+                cached_operation(self.mode, x, m).encode(), f"{dev} {frames}".encode(), _constants_key(spec))
             recipe = (tuple(deps), head)
             ck = self.key_of(recipe) if machine_caches(m) else None
         if ck is not None and fk is None:
@@ -288,6 +291,9 @@ class _Builder(PlacementRules):
                 self.n_hits += 1
                 return self.add(kind="eval", fn=partial(_cached, hit), deps=(), node=x, machine=m, cost=0.0,
                                 device=dev, label=f"{x._short()} (cached)", recipe=((), ck))
+        again = recomputed_output(self, x, m, fk, st, frames, ck, owner)
+        if again is not None:
+            return again
         if fk is not None and self._training_output(x, m, fk):
             fn = _training_output if ck is None else partial(_store, ck, owner, self.budget, _training_output)
             return self.add(kind="eval", fn=fn, deps=(fk,), node=x, machine=m, cost=1.0, device=dev, recipe=recipe)
@@ -384,7 +390,10 @@ class _Builder(PlacementRules):
         if fit.func is not _fit_task and fit.func is not _fit_transform_task:
             return False              # a static machine, or a warm update by partial_fit
         if fit.func is not _fit_transform_task:
-            task.fn = partial(_fit_transform_task, est, n_args, resolved, **fit.keywords)
+            # with a store in force, the fit also checks whether its transform gives the same output (kept in the
+            # entry: a loaded state then passes on its transform; gpunets.planning.outputs)
+            task.fn = partial(_fit_transform_task, est, n_args, resolved, **fit.keywords,
+                              check=get_config()["store"] is not None)
         return True
 
     def _check_in_step(self, m: Any, st: Any) -> None:
@@ -419,18 +428,22 @@ class _Builder(PlacementRules):
 
 
 def compile_fit(targets: Sequence[Any], *, rows: Any = None, force: bool = False,
-                max_lanes: int | None = None, only: bool = False, cache: bool = False) -> Plan:
+                max_lanes: int | None = None, only: bool = False, cache: bool = False,
+                outputs: Sequence[AbstractNode] = ()) -> Plan:
     """The plan that trains every machine upstream of ``targets`` (nodes or machines).
 
     With ``only=True`` the targets must be machines, and only they train (MLJ's ``fit_only!``):
     their upstream values are computed with the upstream machines' current fitted states.
     With ``cache=True`` machines that keep their outputs (:mod:`gpunets.devices.cache`) take them from the
-    cache and store them.
+    cache and store them.  ``outputs``: nodes whose values on the training rows the plan also gives, after
+    the fits' (a composite's ``fit_transform``): computed as the fits' inputs are, so a machine fitted in the
+    plan passes on its ``fit_transform`` (:mod:`gpunets.planning.outputs`).
     """
     if only:
         _check_only(targets)
     with scope():   # each source's data is fingerprinted once per fit
-        return _compile_fit(targets, rows=rows, force=force, max_lanes=max_lanes, only=only, cache=cache)
+        return _compile_fit(targets, rows=rows, force=force, max_lanes=max_lanes, only=only, cache=cache,
+                            outputs=outputs)
 
 
 def _check_only(targets: Sequence[Any]) -> None:
@@ -453,7 +466,7 @@ def _check_only(targets: Sequence[Any]) -> None:
 
 
 def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: int | None,
-                 only: bool = False, cache: bool = False) -> Plan:
+                 only: bool = False, cache: bool = False, outputs: Sequence[AbstractNode] = ()) -> Plan:
 
     nodes: list[AbstractNode] = []
     extra: list[Machine] = []
@@ -511,8 +524,11 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
         if keys is not None:
             if actions[m] in ("train", "update") and pending.warm is None and storable(est):
                 skey = keys.fit_key(m, dev, path)
+            elif pending.warm is not None and storable(est):
+                skey = keys.warm_key(m, dev, path, pending.warm)   # a continued state: chained to the one it continues
             keys.set_machine(m, skey)
-        hit = lookup(store, keys, m, skey, b.fell_back(m.device, dev), "machine " + m.label) if keys and skey else None
+        gpu = b.fell_back(m.device, dev) if pending.warm is None else None   # a GPU twin: of cold fits only
+        hit = lookup(store, keys, m, skey, gpu, "machine " + m.label) if keys and skey else None
         if skey is not None:
             pending = dataclasses.replace(pending, key=skey if hit is None else hit.key)
             commit = partial(_commit_fit, m, pending, _asked(m.device))
@@ -531,6 +547,8 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
             b.mach_dev[m._uid] = (dev, path)
             b.fit_args[m._uid] = (hit.estimator, 0, None)
             b.fit_action[m._uid] = STORED
+            if hit.info.get("same_output"):
+                b.same_output.add(m._uid)
             b.fit_key[m._uid] = key
             b.n_hits += 1
             continue
@@ -544,10 +562,12 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
             fn = partial(_fit_task, est, len(deps), resolved, **_fit_keywords(m))
         key = b.add(kind="fit", label=label, fn=fn, deps=tuple(deps), machine=m, cost=10.0, commit=commit, device=dev)
         b.fit_key[m._uid] = key
+    out_keys = tuple(b.node(n) for n in outputs)
     if b.n_hits:
-        remap = b.prune(tuple(b.fit_key.values()))
+        remap = b.prune(tuple(b.fit_key.values()) + out_keys)
         b.fit_key = {u: remap[k] for u, k in b.fit_key.items()}
-    return Plan("fit", b.tasks, tuple(b.fit_key.values()), actions, max_lanes, sklearn_config=sklearn_config_delta(),
+        out_keys = tuple(remap[k] for k in out_keys)
+    return Plan("fit", b.tasks, tuple(b.fit_key.values()) + out_keys, actions, max_lanes, sklearn_config=sklearn_config_delta(),
                 stored_from={m: n for m, n in notes.items() if n})
 
 

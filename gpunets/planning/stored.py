@@ -102,6 +102,17 @@ class StoreKeys:
         return digest(b"gnfit", spec, *args, ",".join(m.fit_keywords).encode(), kind.encode(), path.encode(),
                       _store.VERSION.encode(), library_versions(libs - {"gpunets"}))
 
+    def warm_key(self, m: Machine, device: Any, path: str, warm: Any) -> bytes | None:
+        """The key of a warm update of ``m``'s current state (continued to the new hyperparameters by ``warm``,
+        ``(method, times)``): the key of that state, chained with a fit's key for the new hyperparameters. None
+        when the state has no key (it was fitted with no store in force)."""
+        st = m._state
+        previous = getattr(st, "key", None) if st is not None else None
+        base = self.fit_key(m, device, path)
+        if previous is None or base is None:
+            return None
+        return digest(b"gnwarm", previous, base, repr(tuple(warm)).encode())
+
     def _state_key(self, m: Machine) -> bytes | None:
         """The key of the state a machine that does not fit in this plan uses (its state's, else made now)."""
         st = m._state
@@ -253,7 +264,7 @@ def commit_and_store(store: Store, key: bytes, commit: Callable[..., None], est:
 
 def write_state(store: Store, key: bytes, est: Any, info: dict[str, Any]) -> None:
     """Write a fitted state under ``key``: with its CPU twin when it was fitted on a GPU."""
-    keep = {k: info[k] for k in ("seconds", "path", "n_rows") if k in info}
+    keep = {k: info[k] for k in ("seconds", "path", "n_rows", "same_output") if k in info}
     if keep.get("path") in GPU_ROUTES and str(info.get("device", "")).startswith("cuda"):
         # a GPU state: pickled on its own, next to its CPU twin, so that a process with no GPU reads the twin
         # without unpickling a GPU object (docs/store.md, "Devices")

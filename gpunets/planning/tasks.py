@@ -125,9 +125,16 @@ def _static_state(m: Machine) -> Any:
 
 
 def _fit_transform_task(est: Any, n_args: int, resolved: Any, *values: Any, keywords: tuple[str, ...] = (),
-                        weights: Any = None) -> tuple[Any, dict[str, Any], Any]:
+                        weights: Any = None, check: bool = False) -> tuple[Any, dict[str, Any], Any]:
     check_weight_values(weights, values)
-    return fit_transform_estimator(est, tuple(values[:n_args]), resolved, keywords=keywords)
+    return fit_transform_estimator(est, tuple(values[:n_args]), resolved, keywords=keywords, check=check)
+
+
+def _refit_output_task(est: Any, n_args: int, resolved: Any, *values: Any, keywords: tuple[str, ...] = (),
+                       weights: Any = None) -> Any:
+    """``fit_transform``'s output on a fresh copy, the copy dropped (gpunets.planning.outputs)."""
+    check_weight_values(weights, values)
+    return fit_transform_estimator(est, tuple(values[:n_args]), resolved, keywords=keywords, check=False)[2]
 
 
 def _training_output(fitted: tuple[Any, ...]) -> Any:

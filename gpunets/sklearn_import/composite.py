@@ -18,6 +18,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from gpunets.compose.composite import COMPOSITE_OPERATIONS, Composite
 from gpunets.compose.routing import routing_enabled
+from gpunets.compute.estimators import training_output_differs
 from gpunets.core.graph import upstream_machines
 from gpunets.sklearn_import._base import Context, build, converts_as, first_part, operations
 from gpunets.sklearn_import.fit_params import route_fit_params
@@ -225,8 +226,17 @@ class FromSklearnTransformer(TransformerMixin, _FromSklearn):
     _default_operation = "transform"
 
     def fit_transform(self, X: Any, y: Any = None, **fit_params: Any) -> Any:
-        """``fit(X, y).transform(X)``."""
-        return self.fit(X, y, **fit_params).transform(X)
+        """Fit, and give the composition's output on ``X`` as its ``fit_transform`` does in scikit-learn: each
+        part's ``fit_transform`` output (``TargetEncoder``'s cross-fitting), from the same run as the fit."""
+        return self._gn_fit_and_output("transform", X, y, fit_params)
+
+    def transform(self, X: Any) -> Any:
+        """The composition's output on ``X`` (in the container its ``set_output`` asks for, as ``fit_transform``)."""
+        return self._gn_call("transform", X)
+
+    def _gn_training_output_differs(self) -> bool:
+        """Whether its ``fit_transform`` may differ from ``fit(X).transform(X)``: as its composition's."""
+        return training_output_differs(self.sklearn_estimator)
 
 
 def make_composite(est: Any, **kw: Any) -> _FromSklearn:

@@ -42,7 +42,7 @@ import numpy as np
 from gpunets.base.config import get_config
 from gpunets.core.nodes import Node
 from gpunets.devices.fingerprint import fingerprint
-from gpunets.tuning import tasks
+from gpunets.tuning import stored, tasks
 
 __all__ = ["FoldSteps", "Memory", "Recorded", "is_dask", "of", "record_in", "refit_kept"]
 
@@ -144,8 +144,7 @@ class Memory:
         """Keep a copy of ``out`` (not a result that stops the search; its fitted step apart)."""
         if key is None or out.get("_raise") is not None:
             return
-        out = dict(out)
-        out.pop("_fitted", None)
+        out = stored.entry(out)
         with self._lock:
             self.results[key] = out
 
@@ -223,7 +222,7 @@ class _Keeping:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         out = self.fn(*args, **kwargs)
         if isinstance(out, tasks.Stage) and not any(isinstance(v, tasks.Failed) for v in out[:3]):
-            self.mem.keep_step(self.key, out)
+            self.mem.keep_step(self.key, out._replace(loaded=()))   # a later run reuses it: no load of its own
         return out
 
 

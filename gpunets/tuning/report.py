@@ -57,7 +57,8 @@ class SearchReport:
         an iteration budget as the resource, warm-started) instead of refitting it.
     stored : int
         Step fits loaded from the store of fitted states instead of fitted (``gn.config(store=...)``,
-        docs/store.md; counted in this process: not on Dask workers); :attr:`fitted` gives the fits that ran.
+        docs/store.md; also those loaded on Dask workers that share the store, counted back with the scores);
+        :attr:`fitted` gives the fits that ran.
     rungs : list of SearchReport
         Successive halving: the report of each rung (one network each); these totals are their sums.
     trace : Trace or None

@@ -66,7 +66,6 @@ from gpunets.core.nodes import node
 from gpunets.devices.data import device_of
 from gpunets.devices.placement import Device, override_placement
 from gpunets.devices.placement import device as device_block
-from gpunets.devices.store import current_store
 from gpunets.executors import ThreadsExecutor, check_executor_spec
 from gpunets.tuning import dropin, memory, stored, tasks, warm
 from gpunets.tuning.evaluation import Run as _Run
@@ -99,6 +98,7 @@ class _NetworkSearch(BaseSearchCV):
     run as one gpunets network."""
 
     _gn_record: Any = None   # while a network runs: where each (candidate, fold) result is kept at once
+    _gn_skeys: Any = None    # while a network runs on Dask: each (candidate, fold) result's store key, or None
     if not hasattr(BaseSearchCV, "set_callbacks"):   # a scikit-learn without callbacks: refused, saying why
         set_callbacks = dropin.Unavailable("scikit-learn's callback API (set_callbacks, ProgressBar...)", "1.9")
 
@@ -266,7 +266,7 @@ class _NetworkSearch(BaseSearchCV):
             for f, cands in enumerate(todo):
                 for c in list(cands):
                     i = c * len(splits) + f
-                    hit = stored.load(skeys[i]) if keys[i] is not None else None
+                    hit = stored.load_result(skeys[i]) if keys[i] is not None else None
                     if isinstance(hit, dict):
                         mem.put(keys[i], hit)
                         cands.remove(c)
@@ -276,24 +276,27 @@ class _NetworkSearch(BaseSearchCV):
             def record(c: int, f: int, out: dict[str, Any]) -> None:
                 mem.put(keys[c * len(splits) + f], out)
                 if skeys is not None and out.get("_raise") is None:
-                    stored.keep(skeys[c * len(splits) + f], {k: v for k, v in out.items() if k != "_fitted"})
+                    stored.keep_result(skeys[c * len(splits) + f], stored.entry(out))
 
-            self._gn_record = record
+            self._gn_record, self._gn_skeys = record, skeys
             device = self.device
             args = (specs, X, y, splits, scorers, fit_params, score_params, todo, warm, workers)
-            if device is not None and device != "auto":
-                with config(device=device), override_placement(device):  # nodes take their placement when built
+            try:
+                if device is not None and device != "auto":
+                    with config(device=device), override_placement(device):  # nodes take their placement when built
+                        new, report = self._run_network(*args)
+                else:
                     new, report = self._run_network(*args)
-            else:
-                new, report = self._run_network(*args)
-            self._gn_record = None
+            finally:
+                self._gn_record = self._gn_skeys = None
+            dask = memory.is_dask(self.executor if self.executor != "auto" else None)
             for (c, f), o in new.items():
                 i = c * len(splits) + f
+                kept = o.pop("_kept", False)   # written by its task, on a worker that shares the store
                 outs[i] = o
                 mem.put(keys[i], o)
-                if skeys is not None and memory.is_dask(self.executor if self.executor != "auto" else None) \
-                        and o.get("_raise") is None:   # on Dask results arrive with the network's end
-                    stored.keep(skeys[i], {k: v for k, v in o.items() if k != "_fitted"})
+                if skeys is not None and dask and not kept and o.get("_raise") is None:
+                    stored.keep_result(skeys[i], stored.entry(o))   # the workers have no store: the client keeps it
         else:
             report = SearchReport(fits={}, naive={})
         report.remembered = sum(len(splits) - len(t) for t in _by_candidate(todo, len(specs)))
@@ -381,16 +384,18 @@ class _NetworkSearch(BaseSearchCV):
             # each result kept by the task that computes it: an interrupted fit continues where it stopped
             for pair, n in zip(pairs_done, ordered):
                 memory.record_in(n, self._gn_record, pair)
+        elif self._gn_skeys is not None:   # on Dask: written by the task, where the workers share the store
+            for (c, f), n in zip(pairs_done, ordered):
+                stored.keep_in(n, self._gn_skeys[c * len(splits) + f])
         target = node(tasks.collect, *ordered, device=str(gpu) if gpu is not None else "cpu")
         if executor == "threads" and _small_folds(X, splits):   # short tasks of small fits run in this thread
             executor = ThreadsExecutor(workers=workers, serial_below=SERIAL_TASK_SECONDS)
         opts = {"executor": executor, "workers": workers}
         start = time.perf_counter()
-        store = current_store()
-        hits = store.hits if store is not None else 0
         outs = evaluate(target, output="device", **opts)
         report.seconds = time.perf_counter() - start
-        report.stored = store.hits - hits if store is not None else 0   # step fits loaded, not fitted
+        # step fits loaded, not fitted (a token per load, also from Dask workers; a shared step's in many results)
+        report.stored = len({t for o in outs for t in o.pop("_stored", ())})
         trace = last_trace()
         report.read_trace(() if trace is None else trace.records)   # the fits that ran, and where
         report.trace = trace

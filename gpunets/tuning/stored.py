@@ -9,9 +9,16 @@ key of the upstream step's fit (carried by the :class:`~gpunets.tuning.tasks.Sta
 search run again, in this process or a new one, loads every step it fitted before, and a grid widened with new
 values of the last step loads the shared upstream steps and fits only the new candidates' last steps.
 
-The tasks read the store in force where they run (the caller's ``gn.config(store=...)`` travels with them
-on the serial, threads and streams executors).  On Dask the workers have no store: a search on a cluster
-fits as without one.
+The tasks read the store in force where they run: the caller's ``gn.config(store=...)`` travels with them on
+the serial, threads and streams executors, and on Dask to workers that share the store's folder (the executor
+checks it once per cluster, :mod:`gpunets.executors._dask_store`).  There each step fit is looked up and
+written on the worker that runs it, and each (candidate, fold) result is written by the task that scores it
+(:class:`Keeping`): the client sends keys, never fitted steps, and a search stopped midway (Ctrl-C, a lost
+worker, a timeout) keeps what finished.  The step fits loaded on a worker come back to the client's
+``search_report_.stored`` with the scores (a token per load, ``_stored`` in the task's result).  Where the
+workers do not see the folder the store is the client's only: the client looks up each (candidate, fold)
+result before the run and writes the new ones when the run ends; the steps fit on the workers as without a
+store.
 
 >>> from sklearn.linear_model import Ridge
 >>> import numpy as np
@@ -21,16 +28,29 @@ True
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
 
+from gpunets.base._warn import warn_once
+from gpunets.base.config import get_config
+from gpunets.core.nodes import Node
 from gpunets.devices import store as _store
 from gpunets.devices.cache import digest
 from gpunets.devices.fingerprint import fingerprint
+from gpunets.devices.placement import Device, DeviceFallbackWarning
 from gpunets.devices.store_keys import library_versions, stable_key
+from gpunets.planning.stored import GPU_ROUTES, read_state, write_state
 
-__all__ = ["step_key", "stage_key", "data_key", "load", "keep", "result_keys"]
+logger = logging.getLogger("gpunets")
+
+__all__ = ["load_step", "step_key", "stage_key", "data_key", "load_result", "keep_result", "keep_step", "result_keys", "entry", "Keeping", "keep_in",
+           "PRIVATE"]
+
+#: The keys of a task's result that are not part of scikit-learn's result, hence never remembered nor stored:
+#: a warm-started fit, the tokens of the step fits loaded from the store, whether the task wrote the result.
+PRIVATE = ("_fitted", "_stored", "_kept")
 
 
 def data_key(x: Any) -> bytes | None:
@@ -68,19 +88,119 @@ def step_key(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: Any,
                   library_versions(libs - {"gpunets"}))
 
 
-def load(key: bytes | None) -> Any:
-    """The fitted step stored under ``key``, else None."""
+def load_result(key: bytes | None) -> Any:
+    """The (candidate, fold) result stored under ``key`` (see :func:`keep_result`), else None."""
     s = _store.current_store()
-    if key is None or s is None:
-        return None
-    return s.get(key)
+    got = s.get(key) if key is not None and s is not None else None
+    return got if isinstance(got, dict) else None
 
 
-def keep(key: bytes | None, est: Any) -> None:
-    """Write a fitted step under ``key`` (nothing without a key or a store)."""
+def keep_result(key: bytes | None, out: dict[str, Any]) -> None:
+    """Write a (candidate, fold) result (:func:`entry`) under ``key`` (nothing without a key or a store)."""
     s = _store.current_store()
     if key is not None and s is not None:
-        s.put(key, est)
+        s.put(key, out)
+
+
+def _load(key: bytes | None) -> tuple[Any, dict[str, Any]]:
+    """The step stored under ``key`` and its fit's info (``same_output``: see :func:`keep_step`)."""
+    s = _store.current_store()
+    if key is None or s is None:
+        return None, {}
+    got = s.get(key)
+    if isinstance(got, tuple):   # written by write_state: (estimator, info) or (GPU state pickled, info, CPU twin)
+        return (read_state(s, key), dict(got[1])) if len(got) in (2, 3) else (None, {})
+    return got, {}
+
+
+def load_step(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: Any,
+              x_key: bytes | None = None) -> tuple[Any, bytes | None, bool]:
+    """The fitted step to use instead of fitting ``est`` (None: fit it), the key it is, or will be, under, and
+    whether its ``transform`` of its training rows gives its fit's output (see :func:`keep_step`).
+
+    A step placed on a GPU that runs on the CPU here (``route.path == "cpu_fallback"``: no GPU, or no GPU
+    route) also finds the CPU twin of the same fit done on a GPU, as a network's machine does (docs/store.md,
+    "Devices"), following the fallback policy: ``"raise"`` refuses it, ``"warn"`` warns once, ``"silent"``
+    logs it; the key it gives is the GPU fit's, so the steps downstream find theirs.
+    """
+    key = step_key(est, route, fit_params, X, y, x_key)
+    hit, info = _load(key)
+    if hit is not None or key is None or getattr(route, "path", None) != "cpu_fallback":
+        return hit, key, bool(info.get("same_output", False))
+    policy = get_config()["fallback"]
+    s = _store.current_store()
+    if policy == "raise" or s is None:
+        return None, key, False
+    for path in GPU_ROUTES:
+        gkey = step_key(est, _GpuRoute(path), fit_params, X, y, x_key)
+        got = s.get(gkey, probe=True) if gkey is not None else None
+        if isinstance(got, tuple) and len(got) == 3:
+            twin, how = got[2]
+            msg = (f"search step {type(est).__name__} is placed on a GPU but runs on the CPU here: its fit was loaded "
+                   f"from the store, from a state fitted on cuda ({path}), converted for the CPU: {how}. Its answers "
+                   "may differ from the GPU's in the last bits. Use gn.config(fallback='raise') to refuse GPU states.")
+            if policy == "warn":
+                warn_once(("stored GPU step", type(est).__name__, path), msg, DeviceFallbackWarning)
+            else:
+                logger.info(msg)
+            return twin, gkey, bool(got[1].get("same_output", False))
+    return None, key, False
+
+
+class _GpuRoute:
+    """The route a step fitted on a GPU had, as its store key names it."""
+
+    device = Device.parse("cuda")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+def keep_step(key: bytes | None, est: Any, route: Any = None, same_output: bool = False) -> None:
+    """Write a fitted step under ``key`` (nothing without a key or a store), as a machine's state is written
+    (:func:`gpunets.planning.stored.write_state`): one fitted on a GPU with its CPU twin.  ``same_output``: its
+    ``transform`` of its training rows gives its ``fit_transform``'s output bit for bit (checked at fit time),
+    so a search that loads it passes on the ``transform`` (``gpunets.tuning.tasks._training_rows``)."""
+    s = _store.current_store()
+    if key is None or s is None:
+        return
+    dev = getattr(route, "device", None)
+    info = {"path": getattr(route, "path", "sklearn"), "device": str(dev) if dev is not None else "cpu",
+            "same_output": same_output}
+    write_state(s, key, est, info)
+
+
+def entry(out: dict[str, Any]) -> dict[str, Any]:
+    """The (candidate, fold) result ``out`` as it is remembered and stored: its :data:`PRIVATE` keys dropped.
+
+    >>> entry({"fit_time": 0.1, "_fitted": object(), "_stored": (b"t",)})
+    {'fit_time': 0.1}
+    """
+    return {k: v for k, v in out.items() if k not in PRIVATE}
+
+
+class Keeping:
+    """A score task's function that writes the (candidate, fold) result it computes under ``key`` in the store
+    in force where it runs (a Dask worker that shares the store's folder), marking it ``_kept`` so the client
+    does not write it again; without a store there, the result is returned as it is."""
+
+    def __init__(self, fn: Any, key: bytes) -> None:
+        self.fn, self.key = fn, key
+        self.__name__ = getattr(fn, "__name__", "task")
+        self.__wrapped__ = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.fn(*args, **kwargs)
+        s = _store.current_store()
+        if s is not None and isinstance(out, dict) and out.get("_raise") is None and s.put(self.key, entry(out)):
+            out["_kept"] = True
+        return out
+
+
+def keep_in(score_node: Any, key: bytes | None) -> None:
+    """Make ``score_node`` (one (candidate, fold)'s score) write its result under ``key`` where it runs."""
+    if key is not None and isinstance(score_node, Node) and callable(score_node.operation):
+        score_node.operation = Keeping(score_node.operation, key)
 
 
 def result_keys(search: Any, specs: list[Any], splits: list[Any], X: Any, y: Any, fit_params: dict[str, Any],

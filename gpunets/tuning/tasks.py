@@ -6,6 +6,7 @@ Module-level functions so that the network pickles (Dask).  A fit or score that 
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from typing import Any, NamedTuple
@@ -13,61 +14,22 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from gpunets.base.saved import saved_operation
-from gpunets.compute.estimators import apply_estimator
+from gpunets.compute.estimators import apply_estimator, training_output_differs, transform_gives
 from gpunets.compute.models import fit_context, prepare_inputs
 from gpunets.core.nodes import source
 from gpunets.devices.data import check_placeable, take_rows
 from gpunets.tuning import stored
+from gpunets.tuning.failed import (  # noqa: F401 - moved there; here too, their path in files saved before
+    Failed,
+    Portable,
+    rebuild_error,
+    unwrap_error,
+)
 
 __all__ = ["Failed", "Replay", "Stage", "fn_key", "step_key"]
 
 
 # --- the values flowing through the search network (module level, so they pickle for Dask) -------------
-
-class Failed:
-    """A fit or a score that raised: the exception and its traceback, passed downstream instead of a value.
-
-
-    ``fit`` tells a failed fit (of a step, or its transform of the training rows: a *fit failure*)
-    from a failed transform or prediction of rows to score (a *score failure*, as scikit-learn counts).
-    """
-
-    def __init__(self, error: BaseException, tb: str, seconds: float = 0.0, fit: bool = True) -> None:
-        self.error, self.tb, self.seconds, self.fit = error, tb, seconds, fit
-
-    def __getstate__(self) -> dict[str, Any]:   # exceptions with keyword-only __init__ pickle too (Dask)
-        return {**self.__dict__, "error": Portable(self.error)}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, error=unwrap_error(state["error"]))
-
-    def as_fit(self) -> Failed:
-        """This failure, counted as a fit failure (it reached a fit's inputs)."""
-        return self if self.fit else Failed(self.error, self.tb, self.seconds, fit=True)
-
-
-def rebuild_error(cls: type, args: tuple[Any, ...], state: dict[str, Any]) -> Portable:
-    """An exception rebuilt without calling its ``__init__``, still wrapped (see :class:`Portable`)."""
-    error: BaseException = BaseException.__new__(cls)
-    error.args = args
-    error.__dict__.update(state)
-    return Portable(error)
-
-
-class Portable:
-    """An exception that pickles as itself even when its ``__init__`` takes keyword-only arguments
-    (scikit-learn's ``UnsetMetadataPassedError``), any number of times; :func:`unwrap_error` gives it."""
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-    def __reduce__(self) -> Any:
-        return (rebuild_error, (type(self.error), self.error.args, dict(self.error.__dict__)))
-
-
-def unwrap_error(value: Any) -> BaseException:
-    return value.error if isinstance(value, Portable) else value
-
 
 class Stage(NamedTuple):
     """What a fitted upstream step passes on, in one value: its transforms of the fold's training rows,
@@ -80,6 +42,7 @@ class Stage(NamedTuple):
     score: Any
     seconds: tuple[float, ...]
     key: Any = None   # the store key of the values it holds (:mod:`gpunets.tuning.stored`), or None
+    loaded: tuple[bytes, ...] = ()   # a token per step fit of its chain loaded from the store (counted once each)
 
 
 def aligned(*values: Any) -> tuple[Any, ...]:
@@ -146,18 +109,21 @@ def moved(route: Any, *values: Any) -> tuple[Any, ...]:
 
 @saved_operation
 def fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: Any,
-             y: Any) -> tuple[Any, Any, float]:
-    """Fit one step: ``(fitted, transformed training rows or None, seconds)``, as Pipeline's fit does.
+             y: Any) -> tuple[Any, Any, float, tuple[bytes, ...]]:
+    """Fit one step: ``(fitted, transformed training rows or None, seconds, loaded)``, as Pipeline's fit does
+    (``loaded``: one token if the fit was loaded from the store, see :attr:`Stage.loaded`).
 
     ``route`` is the step's :class:`~gpunets.compute.models.Resolved` on a GPU (its estimator is the one fitted),
     None on the CPU; ``X`` is the training rows, or the previous step's :class:`Stage`.
     """
-    return _keyed_fit_step(est, route, last, fit_params, X, y)[:3]
+    est, out, secs, _, loaded = _keyed_fit_step(est, route, last, fit_params, X, y)
+    return est, out, secs, loaded
 
 
 def _keyed_fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: Any,
-                    y: Any) -> tuple[Any, Any, float, Any]:
-    """:func:`fit_step` and its store key: a step stored under that key is loaded, not fitted (docs/store.md)."""
+                    y: Any) -> tuple[Any, Any, float, Any, tuple[bytes, ...]]:
+    """:func:`fit_step`, its store key and loaded token: a step stored under that key is loaded, not fitted
+    (docs/store.md)."""
     from sklearn.base import clone
 
     x_key = None
@@ -165,24 +131,37 @@ def _keyed_fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any]
         X, x_key = X.train, X.key
     if isinstance(X, Failed):
         X = X.as_fit()
-        return X, X, 0.0, None
+        return X, X, 0.0, None, ()
     X, y = aligned(X, y)
     fit_params = dict(zip(fit_params, aligned(*fit_params.values())))
     start = time.perf_counter()
-    key = stored.step_key(est, route, fit_params, X, y, x_key)
-    hit = stored.load(key)
+    hit, key, same = stored.load_step(est, route, fit_params, X, y, x_key)
     est = hit if hit is not None else clone(est if route is None else route.estimator)
     try:
         with on_device(route):
             X, y = moved(route, X, y)
             if hit is not None:   # loaded: only the training rows' transform is left to compute
-                return est, None if last else est.transform(X), time.perf_counter() - start, key
+                out = None if last else _training_rows(est, fit_params, X, y, same)
+                return est, out, time.perf_counter() - start, key, (os.urandom(8),)
             out = _fit_step(est, last, fit_params, X, y, start)
-        stored.keep(key, est)
-        return (*out, key)
+            same = (key is not None and not last and training_output_differs(est)   # read only from the store
+                    and transform_gives(est, X, out[1]))
+        stored.keep_step(key, est, route, same)
+        return (*out, key, ())
     except Exception as e:  # noqa: BLE001 - reported by candidate through error_score
         failed = Failed(e, traceback.format_exc(), time.perf_counter() - start)
-        return failed, failed, failed.seconds, None
+        return failed, failed, failed.seconds, None, ()
+
+
+def _training_rows(est: Any, fit_params: dict[str, Any], X: Any, y: Any, same: bool) -> Any:
+    """A loaded step's output on its training rows, as its fit gave it: ``transform``, or, where
+    ``fit_transform`` may differ (``TargetEncoder``, ``PCA``), ``fit_transform`` on a copy (the copy is dropped;
+    gpunets.planning.outputs says why)."""
+    from sklearn.base import clone
+
+    if same or not training_output_differs(est):
+        return est.transform(X)
+    return _fit_step(clone(est), False, fit_params, X, y, 0.0)[1]
 
 
 def _fit_step(est: Any, last: bool, fit_params: dict[str, Any], X: Any, y: Any,
@@ -197,11 +176,11 @@ def _fit_step(est: Any, last: bool, fit_params: dict[str, Any], X: Any, y: Any,
     return est, out, time.perf_counter() - start
 
 
-def fitted(step: tuple[Any, Any, float]) -> Any:
+def fitted(step: tuple[Any, ...]) -> Any:
     return step[0]
 
 
-def seconds(step: tuple[Any, Any, float]) -> float:
+def seconds(step: tuple[Any, ...]) -> float:
     return step[2]
 
 
@@ -225,23 +204,22 @@ def fit_stage(est: Any, route: Any, fit_params: dict[str, Any], score: bool, y: 
     one task.  ``X`` is the fold's training rows (then ``X_test``, ``X_score`` are given) or the previous
     step's :class:`Stage`."""
     secs: tuple[float, ...] = ()
+    before: tuple[bytes, ...] = ()
     if isinstance(X, Stage):
-        X, X_test, X_score, secs = X.train, X.test, X.score, X.seconds
+        X, X_test, X_score, secs, before = X.train, X.test, X.score, X.seconds, X.loaded
     same = X_score is X   # the rows to score are the training rows (train scores)
     X_test, X_score = aligned(X_test, X_score)
-    est, out, seconds, key = _keyed_fit_step(est, route, False, fit_params, X, y)
+    est, out, seconds, key, loaded = _keyed_fit_step(est, route, False, fit_params, X, y)
     scored = (out if same and fit_output_is_transform(est) else transform(est, X_score, route)) if score else None
-    return Stage(out, transform(est, X_test, route), scored, secs + (seconds,), stored.stage_key(key))
+    return Stage(out, transform(est, X_test, route), scored, secs + (seconds,), stored.stage_key(key),
+                 before + loaded)
 
 
 def fit_output_is_transform(est: Any) -> bool:
-    """Whether ``est``'s fit output (:func:`fit_step`) is by construction its ``transform`` of the same rows:
-    scikit-learn's ``TransformerMixin.fit_transform`` is ``fit(X, y).transform(X)`` (an override, PCA's
-    ``U * S``, may round otherwise); without ``fit_transform``, :func:`fit_step` fits then transforms."""
-    from sklearn.base import TransformerMixin
-
-    own = getattr(type(est), "fit_transform", None)
-    return not isinstance(est, Failed) and (own is None or own is TransformerMixin.fit_transform)
+    """Whether ``est``'s fit output (:func:`fit_step`) is by construction its ``transform`` of the same rows
+    (:func:`~gpunets.compute.estimators.training_output_differs`: scikit-learn's ``TransformerMixin.fit_transform``
+    is ``fit(X, y).transform(X)``; an override, PCA's ``U * S``, may round otherwise)."""
+    return not isinstance(est, Failed) and not training_output_differs(est)
 
 
 def score_on(route: Any, *args: Any) -> dict[str, Any]:
@@ -362,20 +340,24 @@ def score_noting(est: Any, X: Any, y: Any, scorer: Any, params: dict[str, Any], 
 
 
 @saved_operation
-def score_fit(route: Any, users: tuple[int, ...], head: tuple[Any, ...], step: tuple[Any, Any, float],
+def score_fit(route: Any, users: tuple[int, ...], head: tuple[Any, ...], step: tuple[Any, ...],
               X_test: Any, y_test: Any, X_train: Any, y_train: Any, *upstream_seconds: float) -> dict[str, Any]:
     """:func:`score_one` (:func:`score_on` on a GPU route) of a fitted last step ``step``, as :func:`fit_step`
     returned it; ``head`` is score_one's first six arguments, the fit time the candidate's share of the
     upstream steps' ``upstream_seconds`` and of the last step's (``users``: candidates sharing each).
     ``X_test`` may be the previous step's :class:`Stage` (then ``X_train`` and the seconds come from it)."""
+    loaded = step[3] if len(step) > 3 else ()
     if isinstance(X_test, Stage):   # the previous step's: its test rows, training rows to score, fit seconds
-        X_test, X_train, upstream_seconds = X_test.test, X_test.score, X_test.seconds
-    est, _, secs = step
+        X_test, X_train, upstream_seconds, loaded = X_test.test, X_test.score, X_test.seconds, X_test.loaded + loaded
+    est, secs = step[0], step[2]
     X_test, y_test, X_train, y_train = aligned(X_test, y_test, X_train, y_train)
     if head[5] is not None:   # the scorer's sample weights, (test, train)
         head = (*head[:5], tuple(dict(zip(p, aligned(*p.values()))) for p in head[5]))
     args = (*head, est, X_test, y_test, X_train, y_train, share_seconds(users, *upstream_seconds, secs))
-    return score_one(*args) if route is None else score_on(route, *args)
+    out = score_one(*args) if route is None else score_on(route, *args)
+    if loaded:   # the step fits loaded from the store (the search counts them, also from Dask workers)
+        out["_stored"] = loaded
+    return out
 
 
 @saved_operation
@@ -463,8 +445,6 @@ def step_key(v: Any) -> Any:
     if isinstance(v, float) and np.isnan(v):
         return ("nan",)
     return (type(v), v)
-
-
 
 
 def fn_key(f: Any) -> Any:

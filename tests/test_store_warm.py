@@ -1,0 +1,70 @@
+"""The store and warm updates (issue 26): a state continued by a warm update is stored under a key chained to
+the state it continued, so the same growth in another network (or session) loads it instead of growing it."""
+
+import numpy as np
+import pytest
+from sklearn.ensemble import RandomForestRegressor
+from sklearn.linear_model import SGDRegressor
+
+import gpunets as gn
+
+
+@pytest.fixture
+def data():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(120, 4))
+    return X, X @ np.array([1.0, -2.0, 0.5, 0.0]) + 0.1 * rng.normal(size=120)
+
+
+def _net(model, X, y, **kw):
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    mach = gn.machine(model, Xs, ys, **kw)
+    return mach, mach.predict(Xs)
+
+
+def test_a_warm_update_is_stored_and_loaded_by_the_same_growth_elsewhere(tmp_path, executor, data):
+    X, y = data
+    with gn.config(store=gn.Store(tmp_path / "s")):
+        mach, yhat = _net(RandomForestRegressor(n_estimators=4, warm_start=True, random_state=0), X, y)
+        yhat.fit(executor=executor)
+        mach.model.n_estimators = 8
+        assert yhat.fit(executor=executor).actions[mach] == "update (warm)"
+        grown = yhat()
+        assert gn.store_info().entries == 2
+        other, out = _net(RandomForestRegressor(n_estimators=4, warm_start=True, random_state=0), X, y)
+        assert out.fit(executor=executor).actions[other] == "stored"
+        other.model.n_estimators = 8
+        report = out.fit(executor=executor)
+        assert report.actions[other] == "stored"          # the growth was done once
+        assert "loaded instead of fitted" in report.why[other.label]
+        np.testing.assert_array_equal(out(), grown)
+        assert len(other.fitted_params()["estimators_"]) == 8
+        other.model.n_estimators = 12                      # a growth not stored yet: continued, then stored
+        assert out.fit(executor=executor).actions[other] == "update (warm)"
+        assert gn.store_info().entries == 3
+
+
+def test_partial_fit_growth_is_chained_too(tmp_path, executor, data):
+    X, y = data
+    with gn.config(store=gn.Store(tmp_path / "s")):
+        mach, yhat = _net(SGDRegressor(max_iter=5, tol=None, random_state=0), X, y, warm="partial_fit")
+        yhat.fit(executor=executor)
+        mach.model.max_iter = 7
+        assert yhat.fit(executor=executor).actions[mach] == "update (warm)"
+        grown = yhat()
+        other, out = _net(SGDRegressor(max_iter=5, tol=None, random_state=0), X, y, warm="partial_fit")
+        out.fit(executor=executor)
+        other.model.max_iter = 7
+        assert out.fit(executor=executor).actions[other] == "stored"
+        np.testing.assert_array_equal(out(), grown)
+        assert other.fitted_params()["t_"] == mach.fitted_params()["t_"]
+
+
+def test_a_state_fitted_without_a_store_grows_as_before(tmp_path, executor, data):
+    X, y = data
+    mach, yhat = _net(RandomForestRegressor(n_estimators=4, warm_start=True, random_state=0), X, y)
+    yhat.fit(executor=executor)
+    with gn.config(store=gn.Store(tmp_path / "s")):
+        mach.model.n_estimators = 8
+        assert yhat.fit(executor=executor).actions[mach] == "update (warm)"
+        assert gn.store_info().entries == 0                # its state had no key: nothing to chain to
