@@ -1,5 +1,6 @@
-"""The store and warm updates (issue 26): a state continued by a warm update is stored under a key chained to
-the state it continued, so the same growth in another network (or session) loads it instead of growing it."""
+"""The store and the fits that are not a plain first fit (issue 26): a state continued by a warm update is stored
+under a key chained to the state it continued, so the same growth in another network (or session) loads it
+instead of growing it; a search's refit on all rows looks in the store like its folds' fits."""
 
 import numpy as np
 import pytest
@@ -68,3 +69,34 @@ def test_a_state_fitted_without_a_store_grows_as_before(tmp_path, executor, data
         mach.model.n_estimators = 8
         assert yhat.fit(executor=executor).actions[mach] == "update (warm)"
         assert gn.store_info().entries == 0                # its state had no key: nothing to chain to
+
+
+class _CountingScaler(__import__("sklearn.preprocessing", fromlist=["StandardScaler"]).StandardScaler):
+    fits = 0
+
+    def fit(self, X, y=None, sample_weight=None):
+        type(self).fits += 1
+        return super().fit(X, y, sample_weight=sample_weight)
+
+
+def test_a_search_refit_looks_in_the_store_too(tmp_path, data):
+    """The refit of the best candidate on all rows is a fit like the others: its upstream steps are stored, and
+    the same search run again (a new object) fits no step at all, with the same best estimator."""
+    from sklearn.decomposition import PCA
+    from sklearn.linear_model import Ridge
+    from sklearn.pipeline import make_pipeline
+
+    X, y = data
+
+    def search():
+        pipe = make_pipeline(_CountingScaler(), PCA(3, svd_solver="full"), Ridge())
+        return gn.GridSearchCV(pipe, {"ridge__alpha": [0.1, 1.0]}, cv=3)
+
+    with gn.config(store=gn.Store(tmp_path / "s")):
+        first = search().fit(X, y)
+        _CountingScaler.fits = 0
+        again = search().fit(X, y)
+        assert _CountingScaler.fits == 0              # the folds' and the refit's scalers: all loaded
+    np.testing.assert_array_equal(again.best_estimator_.predict(X), first.best_estimator_.predict(X))
+    cold = search().fit(X, y)
+    np.testing.assert_array_equal(cold.best_estimator_.predict(X), first.best_estimator_.predict(X))

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from gpunets.base.config import get_config
+from gpunets.compute.estimators import training_output_differs, transform_gives
 from gpunets.core.nodes import Node
 from gpunets.devices.fingerprint import fingerprint
 from gpunets.tuning import stored, tasks
@@ -250,13 +251,27 @@ def refit_kept(search: Any, best: Any, X: Any, y: Any, fit_params: dict[str, Any
         Xt = hits[depth - 1][1]
         for i in range(depth):   # copies: the best estimator is the user's, the memory's steps stay as they are
             steps[i] = (steps[i][0], copy.deepcopy(hits[i][0]))
+    x_key = None
     for i in range(depth, len(steps) - 1):
         name, est = steps[i]
-        Xt = est.fit_transform(Xt, y) if hasattr(est, "fit_transform") else est.fit(Xt, y).transform(Xt)
+        est, Xt, x_key = _refit_step(est, Xt, y, x_key)
+        steps[i] = (name, est)
         mem.keep_step((keys[i], "all"), (copy.deepcopy(est), Xt))
     steps[-1][1].fit(Xt, y)
     best.steps = steps
     return depth
+
+
+def _refit_step(est: Any, X: Any, y: Any, x_key: bytes | None) -> tuple[Any, Any, bytes | None]:
+    """Fit one upstream step of the refit on all rows, as ``Pipeline.fit`` does, looking in the store of
+    fitted states first (docs/store.md): the fitted step, its output on ``X`` and the key it passes on."""
+    hit, key, same = stored.load_step(est, None, {}, X, y, x_key)
+    if hit is not None:
+        return hit, tasks._training_rows(hit, {}, X, y, same), stored.stage_key(key)
+    Xt = est.fit_transform(X, y) if hasattr(est, "fit_transform") else est.fit(X, y).transform(X)
+    same = key is not None and training_output_differs(est) and transform_gives(est, X, Xt)
+    stored.keep_step(key, est, None, same)
+    return est, Xt, stored.stage_key(key)
 
 
 def prefix_keys(steps: list[tuple[str, Any]]) -> list[Hashable]:
