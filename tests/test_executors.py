@@ -746,7 +746,7 @@ def test_dask_gpu_tasks_run_on_a_stream_synchronized_at_the_hand_off(monkeypatch
     import sys
     import types
 
-    from gpunets.executors import _dask_worker as gdask   # what runs on the workers
+    from gpunets.executors import _dask_worker as gdask  # what runs on the workers
 
     fake = fake_cuda
     fake_module = types.SimpleNamespace(cuda=fake.cuda)
