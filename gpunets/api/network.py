@@ -123,15 +123,7 @@ def fit_with_outputs(targets: Sequence[Any], outputs: Sequence[AbstractNode], *,
                              device=device, progress=None, only=False, outputs=tuple(outputs))
     values = run.results()[len(run.plan.outputs) - len(outputs):]
     output = get_config()["output"]
-    out = []
-    for value in values:
-        with off_the_legacy_stream(value) if run.outputs_ready and output != "device" else contextlib.nullcontext():
-            if output == "auto":
-                value = _like_input(value, plan)
-            elif output in ("numpy", "pandas"):
-                value = _as_host(value, output, plan)
-        out.append(value)
-    return report, out
+    return report, [_as_output(value, output, plan, run) for value in values]
 
 
 def _fit(targets: Sequence[Any], *, rows: Any, force: bool, executor: Any, workers: int | None, device: Any,
@@ -403,13 +395,19 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
     _LAST_TRACE.set(run.trace)
     remember_costs(plan, run.trace)
     (value,) = run.results()
+    value = _as_output(value, output, plan, run)
+    return Evaluation(value, run.trace, plan.executor_reason) if trace else value
+
+
+def _as_output(value: Any, output: str, plan: Any, run: Any) -> Any:
+    """A run's output in the form ``output`` asks for (``"auto"``: the caller's type family)."""
     # a ready GPU value is copied to the host on a stream that does not serialise a concurrent run
     with off_the_legacy_stream(value) if run.outputs_ready and output != "device" else contextlib.nullcontext():
         if output == "auto":
-            value = _like_input(value, plan)
-        elif output in ("numpy", "pandas"):
-            value = _as_host(value, output, plan)
-    return Evaluation(value, run.trace, plan.executor_reason) if trace else value
+            return _like_input(value, plan)
+        if output in ("numpy", "pandas"):
+            return _as_host(value, output, plan)
+    return value
 
 
 def _as_host(value: Any, kind: str, plan: Any) -> Any:

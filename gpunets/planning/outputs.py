@@ -1,4 +1,4 @@
-"""Training outputs that only a fit gives (docs/networks.md, "Training outputs").
+"""Training outputs that only a fit gives (docs/learning-networks.md, "Training outputs").
 
 A machine's ``transform`` of its own training input, in a plan that fits a machine downstream, is what
 scikit-learn's ``Pipeline.fit`` passes on: ``fit_transform``'s result.  When the machine fits in the same plan
@@ -27,10 +27,10 @@ from gpunets.planning.placement import _fit_keywords, _resolve_fit
 from gpunets.planning.stored import STORED
 from gpunets.planning.tasks import _refit_output_task, _store
 
-__all__ = ["recomputed_output", "cached_operation"]
+__all__ = ["recomputed_output", "cached_operation", "own_training_output"]
 
 
-def _own_training_output(x: Any, m: Any) -> bool:
+def own_training_output(x: Any, m: Any) -> bool:
     """Is ``x`` ``m.transform`` of ``m``'s own training input (what a fit of ``m`` gives by fit_transform)?"""
     return x.operation == "transform" and len(x._args) == 1 and bool(m.args) and x._args[0] is m.args[0]
 
@@ -40,7 +40,7 @@ def cached_operation(mode: str, x: Any, m: Any) -> str:
     ``fit_transform`` may differ from its ``transform`` is ``"fit_transform"``'s (a call on the training data
     must not be served the fit's output, nor a fit the call's)."""
     op = str(x.operation)
-    if mode == "fit" and _own_training_output(x, m) and training_output_differs(m.model):
+    if mode == "fit" and own_training_output(x, m) and training_output_differs(m.model):
         return "fit_transform"
     return op
 
@@ -49,7 +49,7 @@ def recomputed_output(b: Any, x: Any, m: Any, fk: int | None, st: Any, frames: s
                       owner: int) -> int | None:
     """The task giving ``x`` (``m.transform`` of ``m``'s training input) as ``fit_transform`` does, when
     ``m`` does not fit in this fit plan and its ``fit_transform`` may differ; None: transform as usual."""
-    if b.mode != "fit" or not _own_training_output(x, m) or m.static or m.frozen:
+    if b.mode != "fit" or not own_training_output(x, m) or m.static or m.frozen:
         return None
     if fk is None:
         if st is None or st.action == STATIC or st.same_output or st.is_remote and st.stored.lost:

@@ -45,7 +45,7 @@ from gpunets.devices.placement import CPU, Device
 from gpunets.planning.lanes import (
     assign_lanes,
 )
-from gpunets.planning.outputs import cached_operation, recomputed_output
+from gpunets.planning.outputs import cached_operation, own_training_output, recomputed_output
 from gpunets.planning.placement import (
     PlacementRules,
     _asked,
@@ -379,7 +379,7 @@ class _Builder(PlacementRules):
         the same answer as ``fit(X, y).transform(X)``, often cheaper) and ``x``
         takes its result instead of transforming the training rows again.
         """
-        if x.operation != "transform" or len(x._args) != 1 or not m.args or x._args[0] is not m.args[0]:
+        if not own_training_output(x, m):
             return False
         est, n_args, resolved = self.fit_args[m._uid]
         if not callable(getattr(est, "fit_transform", None)):

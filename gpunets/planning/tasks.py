@@ -133,8 +133,7 @@ def _fit_transform_task(est: Any, n_args: int, resolved: Any, *values: Any, keyw
 def _refit_output_task(est: Any, n_args: int, resolved: Any, *values: Any, keywords: tuple[str, ...] = (),
                        weights: Any = None) -> Any:
     """``fit_transform``'s output on a fresh copy, the copy dropped (gpunets.planning.outputs)."""
-    check_weight_values(weights, values)
-    return fit_transform_estimator(est, tuple(values[:n_args]), resolved, keywords=keywords, check=False)[2]
+    return _fit_transform_task(est, n_args, resolved, *values, keywords=keywords, weights=weights)[2]
 
 
 def _training_output(fitted: tuple[Any, ...]) -> Any:
