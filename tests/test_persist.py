@@ -607,3 +607,25 @@ def test_cuml_estimators_without_a_cpu_twin_are_saved_as_themselves(no_gpu, stan
     with pytest.warns(UserWarning, match=f"the fitted {stand_in.__name__} was saved as the cuML estimator itself"):
         loaded = gn.load(path, allow_pickle=True)
     assert type(loaded.machine._state.estimator) is stand_in
+
+
+def test_gpu_arrays_keep_their_layout_through_a_file(no_gpu, array_api_route, fmt, tmp_path):
+    """CuPy copies to the host in C order: a Fortran-ordered array of a fitted state (PCA's ``components_`` on
+    the array-API route, a transpose) would come back C-ordered from a file, and the loaded state's products
+    round otherwise. The file keeps the layout, so the loaded network answers as the saved one, bit for bit."""
+    from sklearn.decomposition import PCA
+
+    Xd, _ = _data(200)
+    with fake_gpu(1) as cp:
+        X = gn.source(Xd, name="X")
+        mach = gn.machine(PCA(2, svd_solver="covariance_eigh"), X, device="cuda")
+        Z = mach.transform(X)
+        Z.fit()
+        comps = mach._state.estimator.components_
+        assert isinstance(comps, cp.ndarray) and comps.flags.f_contiguous and not comps.flags.c_contiguous
+        expected = cp.asnumpy(Z(Xd[:9]))
+        path = gn.save(Z, tmp_path / "pca.gn", format=fmt)
+        loaded = _load(path, fmt, trusted=[PCA])
+        got = loaded.machines[0]._state.estimator.components_
+        assert isinstance(got, cp.ndarray) and got.flags.f_contiguous and not got.flags.c_contiguous
+        np.testing.assert_array_equal(cp.asnumpy(loaded(Xd[:9])), expected)

@@ -94,9 +94,38 @@ def test_a_search_refit_looks_in_the_store_too(tmp_path, data):
 
     with gn.config(store=gn.Store(tmp_path / "s")):
         first = search().fit(X, y)
+        assert first.search_report_.refit_stored == 0
         _CountingScaler.fits = 0
+        hits = gn.store_info().hits
         again = search().fit(X, y)
         assert _CountingScaler.fits == 0              # the folds' and the refit's scalers: all loaded
+        assert again.search_report_.refit_stored == 3   # the refit's three steps, the last one too
+        assert gn.store_info().hits - hits == 6 + 3     # each (candidate, fold) result and refit step: one hit
+        assert "3 steps of the refit loaded" in str(again.search_report_)
     np.testing.assert_array_equal(again.best_estimator_.predict(X), first.best_estimator_.predict(X))
     cold = search().fit(X, y)
     np.testing.assert_array_equal(cold.best_estimator_.predict(X), first.best_estimator_.predict(X))
+
+
+def test_a_refit_with_a_new_best_loads_its_upstream_and_fits_the_last_step(tmp_path, data):
+    """A grid widened with a better candidate: the refit loads the stored upstream steps, transforms the rows
+    through them and fits the new best's last step, as a cold search's refit does, to the last bit."""
+    from sklearn.decomposition import PCA
+    from sklearn.linear_model import Ridge
+    from sklearn.pipeline import make_pipeline
+
+    X, y = data
+
+    def search(alphas):
+        return gn.GridSearchCV(make_pipeline(_CountingScaler(), PCA(3), Ridge()), {"ridge__alpha": alphas}, cv=3)
+
+    with gn.config(store=gn.Store(tmp_path / "s")):
+        search([30.0, 100.0]).fit(X, y)
+        _CountingScaler.fits = 0
+        wide = search([30.0, 100.0, 0.01]).fit(X, y)
+        assert wide.best_params_ == {"ridge__alpha": 0.01}
+        assert _CountingScaler.fits == 0
+        assert wide.search_report_.refit_stored == 2     # the scaler and the PCA; the new Ridge is fitted
+    cold = search([30.0, 100.0, 0.01]).fit(X, y)
+    np.testing.assert_array_equal(wide.best_estimator_.predict(X), cold.best_estimator_.predict(X))
+    np.testing.assert_array_equal(wide.cv_results_["mean_test_score"], cold.cv_results_["mean_test_score"])

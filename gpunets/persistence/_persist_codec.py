@@ -97,6 +97,14 @@ class HostValue:
         self.device = device
 
 
+def _fortran(a: Any) -> bool:
+    """Whether ``a`` (a CuPy or NumPy array) is Fortran-ordered only.  A fitted state's arrays keep their layout
+    through a file (a ``PCA``'s ``components_`` on the array-API route is a transpose): the matrix products of the
+    loaded state then round as the saved one's did, bit for bit."""
+    flags = getattr(a, "flags", None)
+    return flags is not None and getattr(a, "ndim", 0) > 1 and bool(flags.f_contiguous) and not flags.c_contiguous
+
+
 class Archive:
     """The payload: the object saved (with references into the table) and the table of graph objects."""
 
@@ -228,6 +236,8 @@ class Encoder:
         if is_cupy_array(x) or is_cudf(x):
             dev = str(device_of(x))
             self.devices.add(dev)
+            if is_cupy_array(x) and _fortran(x):   # CuPy copies to the host in C order: the layout is kept, see _fortran
+                return HostValue(x.get(order="F"), dev)
             return HostValue(to_device(x, CPU), dev)
         if isinstance(x, FittedState):
             return self.state(x)
@@ -399,7 +409,9 @@ class Decoder:
             if dev.is_cpu:
                 return x.value
             try:
-                return to_device(x.value, dev)
+                out = to_device(x.value, dev)
+                fortran = isinstance(x.value, np.ndarray) and _fortran(x.value) and is_cupy_array(out)
+                return loaded_cupy().asfortranarray(out) if fortran else out
             except ImportError:   # a cuDF frame where cuDF is not installed: it stays a pandas frame
                 return x.value
         if isinstance(x, Record):

@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from gpunets.core.machines import Machine
 
 __all__ = ["STORED", "GPU_ROUTES", "Hit", "StoreKeys", "storable", "stored_task", "commit_and_store", "lookup",
-           "read_state", "write_state", "WRITTEN"]
+           "read_state", "state_of", "write_state", "WRITTEN"]
 
 logger = logging.getLogger("gpunets")
 
@@ -236,7 +236,12 @@ WRITTEN = "_gn_stored_on_worker"
 
 def read_state(store: Store, key: bytes) -> Any:
     """The fitted estimator stored under ``key`` in the form that runs here (a GPU state as it is), or None."""
-    loaded = store.get(key)
+    return state_of(store.get(key))
+
+
+def state_of(loaded: Any) -> Any:
+    """The fitted estimator in an entry ``loaded`` as :func:`write_state` wrote it (a GPU state unpickled
+    here), or None."""
     if isinstance(loaded, tuple) and len(loaded) == 3:
         try:
             return pickle.loads(loaded[0])

@@ -227,10 +227,11 @@ class _Keeping:
         return out
 
 
-def refit_kept(search: Any, best: Any, X: Any, y: Any, fit_params: dict[str, Any]) -> int | None:
+def refit_kept(search: Any, best: Any, X: Any, y: Any, fit_params: dict[str, Any]) -> tuple[int, int] | None:
     """Refit ``best`` (a pipeline) on all rows with the upstream steps the search's memory keeps from an
-    earlier refit on the same data, as ``Pipeline.fit`` would: the number of step fits reused; None when
-    this shortcut does not apply (``best.fit`` must then be called): a pipeline with ``memory``,
+    earlier refit on the same data, as ``Pipeline.fit`` would, looking in the store of fitted states for the
+    other steps (:class:`_Refit`): the number of step fits reused from memory and of steps loaded from the
+    store; None when this shortcut does not apply (``best.fit`` must then be called): a pipeline with ``memory``,
     ``verbose``, ``transform_input``, fit parameters, callbacks, data off the host, or nothing kept."""
     from sklearn.pipeline import Pipeline
 
@@ -251,27 +252,67 @@ def refit_kept(search: Any, best: Any, X: Any, y: Any, fit_params: dict[str, Any
         Xt = hits[depth - 1][1]
         for i in range(depth):   # copies: the best estimator is the user's, the memory's steps stay as they are
             steps[i] = (steps[i][0], copy.deepcopy(hits[i][0]))
-    x_key = None
+    refit = _Refit(Xt, y)
     for i in range(depth, len(steps) - 1):
         name, est = steps[i]
-        est, Xt, x_key = _refit_step(est, Xt, y, x_key)
-        steps[i] = (name, est)
-        mem.keep_step((keys[i], "all"), (copy.deepcopy(est), Xt))
-    steps[-1][1].fit(Xt, y)
+        steps[i] = (name, refit.step(est))
+        if refit.pending == 0:   # its output on all rows is computed: a later refit reuses it
+            mem.keep_step((keys[i], "all"), (copy.deepcopy(steps[i][1]), refit.Xt))
+    name, last = steps[-1]
+    steps[-1] = (name, refit.last(last))
     best.steps = steps
-    return depth
+    return depth, refit.stored
 
 
-def _refit_step(est: Any, X: Any, y: Any, x_key: bytes | None) -> tuple[Any, Any, bytes | None]:
-    """Fit one upstream step of the refit on all rows, as ``Pipeline.fit`` does, looking in the store of
-    fitted states first (docs/store.md): the fitted step, its output on ``X`` and the key it passes on."""
-    hit, key, same = stored.load_step(est, None, {}, X, y, x_key)
-    if hit is not None:
-        return hit, tasks._training_rows(hit, {}, X, y, same), stored.stage_key(key)
-    Xt = est.fit_transform(X, y) if hasattr(est, "fit_transform") else est.fit(X, y).transform(X)
-    same = key is not None and training_output_differs(est) and transform_gives(est, X, Xt)
-    stored.keep_step(key, est, None, same)
-    return est, Xt, stored.stage_key(key)
+class _Refit:
+    """The refit's steps on all rows, each looked up in the store of fitted states first (docs/store.md), as
+    ``Pipeline.fit`` fits them: a loaded step's output on the rows is computed only when a later step fits
+    (a refit whose every step is stored transforms nothing)."""
+
+    def __init__(self, X: Any, y: Any) -> None:
+        self.Xt, self.y = X, y
+        self.x_key: bytes | None = None   # the key of the rows the next step fits on (None: their content)
+        self.loaded: list[tuple[Any, bool]] = []   # loaded steps whose output is not computed yet
+        self.stored = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self.loaded)
+
+    def rows(self) -> Any:
+        """The rows the next step fits on: the loaded steps' outputs computed now."""
+        for est, same in self.loaded:
+            self.Xt = tasks._training_rows(est, {}, self.Xt, self.y, same)
+        self.loaded.clear()
+        return self.Xt
+
+    def step(self, est: Any) -> Any:
+        """Fit (or load) one upstream step."""
+        hit, key, same = stored.load_step(est, None, {}, self.Xt if self.x_key is None else None, self.y,
+                                          self.x_key)
+        if hit is not None:
+            self.loaded.append((hit, same))
+            self.stored += 1
+            self.x_key = stored.stage_key(key)
+            return hit
+        X = self.rows()
+        self.Xt = est.fit_transform(X, self.y) if hasattr(est, "fit_transform") else est.fit(X, self.y).transform(X)
+        same = key is not None and training_output_differs(est) and transform_gives(est, X, self.Xt)
+        stored.keep_step(key, est, None, same)
+        self.x_key = stored.stage_key(key)
+        return est
+
+    def last(self, est: Any) -> Any:
+        """Fit (or load) the last step: it is looked up only on rows an upstream step keyed."""
+        key = None
+        if self.x_key is not None:
+            hit, key, _ = stored.load_step(est, None, {}, None, self.y, self.x_key)
+            if hit is not None:
+                self.stored += 1
+                return hit
+        est.fit(self.rows(), self.y)
+        stored.keep_step(key, est)
+        return est
 
 
 def prefix_keys(steps: list[tuple[str, Any]]) -> list[Hashable]:

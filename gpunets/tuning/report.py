@@ -52,6 +52,9 @@ class SearchReport:
         fitted again (nor counted in ``fits``).
     refit_reused : int
         Upstream steps of the refit on all rows taken from the search's memory (an earlier refit's).
+    refit_stored : int
+        Steps of the refit on all rows loaded from the store of fitted states (an earlier search's refit,
+        or an upstream step of an earlier refit); a refit whose every step is stored computes nothing.
     warm : int
         Last-step fits that continued the candidate's fit of the previous rung (successive halving with
         an iteration budget as the resource, warm-started) instead of refitting it.
@@ -78,6 +81,7 @@ class SearchReport:
     remembered: int = 0
     reused: dict[str, int] = field(default_factory=dict)
     refit_reused: int = 0
+    refit_stored: int = 0
     warm: int = 0
     stored: int = 0
     rungs: list[SearchReport] = field(default_factory=list, repr=False)
@@ -185,8 +189,9 @@ class SearchReport:
             lines.append(line)
         if self.remembered or self.warm:
             lines.append(f"  {self.remembered} (candidate, fold) results remembered, {self.warm} warm-started fits")
-        if self.stored:
-            lines.append(f"  {self.stored} step fits loaded from the store, {self.fitted} fitted")
+        if self.stored or self.refit_stored:
+            lines.append(f"  {self.stored} step fits loaded from the store, {self.fitted} fitted"
+                         + (f"; {self.refit_stored} steps of the refit loaded" if self.refit_stored else ""))
         if self.reused or self.refit_reused:
             lines.append(f"  {sum(self.reused.values())} upstream step fits reused from the search's memory "
                          f"({', '.join(f'{k}: {v}' for k, v in self.reused.items()) or 'none'}), "

@@ -212,7 +212,7 @@ class _NetworkSearch(BaseSearchCV):
                     Xf, yf = Xr(X, y)   # upstream steps kept from an earlier refit on the same data, else fit
                     kept = memory.refit_kept(self, self.best_estimator_, Xf, yf, fit_params)
                     if kept is not None:
-                        report.refit_reused = kept
+                        report.refit_reused, report.refit_stored = kept
                     else:   # one task: a forest grows its trees on the search's lanes
                         with warm.threaded_trees(self.best_estimator_, warm.lanes(self.executor, workers)):
                             if y is not None:

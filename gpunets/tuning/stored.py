@@ -41,7 +41,7 @@ from gpunets.devices.cache import digest
 from gpunets.devices.fingerprint import fingerprint
 from gpunets.devices.placement import Device, DeviceFallbackWarning
 from gpunets.devices.store_keys import library_versions, stable_key
-from gpunets.planning.stored import GPU_ROUTES, read_state, write_state
+from gpunets.planning.stored import GPU_ROUTES, state_of, write_state
 
 logger = logging.getLogger("gpunets")
 
@@ -109,7 +109,7 @@ def _load(key: bytes | None) -> tuple[Any, dict[str, Any]]:
         return None, {}
     got = s.get(key)
     if isinstance(got, tuple):   # written by write_state: (estimator, info) or (GPU state pickled, info, CPU twin)
-        return (read_state(s, key), dict(got[1])) if len(got) in (2, 3) else (None, {})
+        return (state_of(got), dict(got[1])) if len(got) in (2, 3) else (None, {})
     return got, {}
 
 

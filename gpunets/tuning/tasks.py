@@ -205,11 +205,13 @@ def fit_stage(est: Any, route: Any, fit_params: dict[str, Any], score: bool, y: 
     step's :class:`Stage`."""
     secs: tuple[float, ...] = ()
     before: tuple[bytes, ...] = ()
-    if isinstance(X, Stage):
+    rows: Any = X
+    if isinstance(X, Stage):   # the previous step's: its key names the rows this step fits on
         X, X_test, X_score, secs, before = X.train, X.test, X.score, X.seconds, X.loaded
+        rows = Stage(X, None, None, (), rows.key)
     same = X_score is X   # the rows to score are the training rows (train scores)
     X_test, X_score = aligned(X_test, X_score)
-    est, out, seconds, key, loaded = _keyed_fit_step(est, route, False, fit_params, X, y)
+    est, out, seconds, key, loaded = _keyed_fit_step(est, route, False, fit_params, rows, y)
     scored = (out if same and fit_output_is_transform(est) else transform(est, X_score, route)) if score else None
     return Stage(out, transform(est, X_test, route), scored, secs + (seconds,), stored.stage_key(key),
                  before + loaded)
