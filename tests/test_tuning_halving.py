@@ -510,6 +510,124 @@ def test_callbacks_fire_as_on_sklearn(which, reg_data):
     assert a.counts[("end", "candidate-split-evaluation")] > 0
 
 
+def _callback_utils():
+    """scikit-learn's own test estimator and recording callbacks (its callback API's tests use them)."""
+    if not hasattr(skms.GridSearchCV, "set_callbacks"):
+        pytest.skip("scikit-learn without callbacks")
+    return pytest.importorskip("sklearn.callback.tests._utils")
+
+
+def _callback_searches(mod, lib):
+    """The four searches of scikit-learn's callback tests, with duplicate candidates (randint(1, 4), 3 draws) and
+    rungs of equal resources (aggressive elimination)."""
+    from scipy.stats import randint
+
+    est = mod.MaxIterEstimator()
+    return [lib.GridSearchCV(est, {"max_iter": [1, 2, 3]}, cv=2, scoring="r2"),
+            lib.RandomizedSearchCV(est, {"max_iter": randint(1, 4)}, cv=2, n_iter=3, scoring="r2", random_state=42),
+            lib.HalvingGridSearchCV(est, {"max_iter": [1, 2, 3]}, cv=2, aggressive_elimination=True, scoring="r2",
+                                    random_state=0),
+            lib.HalvingRandomSearchCV(est, {"max_iter": randint(1, 4)}, cv=2, aggressive_elimination=True,
+                                      scoring="r2", random_state=42)]
+
+
+@pytest.mark.parametrize("which", range(4))
+def test_auto_propagated_callbacks_reach_each_evaluations_estimator(which, executor):
+    """scikit-learn propagates auto-propagated callbacks (``ProgressBar``...) into the estimator each (candidate,
+    fold) evaluation fits: its own hooks fire too. The same counts here, duplicate candidates and rungs of equal
+    resources included (with callbacks, each evaluation fits its own estimator); on Dask, where the evaluations
+    run in other processes, the search's own hooks fire, in the same counts, and the estimators' do not."""
+    mod = _callback_utils()
+    from sklearn.datasets import make_classification
+
+    X, y = make_classification(n_samples=60, random_state=0)
+    ours, theirs = _callback_searches(mod, gn)[which], _callback_searches(mod, skms)[which]
+    a, b = mod.RecordingAutoPropagatedCallback(), mod.RecordingCallback()
+    ours.set_callbacks(a, b).fit(X, y)
+    c, d = mod.RecordingAutoPropagatedCallback(), mod.RecordingCallback()
+    theirs.set_callbacks(c, d).fit(X, y)
+    assert ours.cv_results_["params"] == theirs.cv_results_["params"]
+    for hook in ("setup", "on_fit_task_begin", "on_fit_task_end", "teardown"):
+        assert b.count_hooks(hook) == d.count_hooks(hook), hook      # the search's own tasks
+    dask = "dask" in type(executor).__module__ or executor == "dask"
+    inner = sum(p["max_iter"] for p in theirs.cv_results_["params"]) * 2 + theirs.best_estimator_.n_iter_
+    assert c.count_hooks("on_fit_task_begin") == d.count_hooks("on_fit_task_begin") + inner
+    assert a.count_hooks("on_fit_task_begin") == (
+        c.count_hooks("on_fit_task_begin") - (inner - theirs.best_estimator_.n_iter_ if dask else 0))
+    assert a.count_hooks("on_fit_task_end") == a.count_hooks("on_fit_task_begin")
+
+
+def test_evaluation_hooks_get_the_folds_rows_and_sample_weight(executor):
+    """As in scikit-learn's ``_fit_and_score``: each evaluation's hooks get its training rows, ``y`` and
+    ``sample_weight`` (on Dask, where they fire once the network has run, none of them)."""
+    mod = _callback_utils()
+    from sklearn.datasets import make_classification
+
+    X, y = make_classification(n_samples=60, random_state=0)
+    w = np.random.RandomState(0).randint(1, 5, size=len(y)).astype(float)
+    cb = mod.RecordingCallback()
+    gn.GridSearchCV(mod.MaxIterEstimator(), {"max_iter": [1, 2]}, cv=2, scoring="r2").set_callbacks(cb).fit(
+        X, y, sample_weight=w)
+    evals = [e for e in cb.record if e["context"].task_name == "candidate-split-evaluation"]
+    assert len(evals) == 2 * 2 * 2          # begin and end of 2 candidates x 2 folds
+    if "dask" in type(executor).__module__ or executor == "dask":
+        return
+    for e in evals:
+        kw = e["kwargs"]
+        assert kw["X"].shape == (30, X.shape[1]) and len(kw["y"]) == 30
+        assert kw["metadata"]["sample_weight"].shape == (30,)
+
+
+@pytest.mark.parametrize("verbose", [1, 2, 3, 10])
+@pytest.mark.parametrize("which", ["grid", "halving-grid"])
+def test_verbose_prints_sklearns_lines(which, verbose, executor, capsys, reg_data):
+    """``verbose`` as in scikit-learn: the same lines (times aside), the per-evaluation ones in its order, with
+    train and test scores of several metrics."""
+    import re
+
+    X, y = reg_data
+    grid = {"alpha": [0.1, 1.0, 10.0, 100.0]}
+    kw: dict = dict(cv=3, verbose=verbose, return_train_score=True)
+    if which == "grid":   # several metrics (a halving search takes one)
+        kw.update(scoring=["r2", "neg_mean_squared_error"], refit="r2")
+    if which == "grid":
+        ours, theirs = gn.GridSearchCV(Ridge(), grid, **kw), skms.GridSearchCV(Ridge(), grid, **kw)
+    else:
+        ours = gn.HalvingGridSearchCV(Ridge(), grid, factor=2, random_state=0, **kw)
+        theirs = skms.HalvingGridSearchCV(Ridge(), grid, factor=2, random_state=0, **kw)
+    capsys.readouterr()
+    theirs.fit(X, y)
+    expected = capsys.readouterr().out
+    ours.fit(X, y)
+    got = capsys.readouterr().out
+
+    def untimed(text):
+        return re.sub(r"total time=.*", "total time=T", text)
+
+    assert untimed(got) == untimed(expected)
+    assert ("[CV" in got) == (verbose > 1)
+
+
+@pytest.mark.parametrize("which", ["grid", "random", "halving-grid", "halving-random"])
+def test_a_precomputed_kernel_as_a_list_is_refused_before_any_fit(which, executor):
+    """scikit-learn's refusal (a ValueError from ``_safe_split``) for a pairwise estimator given a list, raised
+    before any fit; the kernel as an array searches as scikit-learn's."""
+    X, y = make_classification(n_samples=120, n_features=10, random_state=0)
+    K = X @ X.T
+    kw = {"grid": {}, "random": dict(n_iter=2, random_state=0), "halving-grid": dict(random_state=0),
+          "halving-random": dict(random_state=0, n_candidates=2)}[which]
+    make = {"grid": gn.GridSearchCV, "random": gn.RandomizedSearchCV, "halving-grid": gn.HalvingGridSearchCV,
+            "halving-random": gn.HalvingRandomSearchCV}[which]
+    grid_key = "param_grid" if "grid" in which else "param_distributions"
+    search = make(SVC(kernel="precomputed"), **{grid_key: {"C": [0.1, 1.0]}}, cv=3, **kw)
+    with pytest.raises(ValueError, match="Precomputed kernels or affinity matrices have to be passed as arrays"):
+        search.fit(K.tolist(), y)
+    assert not hasattr(search, "cv_results_")
+    theirs = getattr(skms, make.__name__)(SVC(kernel="precomputed"), **{grid_key: {"C": [0.1, 1.0]}}, cv=3, **kw)
+    np.testing.assert_allclose(search.fit(K, y).cv_results_["mean_test_score"],
+                               theirs.fit(K, y).cv_results_["mean_test_score"], rtol=1e-12)
+
+
 # --- resume and grow ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("ex", ["serial", "threads"])

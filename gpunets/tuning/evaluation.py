@@ -59,7 +59,12 @@ class Run:
         if s.verbose > 0:
             print(f"Fitting {len(splits)} folds for each of {len(candidates)} candidates, totalling "
                   f"{len(splits) * len(candidates)} fits")
-        outs = s._evaluate(candidates, splits, self.data)
+        evals = dropin.evaluations(s, callback_ctx, len(candidates) * len(splits))   # made ahead, in order
+        s._gn_evaluations = evals
+        try:
+            outs = s._evaluate(candidates, splits, self.data)
+        finally:
+            s.__dict__.pop("_gn_evaluations", None)
         # scikit-learn's accounting, in its order (candidate-major): a fit failure raises with
         # error_score="raise"; a scoring error scikit-learn lets through raises whatever error_score
         for o in outs:
@@ -67,6 +72,7 @@ class Run:
                 raise tasks.unwrap_error(o["_raise"])
             if s.error_score == "raise" and o.get("_error") is not None:
                 raise tasks.unwrap_error(o["_error"])
+        dropin.print_fits(s.verbose, candidates, len(splits), outs, bool(s.return_train_score))
         for o in outs:   # "Scoring failed" warnings, issued here (their tasks may have run elsewhere)
             for msg in o.pop("_warnings", ()):
                 warnings.warn(msg, UserWarning, stacklevel=4)
@@ -77,7 +83,7 @@ class Run:
             c = i // len(splits)
             if o["fit_error"] is not None and c not in report.errors:
                 report.errors[c] = (candidates[c], o["fit_error"].strip().splitlines()[-1])
-        dropin.fire_evaluations(s, callback_ctx, len(outs))
+        dropin.fire_evaluations(evals)
         _warn_or_raise_about_fit_failures(outs, s.error_score)
         if callable(s.scoring):
             _insert_error_scores(outs, s.error_score)

@@ -138,6 +138,7 @@ class _NetworkSearch(BaseSearchCV):
         """Checks of a subclass (successive halving's), before any fit."""
         self._check_input_parameters(X=X, y=y, split_params=split_params)
 
+
     @_fit_context(prefer_skip_nested_validation=False)
     def fit(self, X: Any, y: Any = None, **params: Any) -> _NetworkSearch:
         """Run every candidate on every fold as one network, then refit the best on all rows.
@@ -172,6 +173,7 @@ class _NetworkSearch(BaseSearchCV):
         check_executor_spec(self.executor)  # a bad executor fails now, not after the folds are built
         base = clone(self.estimator)
         self._checked_cv_orig = check_cv(self.cv, y, classifier=is_classifier(self.estimator))
+        dropin.check_pairwise(self.estimator, X)
         self._check_search_input(X, y, split_params)
         self.n_splits_ = self._checked_cv_orig.get_n_splits(X, y, **split_params)
         metadata = {"sample_weight": params["sample_weight"]} if params.get("sample_weight") is not None else None
@@ -260,6 +262,10 @@ class _NetworkSearch(BaseSearchCV):
         specs = mem.specs(base, candidates, cache=not is_composite(base))   # unknown names raise here
         extra = self._warm_keys(candidates)
         keys, todo = mem.lookup(specs, splits, extra)
+        evals = self.__dict__.get("_gn_evaluations")
+        if evals is not None and evals.live and not memory.is_dask(self.executor if self.executor != "auto" else None):
+            # scikit-learn's callbacks watch every evaluation's fit: none is taken from the search's memory
+            todo = [list(range(len(specs))) for _ in splits]
         # results kept in the store of fitted states (docs/store.md): a search run again in a new process
         skeys = stored.result_keys(self, specs, splits, X, y, fit_params, score_params) if extra is None else None
         if skeys is not None:
@@ -387,6 +393,13 @@ class _NetworkSearch(BaseSearchCV):
         elif self._gn_skeys is not None:   # on Dask: written by the task, where the workers share the store
             for (c, f), n in zip(pairs_done, ordered):
                 stored.keep_in(n, self._gn_skeys[c * len(splits) + f])
+        evals = self.__dict__.get("_gn_evaluations")
+        if evals is not None and evals.live and not memory.is_dask(executor):
+            # each evaluation's callback hooks fire in its task, around its fit (gpunets.tuning.dropin)
+            for (c, f), n in zip(pairs_done, ordered):
+                if callable(n.operation):
+                    n.operation = dropin.Evaluating(n.operation, evals, c * len(splits) + f,
+                                                    whole=len(names) == 1 or composite)
         target = node(tasks.collect, *ordered, device=str(gpu) if gpu is not None else "cpu")
         if executor == "threads" and _small_folds(X, splits):   # short tasks of small fits run in this thread
             executor = ThreadsExecutor(workers=workers, serial_below=SERIAL_TASK_SECONDS)
@@ -414,6 +427,9 @@ class _NetworkSearch(BaseSearchCV):
         Xs, ys = tasks.as_node(X, "X"), tasks.as_node(y, "y")
         pairwise = get_tags(self.estimator).input_tags.pairwise
         kept = self._kept_steps(gpu, composite)   # the memory's fitted shared steps, on the host, not on Dask
+        evals = self.__dict__.get("_gn_evaluations")
+        hooked = evals is not None and evals.live and not memory.is_dask(None if self.executor == "auto"
+                                                                         else self.executor)
         folds = kept.fold_keys(splits) if kept is not None else None
         keys: dict[int, Any] = {}
         score_nodes = []
@@ -444,6 +460,8 @@ class _NetworkSearch(BaseSearchCV):
                     continue
                 if c not in keys:
                     keys[c] = memory.prefix_keys(steps[c])
+                    if hooked:   # each evaluation fits its own estimator, as the callbacks expect to see it
+                        keys[c] = [*keys[c][:-1], (keys[c][-1], ("evaluation", c))]
                 fold.candidate(steps[c], warm=None if warm is None else warm.step(c, f), keys=keys[c])
             score_nodes.append(dict(zip(run, fold.scores())))
         return score_nodes

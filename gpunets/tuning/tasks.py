@@ -18,7 +18,7 @@ from gpunets.compute.estimators import apply_estimator, training_output_differs,
 from gpunets.compute.models import fit_context, prepare_inputs
 from gpunets.core.nodes import source
 from gpunets.devices.data import check_placeable, take_rows
-from gpunets.tuning import stored
+from gpunets.tuning import dropin, stored
 from gpunets.tuning.failed import (  # noqa: F401 - moved there; here too, their path in files saved before
     Failed,
     Portable,
@@ -166,8 +166,9 @@ def _training_rows(est: Any, fit_params: dict[str, Any], X: Any, y: Any, same: b
 
 def _fit_step(est: Any, last: bool, fit_params: dict[str, Any], X: Any, y: Any,
               start: float) -> tuple[Any, Any, float]:
-    if last:
-        est.fit(X, **fit_params) if y is None else est.fit(X, y, **fit_params)
+    if last:   # a candidate's estimator: its evaluation's callback hooks (scikit-learn's _fit_and_score)
+        with dropin.fitting(est, X, y, fit_params):
+            est.fit(X, **fit_params) if y is None else est.fit(X, y, **fit_params)
         out = None
     elif hasattr(est, "fit_transform"):
         out = est.fit_transform(X, y, **fit_params)
