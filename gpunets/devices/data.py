@@ -62,6 +62,7 @@ from gpunets.devices.value_types import (
     _is_scalar,
     array_namespace,
     device_of,
+    fortran_only,
     installed,
     is_cudf,
     is_cupy_array,
@@ -84,6 +85,7 @@ __all__ = [
     "is_pandas",
     "is_sparse",
     "is_frame",
+    "fortran_only",
     "installed",
 ]
 

@@ -49,6 +49,7 @@ from typing import Any
 
 from gpunets.base.config import get_config
 from gpunets.devices import _gpulibs
+from gpunets.devices.value_types import fortran_only
 
 __all__ = ["Store", "StoreInfo", "StoreWarning", "store_info", "store_clear", "check_store_setting", "dumps",
            "current_store", "DEFAULT_MAX_BYTES"]
@@ -325,7 +326,7 @@ class _LayoutPickler(pickle.Pickler):
         self._ndarray = cp.ndarray
 
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, self._ndarray) and obj.ndim > 1 and obj.flags.f_contiguous and not obj.flags.c_contiguous:
+        if isinstance(obj, self._ndarray) and fortran_only(obj):
             return _fortran_on_device, (obj.get(order="F"),)
         return NotImplemented
 

@@ -23,7 +23,7 @@ from gpunets.devices._gpulibs import hidden_by_fake, loaded_cupy
 from gpunets.devices.placement import CPU, Device, physical_index
 
 __all__ = ["device_of", "array_namespace", "is_cupy_array", "is_cudf", "is_pandas", "is_sparse", "is_frame",
-           "installed"]
+           "fortran_only", "installed"]
 
 _SCALARS = (bool, int, float, complex, str, bytes, np.generic)
 _ACCEPTED = ("NumPy arrays, pandas DataFrame/Series, CuPy arrays, cuDF DataFrame/Series, "
@@ -41,6 +41,18 @@ def is_cupy_array(x: Any) -> bool:
     """
     cp = loaded_cupy()
     return cp is not None and isinstance(x, cp.ndarray)
+
+
+def fortran_only(a: Any) -> bool:
+    """Whether the array ``a`` (NumPy or CuPy) is Fortran-ordered and not also C-ordered.  CuPy copies arrays
+    to the host, and pickles them, in C order; a fitted state's arrays keep their layout through the store and
+    through files, so the matrix products of the loaded state round as the fitted one's did.
+
+    >>> fortran_only(np.zeros((2, 3), order="F")), fortran_only(np.zeros((2, 3))), fortran_only(np.zeros(3))
+    (True, False, False)
+    """
+    flags = getattr(a, "flags", None)
+    return flags is not None and getattr(a, "ndim", 0) > 1 and bool(flags.f_contiguous) and not flags.c_contiguous
 
 
 def is_cudf(x: Any) -> bool:

@@ -48,7 +48,7 @@ from gpunets.compute.models import (
 from gpunets.core.machines import OPERATIONS, FittedState, Machine
 from gpunets.core.nodes import AbstractNode, Node, Source, mark_data_not_saved
 from gpunets.devices._gpulibs import loaded_cupy
-from gpunets.devices.data import device_of, is_cudf, is_cupy_array, to_device
+from gpunets.devices.data import device_of, fortran_only, is_cudf, is_cupy_array, to_device
 from gpunets.devices.placement import CPU, Device, check_available, local_ordinal
 from gpunets.executors import Executor, SerialExecutor, StreamsExecutor, ThreadsExecutor
 
@@ -95,14 +95,6 @@ class HostValue:
     def __init__(self, value: Any, device: str) -> None:
         self.value = value
         self.device = device
-
-
-def _fortran(a: Any) -> bool:
-    """Whether ``a`` (a CuPy or NumPy array) is Fortran-ordered only.  A fitted state's arrays keep their layout
-    through a file (a ``PCA``'s ``components_`` on the array-API route is a transpose): the matrix products of the
-    loaded state then round as the saved one's did, bit for bit."""
-    flags = getattr(a, "flags", None)
-    return flags is not None and getattr(a, "ndim", 0) > 1 and bool(flags.f_contiguous) and not flags.c_contiguous
 
 
 class Archive:
@@ -236,7 +228,7 @@ class Encoder:
         if is_cupy_array(x) or is_cudf(x):
             dev = str(device_of(x))
             self.devices.add(dev)
-            if is_cupy_array(x) and _fortran(x):   # CuPy copies to the host in C order: the layout is kept, see _fortran
+            if is_cupy_array(x) and fortran_only(x):   # CuPy copies to the host in C order: the layout is kept
                 return HostValue(x.get(order="F"), dev)
             return HostValue(to_device(x, CPU), dev)
         if isinstance(x, FittedState):
@@ -410,7 +402,7 @@ class Decoder:
                 return x.value
             try:
                 out = to_device(x.value, dev)
-                fortran = isinstance(x.value, np.ndarray) and _fortran(x.value) and is_cupy_array(out)
+                fortran = isinstance(x.value, np.ndarray) and fortran_only(x.value) and is_cupy_array(out)
                 return loaded_cupy().asfortranarray(out) if fortran else out
             except ImportError:   # a cuDF frame where cuDF is not installed: it stays a pandas frame
                 return x.value

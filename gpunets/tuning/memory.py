@@ -256,7 +256,7 @@ def refit_kept(search: Any, best: Any, X: Any, y: Any, fit_params: dict[str, Any
     for i in range(depth, len(steps) - 1):
         name, est = steps[i]
         steps[i] = (name, refit.step(est))
-        if refit.pending == 0:   # its output on all rows is computed: a later refit reuses it
+        if not refit.loaded:   # its output on all rows is computed: a later refit reuses it
             mem.keep_step((keys[i], "all"), (copy.deepcopy(steps[i][1]), refit.Xt))
     name, last = steps[-1]
     steps[-1] = (name, refit.last(last))
@@ -274,10 +274,6 @@ class _Refit:
         self.x_key: bytes | None = None   # the key of the rows the next step fits on (None: their content)
         self.loaded: list[tuple[Any, bool]] = []   # loaded steps whose output is not computed yet
         self.stored = 0
-
-    @property
-    def pending(self) -> int:
-        return len(self.loaded)
 
     def rows(self) -> Any:
         """The rows the next step fits on: the loaded steps' outputs computed now."""

@@ -138,7 +138,6 @@ class _NetworkSearch(BaseSearchCV):
         """Checks of a subclass (successive halving's), before any fit."""
         self._check_input_parameters(X=X, y=y, split_params=split_params)
 
-
     @_fit_context(prefer_skip_nested_validation=False)
     def fit(self, X: Any, y: Any = None, **params: Any) -> _NetworkSearch:
         """Run every candidate on every fold as one network, then refit the best on all rows.
@@ -262,9 +261,7 @@ class _NetworkSearch(BaseSearchCV):
         specs = mem.specs(base, candidates, cache=not is_composite(base))   # unknown names raise here
         extra = self._warm_keys(candidates)
         keys, todo = mem.lookup(specs, splits, extra)
-        evals = self.__dict__.get("_gn_evaluations")
-        if evals is not None and evals.live and not memory.is_dask(self.executor if self.executor != "auto" else None):
-            # scikit-learn's callbacks watch every evaluation's fit: none is taken from the search's memory
+        if self._watched() is not None:   # callbacks watch every evaluation's fit: none from the memory
             todo = [list(range(len(specs))) for _ in splits]
         # results kept in the store of fitted states (docs/store.md): a search run again in a new process
         skeys = stored.result_keys(self, specs, splits, X, y, fit_params, score_params) if extra is None else None
@@ -310,6 +307,12 @@ class _NetworkSearch(BaseSearchCV):
         self._gn_reports.append(report)
         self._after_run(candidates, splits, outs, mem)
         return outs
+
+    def _watched(self) -> dropin.Evaluations | None:
+        """This call's evaluations when scikit-learn's callbacks watch their fits here (not on Dask), else None."""
+        evals = self.__dict__.get("_gn_evaluations")
+        dask = memory.is_dask(None if self.executor == "auto" else self.executor)
+        return evals if evals is not None and evals.live and not dask else None
 
     def _kept_steps(self, gpu: Any, composite: bool) -> Any:
         """The memory that keeps fitted shared steps for this run: None on a GPU, on Dask, for composites."""
@@ -393,8 +396,8 @@ class _NetworkSearch(BaseSearchCV):
         elif self._gn_skeys is not None:   # on Dask: written by the task, where the workers share the store
             for (c, f), n in zip(pairs_done, ordered):
                 stored.keep_in(n, self._gn_skeys[c * len(splits) + f])
-        evals = self.__dict__.get("_gn_evaluations")
-        if evals is not None and evals.live and not memory.is_dask(executor):
+        evals = self._watched()
+        if evals is not None:
             # each evaluation's callback hooks fire in its task, around its fit (gpunets.tuning.dropin)
             for (c, f), n in zip(pairs_done, ordered):
                 if callable(n.operation):
@@ -427,9 +430,7 @@ class _NetworkSearch(BaseSearchCV):
         Xs, ys = tasks.as_node(X, "X"), tasks.as_node(y, "y")
         pairwise = get_tags(self.estimator).input_tags.pairwise
         kept = self._kept_steps(gpu, composite)   # the memory's fitted shared steps, on the host, not on Dask
-        evals = self.__dict__.get("_gn_evaluations")
-        hooked = evals is not None and evals.live and not memory.is_dask(None if self.executor == "auto"
-                                                                         else self.executor)
+        hooked = self._watched() is not None
         folds = kept.fold_keys(splits) if kept is not None else None
         keys: dict[int, Any] = {}
         score_nodes = []

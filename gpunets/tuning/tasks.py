@@ -121,12 +121,11 @@ def fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: An
 
 
 def _keyed_fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: Any,
-                    y: Any) -> tuple[Any, Any, float, Any, tuple[bytes, ...]]:
+                    y: Any, x_key: bytes | None = None) -> tuple[Any, Any, float, Any, tuple[bytes, ...]]:
     """:func:`fit_step`, its store key and loaded token: a step stored under that key is loaded, not fitted
-    (docs/store.md)."""
+    (docs/store.md).  ``x_key``: the key of the rows ``X`` (a :class:`Stage` carries its own)."""
     from sklearn.base import clone
 
-    x_key = None
     if isinstance(X, Stage):
         X, x_key = X.train, X.key
     if isinstance(X, Failed):
@@ -206,13 +205,12 @@ def fit_stage(est: Any, route: Any, fit_params: dict[str, Any], score: bool, y: 
     step's :class:`Stage`."""
     secs: tuple[float, ...] = ()
     before: tuple[bytes, ...] = ()
-    rows: Any = X
+    x_key = None
     if isinstance(X, Stage):   # the previous step's: its key names the rows this step fits on
-        X, X_test, X_score, secs, before = X.train, X.test, X.score, X.seconds, X.loaded
-        rows = Stage(X, None, None, (), rows.key)
+        X, X_test, X_score, secs, before, x_key = X.train, X.test, X.score, X.seconds, X.loaded, X.key
     same = X_score is X   # the rows to score are the training rows (train scores)
     X_test, X_score = aligned(X_test, X_score)
-    est, out, seconds, key, loaded = _keyed_fit_step(est, route, False, fit_params, rows, y)
+    est, out, seconds, key, loaded = _keyed_fit_step(est, route, False, fit_params, X, y, x_key)
     scored = (out if same and fit_output_is_transform(est) else transform(est, X_score, route)) if score else None
     return Stage(out, transform(est, X_test, route), scored, secs + (seconds,), stored.stage_key(key),
                  before + loaded)
