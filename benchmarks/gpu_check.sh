@@ -73,6 +73,16 @@ for dist in ("numba", "numba-cuda", "scikit-learn", "cuda-pathfinder"):
         info[dist.replace("-", "_")] = md.version(dist)
     except md.PackageNotFoundError:
         info[dist.replace("-", "_")] = None
+stack = None
+if not fake:   # numba-cuda that cannot run with this NumPy (0.30 on NumPy 2.5) is no missing libNVVM: said apart
+    try:
+        from gpunets.kernels import _cuda
+        stack = _cuda.numba_cuda_problem()
+    except Exception as e:  # noqa: BLE001
+        stack = f"importing gpunets.kernels._cuda failed: {e!r}"
+    if stack:
+        info["numba_cuda_problem"] = stack
+        errors.append(f"numba-cuda cannot compile kernels here: {stack}")
 try:
     from numba import cuda
     def probe(a):
@@ -83,7 +93,7 @@ except Exception as e:  # noqa: BLE001
     info["nvvm_probe"] = f"FAILED: {str(e).strip().splitlines()[0][:300] if str(e).strip() else repr(e)}"
     if fake:   # the fake run needs no NVVM (the simulator runs the kernels); say so, do not fail
         info["nvvm_probe"] = "not found (fake mode: not needed)"
-    else:
+    elif not stack:
         errors.append("NVVM unusable: numba-cuda cannot compile kernels (see nvvm_probe, nvvm_search)")
 info["absent"] = [m for m in ("cudf", "cuml", "rmm", "dask", "distributed") if importlib.util.find_spec(m) is None]
 if errors:

@@ -120,7 +120,9 @@ def _target(entry: Any) -> str:
     if not isinstance(entry, dict):
         return ""
     if "target" in entry:
-        return f" (target {entry['target'].split(' (')[0]}: {'met' if entry.get('met') else 'NOT met'})"
+        target = entry["target"]
+        target = target.split(" (")[0] if isinstance(target, str) else f">= {target}"   # "0.75": a bare number
+        return f" (target {target}: {'met' if entry.get('met') else 'NOT met'})"
     return ""
 
 

@@ -11,6 +11,8 @@
   strict CuPy stand-in (:mod:`gpunets.devices.fakegpu`) that refuses implicit moves to
   the host and checks stream order, so a network's GPU placement can be tested
   on a laptop (docs/testing.md, "The fake-GPU lane").
+* :func:`no_gpu` makes gpunets see no GPU on a machine with one, to test the
+  CPU fallback on a GPU workstation.
 
 >>> import numpy as np, gpunets as gn
 >>> from sklearn.linear_model import Ridge
@@ -34,7 +36,8 @@ from gpunets.devices.data import is_cupy_array
 from gpunets.devices.placement import Device, _gpu_probe, device_exists, override_placement
 from gpunets.executors import SerialExecutor, StreamsExecutor, ThreadsExecutor
 
-__all__ = ["assert_same_results", "executors_present", "devices_present", "assert_allclose_any", "fake_gpu"]
+__all__ = ["assert_same_results", "executors_present", "devices_present", "assert_allclose_any", "fake_gpu",
+           "no_gpu"]
 
 
 def executors_present() -> list[str]:
@@ -75,6 +78,7 @@ class fake_gpu:  # noqa: N801 - a context manager used like a function
         self.n = n
         self.ptds = per_thread_default_stream
         self._saved: dict[str, Any] = {}
+        self._hidden = 0
 
     def __enter__(self) -> Any:
         import os
@@ -85,6 +89,7 @@ class fake_gpu:  # noqa: N801 - a context manager used like a function
                            ("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "1" if self.ptds else "0")):
             self._saved[var] = os.environ.get(var)
             os.environ[var] = value
+        self._hidden, _devices._HIDDEN[0] = _devices._HIDDEN[0], 0   # inside a no_gpu() block: the inner one wins
         _gpu_probe.cache_clear()
         cp = fakegpu.module(self.n)
         cp.reset_log()
@@ -98,6 +103,41 @@ class fake_gpu:  # noqa: N801 - a context manager used like a function
                 os.environ.pop(var, None)
             else:
                 os.environ[var] = value
+        _devices._HIDDEN[0] = self._hidden
+        _gpu_probe.cache_clear()
+
+
+class no_gpu:  # noqa: N801 - a context manager used like a function
+    """Context manager: inside, gpunets sees no GPU, even on a machine with one (and with the fake GPU off).
+
+    For testing the CPU fallback on a GPU workstation: ``device="auto"`` resolves to the CPU, a machine
+    placed on ``"cuda"`` follows the ``fallback`` policy, and a state fitted on a GPU loads as where none is.
+    Only gpunets' GPU detection is hidden (process-wide, for every thread); CUDA, and CuPy arrays made before,
+    are untouched. ``CUDA_VISIBLE_DEVICES=""`` hides the GPUs from a new process instead.
+
+    >>> import numpy as np, gpunets as gn
+    >>> from gpunets.devices.placement import gpu_available, resolve
+    >>> with no_gpu():
+    ...     (gpu_available(), str(resolve("auto")))
+    (False, 'cpu')
+    """
+
+    def __init__(self) -> None:
+        self._fake: str | None = None
+
+    def __enter__(self) -> None:
+        import os
+
+        self._fake = os.environ.pop("GPUNETS_FAKE_GPU", None)
+        _devices._HIDDEN[0] += 1
+        _gpu_probe.cache_clear()
+
+    def __exit__(self, *exc: object) -> None:
+        import os
+
+        _devices._HIDDEN[0] -= 1
+        if self._fake is not None:
+            os.environ["GPUNETS_FAKE_GPU"] = self._fake
         _gpu_probe.cache_clear()
 
 

@@ -18,16 +18,12 @@ pytest_plugins = ["gpunets.testing", "pytester"]
 
 
 @pytest.fixture
-def no_gpu(monkeypatch):
-    """No GPU here, even in the fake-GPU lane (the fake is switched off for the test)."""
-    from gpunets.devices.placement import _gpu_probe, gpu_available
+def no_gpu():
+    """No GPU here: the fake GPU off, and a real GPU hidden from gpunets (``gpunets.testing.no_gpu``)."""
+    from gpunets.testing import no_gpu as hidden
 
-    monkeypatch.delenv("GPUNETS_FAKE_GPU", raising=False)
-    _gpu_probe.cache_clear()
-    if gpu_available():
-        pytest.skip("a real GPU is present; this test loads where there is none")
-    yield
-    _gpu_probe.cache_clear()
+    with hidden():
+        yield
 
 
 @pytest.fixture

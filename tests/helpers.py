@@ -6,6 +6,21 @@ import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin, TransformerMixin
 
 FIT_COUNTS: dict = {}
+
+
+def on_a_real_gpu() -> bool:
+    """Whether device="auto" runs on a real GPU here. The fake GPU computes with NumPy, so there (and on the host)
+    results equal scikit-learn's bit for bit; CuPy and cuML round differently, in the last bits."""
+    from gpunets.devices._gpulibs import fake_gpu_count
+    from gpunets.devices.placement import gpu_available
+
+    return gpu_available() and not fake_gpu_count()
+
+
+def as_sklearn_rtol(host: float = 0.0) -> float:
+    """The relative tolerance of a comparison with scikit-learn: ``host`` on the CPU and the fake GPU, 1e-10 where
+    device="auto" is a real GPU (differences of a few ulps, seen at 4e-15 on an H200)."""
+    return max(host, 1e-10) if on_a_real_gpu() else host
 _LOCK = threading.Lock()
 
 

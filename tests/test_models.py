@@ -60,7 +60,8 @@ _FAKE_GPU_PREAMBLE = """
 
 
 def _run(code: str) -> str:
-    env = dict(os.environ, SCIPY_ARRAY_API="1", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, SCIPY_ARRAY_API="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                          env=env, cwd=ROOT)
     assert out.returncode == 0, out.stderr

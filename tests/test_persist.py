@@ -541,7 +541,7 @@ def test_real_gpu_states_come_back_on_the_gpu_and_on_the_cpu_elsewhere(fmt, tmp_
     np.testing.assert_allclose(gn.testing._to_numpy(loaded(Xd[:9])), expected, rtol=1e-6, atol=1e-9)
     code = ("import warnings, numpy as np, gpunets as gn\n"
             "warnings.simplefilter('ignore')\n"
-            f"net = gn.load({str(path)!r}{', trusted=%r' % TREE if fmt == 'skops' else ''})\n"
+            f"net = gn.load({str(path)!r}{', trusted=%r' % TREE if fmt == 'skops' else ', allow_pickle=True'})\n"
             f"print(sorted({{m._state.device for m in net.machines}}), net(np.load({str(tmp_path / 'x.npy')!r})).tolist())")
     np.save(tmp_path / "x.npy", Xd[:9])
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join([os.getcwd(),

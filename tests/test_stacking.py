@@ -17,7 +17,7 @@ from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 
 import gpunets as gn
 from gpunets.core.graph import machine_parents
-
+from tests.helpers import as_sklearn_rtol
 from tests.stacking_support import (  # noqa: F401 - the shared fixtures, used by name
     FITS,
     CountingClassifier,
@@ -225,7 +225,7 @@ def test_non_thread_safe_members_give_the_serial_and_sklearn_result(reg_data, ex
         warnings.simplefilter("ignore", ConvergenceWarning)
         ref = ske.StackingRegressor(_liblinear_estimators(), cv=4).fit(X, y).predict(X)
         serial = gn.StackingRegressor(_liblinear_estimators(), cv=4, executor="serial").fit(X, y).predict(X)
-        np.testing.assert_allclose(serial, ref, rtol=1e-12)
+        np.testing.assert_allclose(serial, ref, rtol=as_sklearn_rtol(1e-12))
         for ex in (executor, "auto", "threads", "streams"):   # every executor, the default included
             for _ in range(2):
                 other = gn.StackingRegressor(_liblinear_estimators(), cv=4, executor=ex, workers=2).fit(X, y)

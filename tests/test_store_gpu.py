@@ -1,7 +1,6 @@
 """The store of fitted states (issue 26): a state fitted on a GPU, loaded where no GPU is present, follows the
 fallback policy (run in the fake-GPU lane: GPUNETS_FAKE_GPU=1 SCIPY_ARRAY_API=1)."""
 
-import contextlib
 import logging
 import os
 import subprocess
@@ -16,8 +15,7 @@ from sklearn.preprocessing import StandardScaler
 
 import gpunets as gn
 from gpunets.compute.models import scipy_array_api_enabled
-from gpunets.devices.placement import _gpu_probe
-from gpunets.testing import fake_gpu
+from gpunets.testing import fake_gpu, no_gpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,17 +38,9 @@ def _net():
     return ridge.predict(Z) + lasso.predict(Z)
 
 
-@contextlib.contextmanager
 def _no_gpu(monkeypatch):
-    """This process without a GPU: no fake GPU (in the fake-GPU lane too)."""
-    with monkeypatch.context() as mp:
-        mp.delenv("GPUNETS_FAKE_GPU", raising=False)
-        _gpu_probe.cache_clear()
-        try:
-            yield
-        finally:
-            _gpu_probe.cache_clear()
-    _gpu_probe.cache_clear()
+    """This process without a GPU: no fake GPU (in the fake-GPU lane too), and a real GPU hidden from gpunets."""
+    return no_gpu()
 
 
 @pytest.fixture
@@ -116,6 +106,7 @@ _CPU_ONLY = textwrap.dedent("""
 def test_a_gpu_state_loads_in_a_process_without_a_gpu(fitted_on_gpu, tmp_path):
     path, expected = fitted_on_gpu
     env = {k: v for k, v in os.environ.items() if k != "GPUNETS_FAKE_GPU"}
+    env["CUDA_VISIBLE_DEVICES"] = ""   # and no real GPU either
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     out = tmp_path / "pred.npy"
     done = subprocess.run([sys.executable, "-c", _CPU_ONLY, path, os.path.join(ROOT, "tests"), str(out)],

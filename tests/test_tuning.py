@@ -360,7 +360,8 @@ def test_gpu_mode_of_the_benchmark_on_the_fake_gpu(tmp_path):
     import sys
 
     root = pathlib.Path(__file__).resolve().parents[1]
-    env = {**os.environ, "GPUNETS_FAKE_GPU": "1", "SCIPY_ARRAY_API": "1", "PYTHONPATH": str(root)}
+    env = {**os.environ, "GPUNETS_FAKE_GPU": "1", "SCIPY_ARRAY_API": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     out = tmp_path / "tuning_gpu.json"
     proc = subprocess.run([sys.executable, "-W", "ignore", "benchmarks/bench_tuning.py", "--gpu", "--quick",

@@ -186,6 +186,16 @@ def _parse_str(spec: str) -> Device:
 # ----------------------------------------------------------------- detection
 
 
+_HIDDEN = [0]   # gpunets.testing.no_gpu() blocks open: inside them gpunets sees no GPU, even where one is
+
+
+def _probe() -> tuple[bool, int, str]:
+    """The probe's answer, or no GPU inside a ``gpunets.testing.no_gpu()`` block."""
+    if _HIDDEN[0]:
+        return False, 0, "the GPUs are hidden by gpunets.testing.no_gpu()"
+    return _gpu_probe()
+
+
 @functools.lru_cache(maxsize=1)
 def _gpu_probe() -> tuple[bool, int, str]:
     """(usable, count, why-not) for this process; cached, never raises."""
@@ -212,7 +222,7 @@ def gpu_available() -> bool:
     >>> isinstance(gpu_available(), bool)
     True
     """
-    return _gpu_probe()[0]
+    return _probe()[0]
 
 
 def gpu_count() -> int:
@@ -221,7 +231,7 @@ def gpu_count() -> int:
     >>> gpu_count() >= 0
     True
     """
-    return _gpu_probe()[1] if gpu_available() else 0
+    return _probe()[1] if gpu_available() else 0
 
 
 def _auto_device() -> Device:
@@ -250,7 +260,7 @@ def why_unavailable(dev: Any) -> str:
     if device_exists(dev):
         return ""
     if not gpu_available():
-        return f"no GPU is available here: {_gpu_probe()[2] or 'gpu_available() is False'}"
+        return f"no GPU is available here: {_probe()[2] or 'gpu_available() is False'}"
     count = gpu_count()
     return (f"this machine has {count} GPU(s) (cuda:0 to cuda:{count - 1})"
             if count else "this machine has no GPU")

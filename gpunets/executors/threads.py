@@ -78,10 +78,10 @@ class _SharedLimit:
         with _NATIVE_LOCK:
             held = self._held[self.user_api]
             if held[1] is None:
-                held[1] = ctl.select(user_api=self.user_api).limit(limits=self.n)
+                held[1] = _lower(ctl.select(user_api=self.user_api), self.n)
             elif self.n < held[2]:
                 held[2] = self.n
-                ctl.select(user_api=self.user_api).limit(limits=self.n)   # lower only; the first limiter restores
+                _lower(ctl.select(user_api=self.user_api), self.n)   # lower only; the first limiter restores
         return None
 
     def __exit__(self, *a: object) -> None:
@@ -92,6 +92,15 @@ class _SharedLimit:
                 del self._held[self.user_api]
                 if held[1] is not None:
                     held[1].restore_original_limits()
+
+
+def _lower(ctl: Any, n: int) -> Any:
+    """Limit each library of ``ctl`` to ``n`` threads, or to its own count where that is lower (a pool the user
+    set to 4 threads, with ``OPENBLAS_NUM_THREADS=4``, stays at 4 on 16 cores): a cap never raises a pool."""
+    limits: dict[str, int] = {}
+    for lib in ctl.lib_controllers:
+        limits[lib.prefix] = max(1, min(n, lib.num_threads, limits.get(lib.prefix, n)))
+    return ctl.limit(limits=limits or n)
 
 
 def limit_native_threads(n: int, user_api: str | None = None) -> Any:
@@ -111,7 +120,7 @@ def limit_native_threads(n: int, user_api: str | None = None) -> Any:
     if user_api == "blas":
         return _SharedLimit(n, user_api)
     ctl = _controller()   # a limiter restores every library it holds: hold only those of user_api
-    return (ctl if user_api is None else ctl.select(user_api=user_api)).limit(limits=n)
+    return _lower(ctl if user_api is None else ctl.select(user_api=user_api), n)
 
 
 class ThreadsExecutor(Executor):

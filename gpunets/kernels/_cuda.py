@@ -81,7 +81,48 @@ def accept(a: Any) -> bool:
     return hasattr(a, "__cuda_array_interface__")
 
 
+def _load_numpy_support() -> None:
+    """Import numba-cuda's NumPy support, as its first kernel compile does (a test replaces this)."""
+    import importlib
+
+    importlib.import_module("numba.cuda.np.npyimpl")
+
+
+@functools.cache
+def numba_cuda_problem() -> str | None:
+    """Why numba-cuda cannot compile kernels with the NumPy installed here, or None; checked once per process.
+
+    numba-cuda loads its NumPy support at the first kernel compile: numba-cuda 0.30 and older register
+    ``np.row_stack``, which NumPy 2.5 removed, so there every compile raises an AttributeError far from
+    its cause. This imports that support up front and names the versions instead.
+    """
+    if SIMULATOR:
+        return None
+    try:
+        _load_numpy_support()
+    except ModuleNotFoundError:   # another layout of numba-cuda: its first compile will tell
+        return None
+    except Exception as exc:   # noqa: BLE001 - AttributeError (NumPy 2.5), or any import-time break
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            nc = version("numba-cuda")
+        except PackageNotFoundError:
+            nc = "(version unknown)"
+        text = str(exc).strip()
+        why = f"{type(exc).__name__}: {text.splitlines()[0] if text else repr(exc)}"
+        hint = ('NumPy 2.5 removed np.row_stack, which numba-cuda 0.30 and older use: install NumPy below 2.5 '
+                '(pip install "numpy<2.5", as gpunets\' gpu extra asks)' if "row_stack" in text else
+                "Install versions of numba-cuda, numba and NumPy that support each other (see gpunets' gpu extra)")
+        return (f"numba-cuda {nc} cannot compile CUDA kernels with NumPy {np.__version__} and numba "
+                f"{numba.__version__}: loading its NumPy support failed ({why}). {hint}.")
+    return None
+
+
 def check_available() -> None:
+    problem = numba_cuda_problem()
+    if problem is not None:
+        raise ImportError(problem)
     if not numba.cuda.is_available():
         msg = ('target="cuda" needs a CUDA GPU, and none is available here; use target="cpu", '
                "or set NUMBA_ENABLE_CUDASIM=1 before numba is imported to run the CUDA kernels on the simulator")

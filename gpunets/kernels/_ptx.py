@@ -11,7 +11,8 @@ brings ``nvidia-cuda-nvcc-cu12`` and its ``libnvvm.so``).
 The check never runs on the simulator: when ``NUMBA_ENABLE_CUDASIM`` is set, it reruns
 itself in a subprocess with the variable removed (numba reads it once, at import).
 
-Exit status: 0 all compiled, 1 some failed, 2 bad arguments, 3 libNVVM not found.
+Exit status: 0 all compiled, 1 some failed, 2 bad arguments, 3 libNVVM not found, 4 numba-cuda cannot run
+with the NumPy (or numba) installed here (``_cuda.numba_cuda_problem``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 KS = (1, 2, 8)
 CCS = (80, 90)
-EXIT_FAILED, EXIT_USAGE, EXIT_NO_NVVM = 1, 2, 3
+EXIT_FAILED, EXIT_USAGE, EXIT_NO_NVVM, EXIT_BROKEN = 1, 2, 3, 4
 INSTALL_HINT = ('libNVVM was not found: install it from pip with `pip install "numba-cuda[cu12]>=0.20,<0.31"` '
                 '(or `pip install "gpunets[ptx]"`; it brings nvidia-cuda-nvcc-cu12, which ships libnvvm), '
                 "or point CUDA_HOME at a CUDA toolkit")
@@ -160,6 +161,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: no kernel takes the dtypes {args.dtypes}; see python -m gpunets.kernels --help",
               file=sys.stderr)
         return EXIT_USAGE
+    problem = _cuda.numba_cuda_problem()   # a numba-cuda that cannot run with this NumPy is no missing libNVVM
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BROKEN
     problem = nvvm_problem(cuda)
     if problem is not None:
         print(f"error: {INSTALL_HINT} ({problem})", file=sys.stderr)

@@ -93,6 +93,43 @@ def test_ptx_without_nvvm_names_the_package_to_install():
     assert "NvvmSupportError: libNVVM is not available" in proc.stderr
 
 
+_NUMPY_25 = """
+import sys
+from gpunets.kernels import _cuda, _ptx
+
+def numpy_25():   # what numba-cuda 0.30 raises on NumPy 2.5, at its first kernel compile
+    raise AttributeError("module 'numpy' has no attribute 'row_stack'")
+
+_cuda._load_numpy_support = numpy_25
+_cuda.numba_cuda_problem.cache_clear()
+if sys.argv[1] == "check_available":
+    try:
+        _cuda.check_available()
+    except ImportError as exc:
+        print(exc)
+        sys.exit(0)
+    sys.exit("check_available did not raise")
+sys.exit(_ptx.main(sys.argv[1:]))
+"""
+
+
+def test_a_numba_cuda_that_cannot_run_with_this_numpy_is_named_not_blamed_on_nvvm():
+    """numba-cuda 0.30 on NumPy 2.5 fails at its first compile with an AttributeError far from its cause (seen on
+    an H200): the PTX check and every CUDA kernel call name the versions and the fix, before compiling anything."""
+    import numba
+    import numpy as np
+
+    proc = _run(["--ptx", "--kernels", "min", "--k", "1"], code=_NUMPY_25)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "libNVVM" not in proc.stderr and proc.stdout == ""
+    assert f"cannot compile CUDA kernels with NumPy {np.__version__} and numba {numba.__version__}" in proc.stderr
+    assert "AttributeError: module 'numpy' has no attribute 'row_stack'" in proc.stderr
+    assert 'pip install "numpy<2.5"' in proc.stderr
+    proc = _run(["check_available"], code=_NUMPY_25)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "numba-cuda" in proc.stdout and 'pip install "numpy<2.5"' in proc.stdout
+
+
 def test_ptx_bad_options_exit_2_before_compiling():
     proc = _run(["--ptx", "--kernels", "median"])
     assert proc.returncode == 2 and "unknown kernel(s) ['median']" in proc.stderr
