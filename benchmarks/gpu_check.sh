@@ -12,6 +12,9 @@
 #   bash benchmarks/gpu_check.sh --fake [OUT_DIR]      # or GPU_CHECK_FAKE=1: the whole script on a CPU, with
 #       gpunets' fake GPU (GPUNETS_FAKE_GPU=1) and numba's CUDA simulator, small sizes (default OUT_DIR
 #       ${TMPDIR:-/tmp}/gpu_check_fake): proves the script runs; its times are a harness check only.
+#   GPU_CHECK_SUITE=1 bash benchmarks/gpu_check.sh     # and, last, the whole suite on the GPU (section 5: about
+#       4 more minutes on 16 cores with pytest-xdist; GPU_CHECK_SUITE_TIMEOUT, default 300 s;
+#       GPU_CHECK_SUITE_ARGS, default "tests gpunets")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 fake=${GPU_CHECK_FAKE:-0}
@@ -163,31 +166,7 @@ run_tests() {   # run_tests NAME [env arguments: VAR=VALUE or -u VAR]
   env "$@" timeout 120 $py -m pytest -q -rs -m gpu -p no:cacheprovider --continue-on-collection-errors \
       --junitxml="$out/$name.xml" tests > "$out/$name.log" 2>&1
   local rc=$?
-  $py - "$out/$name.xml" "$rc" "$*" > "$out/$name.out" <<'PY'
-import json, os, sys
-import xml.etree.ElementTree as ET
-path, rc, env = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-fake = os.environ.get("GPU_CHECK_FAKE") == "1"
-t = {"env": env or "(launch environment)", "pytest_exit_code": rc, "passed": rc == 0, "fake_gpu": fake}
-try:
-    root = ET.parse(path).getroot()
-    suite = root if root.tag == "testsuite" else root.find("testsuite")
-    for k in ("tests", "failures", "errors", "skipped"):
-        t[k] = int(suite.get(k, 0))
-    t["skipped_because"] = sorted({(s.get("message") or "")[:200] for s in root.iter("skipped")})
-    t["failed"] = [f"{c.get('classname')}::{c.get('name')}" for c in root.iter("testcase")
-                   if c.find("failure") is not None or c.find("error") is not None]
-except (OSError, ET.ParseError, AttributeError) as e:
-    t["junit_error"] = repr(e)
-all_skipped = t.get("tests", 0) and t.get("skipped") == t.get("tests")
-if rc != 0:
-    t["error"] = f"pytest exited with {rc} (124: the timeout; 5: no GPU test collected)"
-elif all_skipped and fake:
-    t["note"] = "fake GPU: every gpu test skips itself, as it must"
-elif all_skipped:
-    t["error"] = "every GPU test was skipped: no usable GPU seen (see skipped_because)"
-print(json.dumps(t))
-PY
+  $py benchmarks/gpu_check_tools.py junit "$out/$name.xml" "$rc" "$*" > "$out/$name.out"
   save "$name" < "$out/$name.out"
   report "$name"
   return $rc
@@ -225,7 +204,22 @@ PY
   report "$section"
 done
 
-# 5. several GPUs (only with 2 or more): dask-cuda's LocalCUDACluster, one worker per GPU; each cuda:N
+# 5. opt-in (GPU_CHECK_SUITE=1): the whole suite on the GPU, as CI runs it on the CPU and the fake GPU: the
+#    gn_device tests include "cuda" and device="auto" is the GPU. Over xdist (-n 14) where pytest-xdist is
+#    installed; about 3 to 4 minutes on an H200 machine of 16 cores. The tests that need Dask, cuDF or cuML skip
+#    themselves where those are absent.
+if [ "${GPU_CHECK_SUITE:-0}" = 1 ]; then
+  xdist=$($py -c 'import xdist' 2>/dev/null && echo "-n ${GPU_CHECK_SUITE_WORKERS:-14}" || echo "")
+  timeout "${GPU_CHECK_SUITE_TIMEOUT:-300}" $py -m pytest -q $xdist -rfE -p no:cacheprovider \
+      --junitxml="$out/whole_suite.xml" ${GPU_CHECK_SUITE_ARGS:-tests gpunets} > "$out/whole_suite.log" 2>&1
+  rc=$?
+  $py benchmarks/gpu_check_tools.py junit "$out/whole_suite.xml" "$rc" "whole suite${xdist:+, xdist $xdist}" --suite \
+    | save whole_suite
+  [ $rc -eq 0 ] || status=1
+  report whole_suite
+fi
+
+# 6. several GPUs (only with 2 or more): dask-cuda's LocalCUDACluster, one worker per GPU; each cuda:N
 #    placement runs on the worker owning GPU N, fitted states stay there (tests/test_dask.py -k cuda_cluster)
 n_gpus=$($py -c 'from gpunets import _gpulibs; print(_gpulibs.cupy().cuda.runtime.getDeviceCount())' 2>/dev/null || echo 0)
 if [ "${n_gpus:-0}" -ge 2 ] && [ "$fake" != 1 ]; then

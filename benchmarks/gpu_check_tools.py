@@ -4,6 +4,7 @@
     python benchmarks/gpu_check_tools.py save FILE SECTION     # merge the JSON object on stdin under SECTION
     python benchmarks/gpu_check_tools.py summary FILE SECTION  # "[SECTION] ok: ..." from FILE's SECTION
     python benchmarks/gpu_check_tools.py failed FILE           # the sections with an error; exit 1 if any
+    python benchmarks/gpu_check_tools.py junit XML RC ENV [--suite]   # JSON: a pytest run's counts and failures
 
 NVVM (numba-cuda compiles kernels through it) is looked for as numba-cuda itself does, newest first:
 
@@ -166,6 +167,8 @@ def describe(section: str, r: dict[str, Any]) -> str:
         eq = r.get("scores_equal_cpu", {})
         return (f"search streams/serial {_x(sp)}, scores vs CPU max diff {eq.get('value', '?'):.1e}"
                 if isinstance(eq.get("value"), float) else f"search streams/serial {_x(sp)}") + fake
+    if section == "whole_suite":
+        return _tests(r) + f" ({r.get('env')})"
     if section == "multi_gpu_dask":
         return f"{r.get('gpus')} GPUs, pytest exit code {r.get('pytest_exit_code')}"
     return ", ".join(f"{k}={v}" for k, v in r.items() if not isinstance(v, (dict, list)))[:200]
@@ -191,6 +194,39 @@ def summary(path: str, section: str) -> str:
         return f"[{section}] ok (summary unavailable: {e!r})"
 
 
+def junit(path: str, rc: int, env: str, suite: bool = False) -> dict[str, Any]:
+    """A pytest run's result from its JUnit XML and exit status: counts, the failed tests, and an ``error`` that
+    names the first failures (``suite``: the whole suite, where skips are expected and no test is required)."""
+    import xml.etree.ElementTree as ET
+
+    fake = os.environ.get("GPU_CHECK_FAKE") == "1"
+    t: dict[str, Any] = {"env": env or "(launch environment)", "pytest_exit_code": rc, "passed": rc == 0,
+                         "fake_gpu": fake}
+    try:
+        root = ET.parse(path).getroot()
+        tests = root if root.tag == "testsuite" else root.find("testsuite")
+        assert tests is not None
+        for k in ("tests", "failures", "errors", "skipped"):
+            t[k] = int(tests.get(k, 0))
+        t["skipped_because"] = sorted({(s.get("message") or "")[:200] for s in root.iter("skipped")})[:40]
+        t["failed"] = [f"{c.get('classname')}::{c.get('name')}" for c in root.iter("testcase")
+                       if c.find("failure") is not None or c.find("error") is not None]
+    except (OSError, ET.ParseError, AssertionError) as e:
+        t["junit_error"] = repr(e)
+    failed = t.get("failed") or []
+    all_skipped = t.get("tests", 0) and t.get("skipped") == t.get("tests")
+    if rc != 0:
+        named = f": {len(failed)} failed ({', '.join(failed[:3])}{', ...' if len(failed) > 3 else ''})" if failed else ""
+        t["error"] = f"pytest exited with {rc}{named} (124: the timeout; 5: no test collected)"
+    elif suite:
+        pass
+    elif all_skipped and fake:
+        t["note"] = "fake GPU: every gpu test skips itself, as it must"
+    elif all_skipped:
+        t["error"] = "every GPU test was skipped: no usable GPU seen (see skipped_because)"
+    return t
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["nvvm"]:
@@ -201,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[:1] == ["summary"] and len(argv) == 3:
         print(summary(argv[1], argv[2]))
+        return 0
+    if argv[:1] == ["junit"] and len(argv) in (4, 5):
+        print(json.dumps(junit(argv[1], int(argv[2]), argv[3], suite=argv[4:] == ["--suite"])))
         return 0
     if argv[:1] == ["failed"] and len(argv) == 2:   # exit 1 when a section of the file has an error
         with open(argv[1]) as f:

@@ -91,6 +91,38 @@ def test_gpu_check_summary_lines(tmp_path):
     assert tools.summary(str(path), "kernels_gpu") == "[kernels_gpu] FAILED: no result"
 
 
+def test_gpu_check_lines_seen_on_an_h200(tmp_path):
+    """What the first real-GPU runs showed the summary lines must say: a numeric target (the kernels' 0.75), a
+    numba-cuda that cannot run with the NumPy installed, and the failed tests of a test run, by name."""
+    from benchmarks import gpu_check_tools as tools
+
+    xml = tmp_path / "t.xml"
+    xml.write_text('<testsuites><testsuite tests="3" failures="1" errors="0" skipped="1">'
+                   '<testcase classname="tests.test_a" name="ok"/>'
+                   '<testcase classname="tests.test_a" name="bad[x]"><failure message="m"/></testcase>'
+                   '<testcase classname="tests.test_b" name="s"><skipped message="needs two GPUs"/></testcase>'
+                   '</testsuite></testsuites>')
+    run = tools.junit(str(xml), 1, "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1")
+    assert run["failed"] == ["tests.test_a::bad[x]"] and run["skipped_because"] == ["needs two GPUs"]
+    assert run["error"].startswith("pytest exited with 1: 1 failed (tests.test_a::bad[x])")
+    suite = tools.junit(str(xml), 0, "whole suite", suite=True)
+    assert "error" not in suite and "note" not in suite
+    path = tmp_path / "gpu_check.json"
+    path.write_text(json.dumps({
+        "kernels_gpu": {"bandwidth_GBps": {"gpunets_mean": 2239.0},
+                        "ratios": {"bandwidth_vs_copy": {"value": 0.543, "target": 0.75, "met": False}}},
+        "environment": {"error": "numba-cuda cannot compile kernels here: numba-cuda 0.30.4 cannot compile CUDA "
+                                 "kernels with NumPy 2.5.2 and numba 0.68.0: ..."},
+        "whole_suite": {"tests": 3, "failures": 0, "errors": 0, "skipped": 1, "env": "whole suite, xdist -n 14"},
+    }))
+    assert tools.summary(str(path), "kernels_gpu") == (
+        "[kernels_gpu] ok: mean at 2239.0 GB/s, 0.54x of a copy's bandwidth (target >= 0.75: NOT met)")
+    assert tools.summary(str(path), "environment").startswith(
+        "[environment] FAILED: numba-cuda cannot compile kernels here: numba-cuda 0.30.4 cannot compile")
+    assert tools.summary(str(path), "whole_suite") == (
+        "[whole_suite] ok: 2 passed, 0 failed, 1 skipped (whole suite, xdist -n 14)")
+
+
 @pytest.mark.parametrize("layout", ["cuda12-wheel", "cuda13-wheel", "toolkit"])
 def test_find_nvvm_in_cuda_12_and_13_layouts_without_pathfinder(tmp_path, monkeypatch, layout):
     from benchmarks import gpu_check_tools as tools
