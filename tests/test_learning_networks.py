@@ -311,3 +311,19 @@ def test_report_and_fitted_params_labels(executor):
     assert "coef_" in fp["LinearRegression"]
     assert r1.report()["trained"] and r1.fitted_params()["coef_"].shape == (2,)
     assert "Ridge#2" in repr(p.fit())
+
+
+def test_a_machine_that_writes_its_input_leaves_the_shared_value_alone(executor, regression):
+    """StandardScaler(copy=False) scales its input in place: fed a node other machines read too, it gets its
+    own copy, so what they see does not depend on the order the executor ran them in."""
+    X, y = regression
+    X = X + 3.0
+    Xs, ys = gn.source(X.copy(), name="X"), gn.source(y, name="y")
+    scaled = gn.machine(StandardScaler(copy=False), Xs).transform(Xs)
+    plain = gn.machine(LinearRegression(), Xs, ys).predict(Xs)
+    both = gn.node(lambda a, b: (a, b), scaled, plain)
+    both.fit()
+    a, b = both()
+    np.testing.assert_allclose(a, StandardScaler().fit_transform(X), rtol=1e-12)
+    np.testing.assert_allclose(b, LinearRegression().fit(X, y).predict(X), rtol=1e-10)
+    np.testing.assert_array_equal(Xs(), X)   # the source's data is unchanged

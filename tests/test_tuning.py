@@ -753,3 +753,28 @@ def test_short_search_tasks_run_in_the_calling_thread_on_threads():
     if len(slow) < 2:   # a loaded machine may slow two tasks down: then the threads took over, as they should
         assert {r.thread for r in recs} == {threading.current_thread().name}
     assert s.search_report_.ran == s.search_report_.fits == {"Ridge": 6}
+
+
+@pytest.mark.parametrize("which", ["ridge copy_X=False", "scaler copy=False"])
+def test_steps_that_write_their_input_do_not_change_what_other_candidates_see(executor, which):
+    """A step with copy=False / copy_X=False writes into the rows it is given; the search shares a fold's rows
+    among candidates, so each such step gets its own copy, and the scores are scikit-learn's (which gives each
+    (candidate, fold) its own rows)."""
+    from sklearn.linear_model import Ridge as R
+    from sklearn.model_selection import GridSearchCV as SkGrid
+    from sklearn.model_selection import KFold
+    from sklearn.pipeline import Pipeline as P
+    from sklearn.preprocessing import StandardScaler as S
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(150, 6)) + 5.0   # far from centred: a centred copy scores very differently
+    y = X[:, :3].sum(axis=1) + rng.normal(size=150)
+    if which == "ridge copy_X=False":
+        est, grid = R(copy_X=False), {"alpha": [0.1, 1.0, 10.0]}
+    else:
+        est, grid = P([("scale", S(copy=False)), ("ridge", R())]), {"ridge__alpha": [0.1, 1.0, 10.0]}
+    kw = dict(cv=KFold(3), return_train_score=True, refit=False)
+    ours = gn.GridSearchCV(est, grid, **kw).fit(X.copy(), y)
+    theirs = SkGrid(est, grid, **kw).fit(X.copy(), y)
+    for k in ("mean_test_score", "mean_train_score", "split0_test_score", "split2_train_score"):
+        np.testing.assert_allclose(ours.cv_results_[k], theirs.cv_results_[k], rtol=1e-12, atol=1e-14, err_msg=k)

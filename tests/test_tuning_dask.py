@@ -20,7 +20,7 @@ cloudpickle = pytest.importorskip("cloudpickle")
 from sklearn.base import BaseEstimator, TransformerMixin  # noqa: E402
 from sklearn.decomposition import PCA  # noqa: E402
 from sklearn.exceptions import FitFailedWarning  # noqa: E402
-from sklearn.linear_model import LinearRegression, Ridge  # noqa: E402
+from sklearn.linear_model import Lasso, LinearRegression, Ridge  # noqa: E402
 from sklearn.pipeline import Pipeline  # noqa: E402
 from sklearn.preprocessing import StandardScaler  # noqa: E402
 
@@ -217,6 +217,12 @@ def test_fold_parameters_sent_once_per_fold(client):
 def test_a_search_is_few_large_tasks(executor, data):
     # per fold: 4 row selections, one task per upstream step, one per candidate (its fit and score); + collect
     X, y = data
-    est = Pipeline([("scale", StandardScaler()), ("pca", PCA(n_components=2)), ("ridge", Ridge())])
-    gn.GridSearchCV(est, {"ridge__alpha": [0.1, 1.0, 10.0]}, cv=3, executor=executor).fit(X, y)
+    est = Pipeline([("scale", StandardScaler()), ("pca", PCA(n_components=2)), ("lasso", Lasso())])
+    gn.GridSearchCV(est, {"lasso__alpha": [0.1, 1.0, 10.0]}, cv=3, executor=executor).fit(X, y)
     assert len(gn.last_trace().records) == 3 * (4 + 2 + 3) + 1
+    # Ridges that differ only in alpha: one task fits and scores them together (gpunets.tuning.batched), and
+    # a task per candidate picks its entry
+    est = Pipeline([("scale", StandardScaler()), ("pca", PCA(n_components=2)), ("ridge", Ridge())])
+    s = gn.GridSearchCV(est, {"ridge__alpha": [0.1, 1.0, 10.0]}, cv=3, executor=executor).fit(X, y)
+    assert len(gn.last_trace().records) == 3 * (4 + 2 + 1 + 3) + 1
+    assert s.search_report_.batched == 9 and s.search_report_.ran == s.search_report_.fits

@@ -20,7 +20,7 @@ from gpunets.compute.models import call_context, fit_context
 from gpunets.compute.threadsafety import serialized, unsafe_groups
 from gpunets.devices.data import device_of
 
-__all__ = ["fresh_estimator", "fit_estimator", "fit_transform_estimator", "apply_estimator", "is_stateless",
+__all__ = ["own_inputs", "writes_inputs", "fresh_estimator", "fit_estimator", "fit_transform_estimator", "apply_estimator", "is_stateless",
            "static_estimator", "partial_fit_estimator", "is_frozen_estimator", "sklearn_config_delta",
            "sklearn_config", "under_sklearn_config", "training_output_differs", "transform_gives", "same_bits"]
 
@@ -28,6 +28,36 @@ __all__ = ["fresh_estimator", "fit_estimator", "fit_transform_estimator", "apply
 def fresh_estimator(model: Any) -> Any:
     """An unfitted copy of ``model`` (scikit-learn's ``clone``, deep copy for other objects)."""
     return clone(model, safe=False)
+
+
+def writes_inputs(est: Any) -> bool:
+    """Whether ``est`` may write into the arrays it is given: scikit-learn's ``copy=False`` or ``copy_X=False``
+    (``Ridge`` centres its rows in place, ``StandardScaler`` scales them), on it or on a step of a ``Pipeline``
+    or a meta-estimator's ``estimator``.
+
+    >>> from sklearn.linear_model import Ridge
+    >>> from sklearn.pipeline import make_pipeline
+    >>> from sklearn.preprocessing import StandardScaler
+    >>> writes_inputs(Ridge()), writes_inputs(make_pipeline(StandardScaler(copy=False), Ridge()))
+    (False, True)
+    """
+    if getattr(est, "copy", None) is False or getattr(est, "copy_X", None) is False:
+        return True
+    inner = [s for _, s in getattr(est, "steps", None) or ()]
+    inner += [getattr(est, "estimator", None), getattr(est, "base_estimator", None)]
+    return any(writes_inputs(s) for s in inner if s is not None and s is not est and hasattr(s, "get_params"))
+
+
+def own_inputs(est: Any, values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``values``, each array copied where ``est`` may write into it (:func:`writes_inputs`).
+
+    A node's value is shared: by the machines and operations it feeds, by the candidates of a search. A step
+    that writes into its input in place would change what the others read, in an order that depends on the
+    executor; with its own copy, every step sees the values scikit-learn's own fit would have given it.
+    """
+    if not writes_inputs(est):
+        return values
+    return tuple(v.copy() if hasattr(v, "shape") and callable(getattr(v, "copy", None)) else v for v in values)
 
 
 def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None,
@@ -39,7 +69,7 @@ def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None,
     The last ``len(keywords)`` values are passed by those names (``sample_weight=w``).
     """
     kw = dict(zip(keywords, values[len(values) - len(keywords):])) if keywords else {}
-    values = values[:len(values) - len(keywords)]
+    values = own_inputs(est, values[:len(values) - len(keywords)])
     start = time.perf_counter()
     info: dict[str, Any] = {"device": "cpu", "path": "sklearn"}
     groups = unsafe_groups(est)   # estimators with process-wide state fit one at a time
@@ -247,6 +277,7 @@ def apply_estimator(est: Any, op: str, values: tuple[Any, ...], path: str = "skl
         raise AttributeError(msg)
     if params:
         method = functools.partial(method, **params)
+    values = own_inputs(est, values)
     groups = unsafe_groups(est, calls=True)
     if groups:   # declared not thread-safe by the user: its calls run one at a time too
         with serialized(groups):

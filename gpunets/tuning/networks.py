@@ -28,9 +28,9 @@ from gpunets.compute.models import resolve_estimator
 from gpunets.core.fitted_machine import MACHINE_VALUE, view_of_estimator
 from gpunets.core.graph import op_nodes, upstream_machines
 from gpunets.core.nodes import AbstractNode, Node, Source, node
-from gpunets.tuning import tasks
+from gpunets.tuning import batched, tasks
 from gpunets.tuning.memory import prefix_keys
-from gpunets.tuning.report import SearchReport, fit_name
+from gpunets.tuning.report import SearchReport, batch_fit_name, fit_name
 
 __all__ = ["CompositeFold", "StepsFold", "is_composite", "pipeline_steps"]
 
@@ -65,13 +65,16 @@ class StepsFold:
     ``fit_params`` is ``{step name: that step's fit parameters, already cut to the fold's training rows}``
     (the same for every candidate, so a step with fit parameters is shared like any other);
     ``score_params`` ``(test, train)`` go to the scorer; ``device`` is the search's CUDA device, or None on
-    the CPU (each step then runs on the route :func:`~gpunets.compute.models.resolve_estimator` gives it).
+    the CPU (each step then runs on the route :func:`~gpunets.compute.models.resolve_estimator` gives it);
+    ``batch``: last steps that a rule of :mod:`gpunets.tuning.batched` knows are fitted and scored together (off
+    where callbacks watch each evaluation's own fit).
     """
 
     def __init__(self, report: SearchReport, folds: tuple[Any, ...], fit_params: dict[str, dict[str, Any]],
                  score_args: tuple[Any, ...], train_score: bool, score_params: Any = None,
-                 device: Any = None, kept: Any = None) -> None:
+                 device: Any = None, kept: Any = None, batch: bool = True) -> None:
         self.report, self.score_args, self.train_score = report, score_args, train_score
+        self.batch = batch
         self.score_params, self.device = score_params, device
         # the search memory's fitted shared steps of this fold (memory.FoldSteps), or None
         self.kept = kept
@@ -169,7 +172,11 @@ class StepsFold:
         ytr = self.ytr if self.train_score else None
         fits: dict[Any, AbstractNode] = {}
         out: list[AbstractNode] = []
-        for route, stage, keys, warm in self.pending:
+        together = self._batches(head, ytr) if self.batch else {}
+        for i, (route, stage, keys, warm) in enumerate(self.pending):
+            if i in together:
+                out.append(together[i])
+                continue
             name, est = self.last[keys[-1]]
             users = tuple(self.users[k] for k in keys)
             X, X_test, X_train = ((stage, None, None) if stage is not None
@@ -191,6 +198,33 @@ class StepsFold:
                 step = fits[keys[-1]] = node(_sk(tasks.fit_step), est, route, True, fp, X, self.ytr, name=fit_name(name))
             out.append(node(_sk(tasks.score_fit), route, users, head, step, X if stage is not None else X_test,
                             self.yte, X_train, ytr))
+        return out
+
+    def _batches(self, head: Any, ytr: Any) -> dict[int, AbstractNode]:
+        """``{index of a pending candidate: its score node}`` for the candidates whose last steps one rule of
+        :mod:`gpunets.tuning.batched` fits together: two or more on the same upstream node, each its own fit
+        (no equal candidate, no warm start, no fit parameters), on the CPU."""
+        groups: dict[Any, list[int]] = {}
+        for i, (route, stage, keys, warm) in enumerate(self.pending):
+            name, est = self.last[keys[-1]]
+            if warm is not None or route is not None or self.users[keys[-1]] != 1 or self.fp.get(name):
+                continue
+            found = batched.rule_for(est)
+            if found is not None:
+                groups.setdefault((id(stage), name, found), []).append(i)
+        out: dict[int, AbstractNode] = {}
+        for (_, name, (rule, _)), members in groups.items():
+            if len(members) < 2:
+                continue
+            stage = self.pending[members[0]][1]
+            X, X_test, X_train = ((stage, None, None) if stage is not None
+                                  else (self.Xtr, self.Xte, self.Xtr if self.train_score else None))
+            ests = tuple(self.last[self.pending[i][2][-1]][1] for i in members)
+            users = tuple(tuple(self.users[k] for k in self.pending[i][2]) for i in members)
+            both = node(_sk(batched.fit_and_score_batch), rule, ests, users, head, X, self.ytr, X_test, self.yte,
+                        X_train, ytr, name=batch_fit_name(name, len(members)))
+            for j, i in enumerate(members):
+                out[i] = node(batched.pick, both, j, name=f"score {name}")
         return out
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SearchReport", "fit_name"]
+__all__ = ["SearchReport", "batch_fit_name", "fit_name"]
+
+_BATCH = re.compile(r"fit (\d+)× ")   # batch_fit_name's head
 
 
 def fit_name(label: str) -> str:
@@ -16,6 +19,15 @@ def fit_name(label: str) -> str:
     'fit pca'
     """
     return f"fit {label}"
+
+
+def batch_fit_name(label: str, n: int) -> str:
+    """The name of the node that fits ``n`` last steps ``label`` together (:mod:`gpunets.tuning.batched`).
+
+    >>> batch_fit_name("ridge", 30)
+    'fit 30× ridge'
+    """
+    return f"fit {n}× {label}"
 
 
 @dataclass
@@ -58,6 +70,10 @@ class SearchReport:
     warm : int
         Last-step fits that continued the candidate's fit of the previous rung (successive halving with
         an iteration budget as the resource, warm-started) instead of refitting it.
+    batched : int
+        Last-step fits done together with others of the same fold (:mod:`gpunets.tuning.batched`: ``Ridge``
+        fits that differ only in ``alpha`` share their rows' centring and Gram matrix), each equal to its own
+        fit bit for bit; counted in ``fits``.
     stored : int
         Step fits loaded from the store of fitted states instead of fitted (``gn.config(store=...)``,
         docs/store.md; also those loaded on Dask workers that share the store, counted back with the scores);
@@ -83,6 +99,7 @@ class SearchReport:
     refit_reused: int = 0
     refit_stored: int = 0
     warm: int = 0
+    batched: int = 0
     stored: int = 0
     rungs: list[SearchReport] = field(default_factory=list, repr=False)
     trace: Any = field(default=None, repr=False)
@@ -114,6 +131,7 @@ class SearchReport:
             for k, v in r.reused.items():
                 out.reused[k] = out.reused.get(k, 0) + v
             out.warm += r.warm
+            out.batched += r.batched
             out.stored += r.stored
         offset = 0
         for r in reports:   # candidate indices of cv_results_ (rung after rung)
@@ -166,15 +184,19 @@ class SearchReport:
         seen = False
         for rec in records:
             seen = True
-            head = rec.label[: rec.label.find("(") + 1]
+            label, n = rec.label, 1
+            batch = _BATCH.match(label)
+            if batch is not None:   # a task that fitted n last steps together (batch_fit_name)
+                n, label = int(batch.group(1)), "fit " + label[batch.end():]
+            head = label[: label.find("(") + 1]
             step = heads.get(head)
             if step is None:   # a step label holding "(": the longest head that matches
-                step = max((s for h, s in heads.items() if rec.label.startswith(h)), key=len, default=None)
+                step = max((s for h, s in heads.items() if label.startswith(h)), key=len, default=None)
             if step is None:
                 continue
-            ran[step] += 1
+            ran[step] += n
             lane = str(rec.lane)
-            where[step][lane] = where[step].get(lane, 0) + 1
+            where[step][lane] = where[step].get(lane, 0) + n
         self.ran, self.where = (ran, where) if seen else (None, None)
 
     def __repr__(self) -> str:
@@ -187,6 +209,8 @@ class SearchReport:
             if self.ran is not None and self.where is not None:
                 line += f" {self.ran[k]:>6}  " + ", ".join(f"{n} on {lane}" for lane, n in self.where[k].items())
             lines.append(line)
+        if self.batched:
+            lines.append(f"  {self.batched} last-step fits done in batches (gpunets.tuning.batched)")
         if self.remembered or self.warm:
             lines.append(f"  {self.remembered} (candidate, fold) results remembered, {self.warm} warm-started fits")
         if self.stored or self.refit_stored:

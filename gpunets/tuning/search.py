@@ -406,12 +406,12 @@ class _NetworkSearch(BaseSearchCV):
         target = node(tasks.collect, *ordered, device=str(gpu) if gpu is not None else "cpu")
         if executor == "threads" and _small_folds(X, splits):   # short tasks of small fits run in this thread
             executor = ThreadsExecutor(workers=workers, serial_below=SERIAL_TASK_SECONDS)
-        opts = {"executor": executor, "workers": workers}
         start = time.perf_counter()
-        outs = evaluate(target, output="device", **opts)
+        outs = evaluate(target, output="device", executor=executor, workers=workers)
         report.seconds = time.perf_counter() - start
-        # step fits loaded, not fitted (a token per load, also from Dask workers; a shared step's in many results)
+        # step fits loaded (a token per load, also from Dask workers), last steps fitted in a batch (tuning.batched)
         report.stored = len({t for o in outs for t in o.pop("_stored", ())})
+        report.batched = sum(bool(o.pop("_batched", False)) for o in outs)
         trace = last_trace()
         report.read_trace(() if trace is None else trace.records)   # the fits that ran, and where
         report.trace = trace
@@ -453,7 +453,7 @@ class _NetworkSearch(BaseSearchCV):
                     sp = (_check_method_params(X, params=score_params, indices=test),
                           _check_method_params(X, params=score_params, indices=train))
                 fold = StepsFold(report, (Xtr, Xte, ytr, yte, len(test)), fp, score_args, train_score, sp, gpu,
-                                 None if kept is None else memory.FoldSteps(kept, folds[f]))
+                                 None if kept is None else memory.FoldSteps(kept, folds[f]), batch=not hooked)
             run = todo[f]
             for c in run:
                 if composite:

@@ -50,7 +50,7 @@ __all__ = ["load_step", "step_key", "stage_key", "data_key", "load_result", "kee
 
 #: The keys of a task's result that are not part of scikit-learn's result, hence never remembered nor stored:
 #: a warm-started fit, the tokens of the step fits loaded from the store, whether the task wrote the result.
-PRIVATE = ("_fitted", "_stored", "_kept")
+PRIVATE = ("_fitted", "_stored", "_kept", "_batched")
 
 
 def data_key(x: Any) -> bytes | None:

@@ -14,7 +14,13 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from gpunets.base.saved import saved_operation
-from gpunets.compute.estimators import apply_estimator, training_output_differs, transform_gives
+from gpunets.compute.estimators import (
+    apply_estimator,
+    own_inputs,
+    training_output_differs,
+    transform_gives,
+    writes_inputs,
+)
 from gpunets.compute.models import fit_context, prepare_inputs
 from gpunets.core.nodes import source
 from gpunets.devices.data import check_placeable, take_rows
@@ -109,19 +115,20 @@ def moved(route: Any, *values: Any) -> tuple[Any, ...]:
 
 @saved_operation
 def fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: Any,
-             y: Any) -> tuple[Any, Any, float, tuple[bytes, ...]]:
+             y: Any, own: bool = False) -> tuple[Any, Any, float, tuple[bytes, ...]]:
     """Fit one step: ``(fitted, transformed training rows or None, seconds, loaded)``, as Pipeline's fit does
     (``loaded``: one token if the fit was loaded from the store, see :attr:`Stage.loaded`).
 
     ``route`` is the step's :class:`~gpunets.compute.models.Resolved` on a GPU (its estimator is the one fitted),
-    None on the CPU; ``X`` is the training rows, or the previous step's :class:`Stage`.
+    None on the CPU; ``X`` is the training rows, or the previous step's :class:`Stage`; ``own``: ``X`` is this
+    fit's own copy (else a step that writes its input, :func:`~gpunets.compute.estimators.own_inputs`, gets one).
     """
-    est, out, secs, _, loaded = _keyed_fit_step(est, route, last, fit_params, X, y)
+    est, out, secs, _, loaded = _keyed_fit_step(est, route, last, fit_params, X, y, own=own)
     return est, out, secs, loaded
 
 
-def _keyed_fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: Any,
-                    y: Any, x_key: bytes | None = None) -> tuple[Any, Any, float, Any, tuple[bytes, ...]]:
+def _keyed_fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: Any, y: Any,
+                    x_key: bytes | None = None, own: bool = False) -> tuple[Any, Any, float, Any, tuple[bytes, ...]]:
     """:func:`fit_step`, its store key and loaded token: a step stored under that key is loaded, not fitted
     (docs/store.md).  ``x_key``: the key of the rows ``X`` (a :class:`Stage` carries its own)."""
     from sklearn.base import clone
@@ -142,7 +149,7 @@ def _keyed_fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any]
             if hit is not None:   # loaded: only the training rows' transform is left to compute
                 out = None if last else _training_rows(est, fit_params, X, y, same)
                 return est, out, time.perf_counter() - start, key, (os.urandom(8),)
-            out = _fit_step(est, last, fit_params, X, y, start)
+            out = _fit_step(est, last, fit_params, X, y, start, own)
             same = (key is not None and not last and training_output_differs(est)   # read only from the store
                     and transform_gives(est, X, out[1]))
         stored.keep_step(key, est, route, same)
@@ -159,12 +166,14 @@ def _training_rows(est: Any, fit_params: dict[str, Any], X: Any, y: Any, same: b
     from sklearn.base import clone
 
     if same or not training_output_differs(est):
-        return est.transform(X)
+        return est.transform(*own_inputs(est, (X,)))
     return _fit_step(clone(est), False, fit_params, X, y, 0.0)[1]
 
 
 def _fit_step(est: Any, last: bool, fit_params: dict[str, Any], X: Any, y: Any,
-              start: float) -> tuple[Any, Any, float]:
+              start: float, own: bool = False) -> tuple[Any, Any, float]:
+    if not own:   # the fold's rows are shared: a step with copy=False gets its own
+        X, = own_inputs(est, (X,))
     if last:   # a candidate's estimator: its evaluation's callback hooks (scikit-learn's _fit_and_score)
         with dropin.fitting(est, X, y, fit_params):
             est.fit(X, **fit_params) if y is None else est.fit(X, y, **fit_params)
@@ -192,7 +201,7 @@ def transform(est: Any, X: Any, route: Any = None) -> Any:
         return X
     try:
         with on_device(route):
-            return est.transform(*moved(route, X))
+            return est.transform(*own_inputs(est, moved(route, X)))
     except Exception as e:  # noqa: BLE001
         return Failed(e, traceback.format_exc(), fit=False)
 
@@ -211,7 +220,12 @@ def fit_stage(est: Any, route: Any, fit_params: dict[str, Any], score: bool, y: 
     same = X_score is X   # the rows to score are the training rows (train scores)
     X_test, X_score = aligned(X_test, X_score)
     est, out, seconds, key, loaded = _keyed_fit_step(est, route, False, fit_params, X, y, x_key)
-    scored = (out if same and fit_output_is_transform(est) else transform(est, X_score, route)) if score else None
+    if same and writes_inputs(est) and not isinstance(out, Failed):
+        # scikit-learn's _fit_and_score scores the X_train its fit wrote into (copy=False): the rows are
+        # this fit's output, transformed again
+        scored = transform(est, out, route) if score else None
+    else:
+        scored = (out if same and fit_output_is_transform(est) else transform(est, X_score, route)) if score else None
     return Stage(out, transform(est, X_test, route), scored, secs + (seconds,), stored.stage_key(key),
                  before + loaded)
 
@@ -257,6 +271,7 @@ def score_one(scorer: Any, error_score: Any, train: bool, n_test: int, n_scores:
             out["train_scores"] = err
         return out
     notes: list[str] = []
+    X_test, X_train = own_inputs(est, (X_test, X_train))   # rows other candidates score too
     start = time.perf_counter()
     try:
         out["test_scores"] = score_noting(est, X_test, y_test, scorer, sp_test, error_score, notes)
@@ -369,7 +384,14 @@ def fit_and_score(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: A
 
     ``X`` is the fold's training rows, or the previous step's :class:`Stage` (which then also gives the
     test rows, the training rows to score and the upstream fit seconds)."""
-    step = fit_step(est, route, True, fit_params, X, y)
+    own = False
+    if X_train is X and not isinstance(X, Stage) and route is None:
+        # the candidate's own copy of its rows where its fit writes them (copy=False), scored afterwards as
+        # scikit-learn's _fit_and_score scores the very X_train its fit was given
+        fit_rows = own_inputs(est, (X,))[0]
+        own = fit_rows is not X
+        X = X_train = fit_rows
+    step = fit_step(est, route, True, fit_params, X, y, own=own)
     if isinstance(X, Stage):
         X_test = X
     return score_fit(route, users, head, step, X_test, y_test, X_train, y_train, *upstream_seconds)
@@ -481,6 +503,7 @@ def fit_model(est: Any, *values: Any, keywords: tuple[str, ...] = ()) -> tuple[A
     try:
         values = aligned(*values)
         n = len(values) - len(keywords)
+        values = (*own_inputs(est, values[:n]), *values[n:])
         return clone(est).fit(*values[:n], **dict(zip(keywords, values[n:]))), None, time.perf_counter() - start
     except Exception as e:  # noqa: BLE001 - reported by candidate
         failed = Failed(e, traceback.format_exc(), time.perf_counter() - start)

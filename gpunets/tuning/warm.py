@@ -25,6 +25,7 @@ from typing import Any
 
 from gpunets.base.config import get_config
 from gpunets.base.saved import saved_operation
+from gpunets.compute.estimators import own_inputs
 from gpunets.executors.base import default_workers
 from gpunets.tuning.networks import is_composite, pipeline_steps
 from gpunets.tuning.tasks import Failed, Stage, aligned, moved, on_device, score_fit
@@ -218,7 +219,7 @@ def warm_fit_and_score(est: Any, previous: Any, param: str, route: Any, fit_para
             fitted, needed = _warm_estimator(est, previous, param, route)
             if needed:
                 with on_device(route), threaded_trees(fitted, jobs if route is None else 1):
-                    Xm, ym = moved(route, X, y)
+                    Xm, ym = own_inputs(fitted, moved(route, X, y))
                     fitted.fit(Xm, **fit_params) if ym is None else fitted.fit(Xm, ym, **fit_params)
             step = (fitted, None, time.perf_counter() - start)
         except Exception as e:  # noqa: BLE001 - reported by candidate through error_score

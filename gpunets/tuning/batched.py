@@ -1,0 +1,269 @@
+"""Candidates of a search fitted and scored together: last steps that differ only in a parameter a rule knows.
+
+A search over ``ridge__alpha`` fits, per fold, one ``Ridge`` per alpha on the same rows.  Everything but the
+last solve is the same in each of those fits (the rows validated and centred, the Gram matrix ``XᵀX``, ``Xᵀy``),
+and so is the scoring's work around the prediction (the metric's input checks).  Where a **batch rule** knows
+the estimator, the search's network fits such a group of last steps in one task: the shared part once, the part
+that depends on the parameter per candidate, each step of it the very call scikit-learn makes, so every fitted
+candidate equals its own ``fit`` bit for bit.  Its scores then come from one call of the metric over the
+candidates' predictions as columns (``multioutput="raw_values"``), which computes each column as the metric
+computes one prediction, where the scorer is one whose metric is known to (:func:`column_metric`).
+
+Nothing here is taken on trust: in every batch, the first candidate is also fitted, predicted and scored by
+scikit-learn itself, and the batch is used only if its results for that candidate are equal to scikit-learn's
+**bit for bit**; otherwise (another scikit-learn, another BLAS path) each candidate is fitted and scored on its
+own, as without batching.  A failure of any kind in the batch does the same, so errors, ``error_score`` and
+warnings are exactly those of candidate-by-candidate fits.
+
+The rules (:data:`RULES`): ``Ridge`` with ``solver="auto"`` or ``"cholesky"`` on dense NumPy rows with more rows
+than columns (the Cholesky path of scikit-learn's ``_solve_cholesky``), over any of its parameters except
+``alpha`` fixed.  A rule is a class with ``group_key(est)`` (equal keys: candidates that one batch may fit),
+``fit(ests, X, y)`` (the fitted candidates, or None to decline) and ``predict(est, X)`` (the prediction as
+the estimator's ``predict`` computes it on rows it has validated).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from gpunets.base.saved import saved_operation
+from gpunets.devices import store as _store
+from gpunets.tuning import tasks
+
+__all__ = ["RULES", "RidgeRule", "column_metric", "rule_for"]
+
+
+def _plain_number(v: Any) -> bool:
+    return (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+            and bool(np.isfinite(v)) and bool(v >= 0))
+
+
+_RIDGE_PARAMS = ("alpha", "fit_intercept", "copy_X", "max_iter", "tol", "solver", "positive", "random_state")
+
+
+class RidgeRule:
+    """``Ridge`` fits that differ only in ``alpha``: the rows centred and ``XᵀX``, ``Xᵀy`` computed once, then
+    per alpha scikit-learn's ``_solve_cholesky`` step (``A + alpha I`` solved with ``assume_a="pos"``) and its
+    ``_set_intercept``."""
+
+    name = "ridge (shared Gram matrix across alpha)"
+
+    @staticmethod
+    def group_key(est: Any) -> Any:
+        from sklearn.linear_model import Ridge
+
+        if type(est) is not Ridge:
+            return None
+        # Ridge's own parameters, read directly (get_params inspects the signature: per candidate and fold)
+        params = {k: getattr(est, k) for k in _RIDGE_PARAMS}
+        if (not _plain_number(params.pop("alpha")) or params["solver"] not in ("auto", "cholesky")
+                or params["positive"] is not False or params["copy_X"] is not True):
+            return None
+        return ("Ridge", tuple((k, repr(v)) for k, v in params.items()))
+
+    @staticmethod
+    def fit(ests: list[Any], X: Any, y: Any) -> list[Any] | None:
+        """Each of ``ests`` fitted on ``X, y`` (the first by its own ``fit``), or None where the rows are not
+        ones the shared path covers or its first fit differs from scikit-learn's by a bit."""
+        import sklearn
+        from scipy import linalg
+        from sklearn.base import clone
+        from sklearn.linear_model._base import _preprocess_data
+        from sklearn.utils.extmath import safe_sparse_dot
+
+        if (type(X) is not np.ndarray or type(y) is not np.ndarray or X.ndim != 2 or y.ndim != 1
+                or X.dtype not in (np.float64, np.float32) or y.dtype != X.dtype or X.shape[0] <= X.shape[1]
+                or X.shape[0] != y.shape[0] or not X.flags.writeable or sklearn.get_config()["array_api_dispatch"]):
+            return None
+        first = clone(ests[0]).fit(X, y)
+        if getattr(first, "solver_", None) != "cholesky":
+            return None
+        fit_intercept = ests[0].fit_intercept
+        Xc, yc, X_offset, y_offset, X_scale, _ = _preprocess_data(X, y, fit_intercept=fit_intercept, copy=True,
+                                                                  sample_weight=None, rescale_with_sw=False)
+        n_features = Xc.shape[1]
+        A = safe_sparse_dot(Xc.T, Xc, dense_output=True)
+        Xy = safe_sparse_dot(Xc.T, np.reshape(yc, (-1, 1)), dense_output=True)
+        fitted: list[Any] = []
+        for est in ests:
+            alpha = np.asarray(est.alpha, dtype=Xc.dtype).ravel()
+            Ai = A.copy()
+            Ai.flat[:: n_features + 1] += alpha[0]
+            try:
+                coef = linalg.solve(Ai, Xy, assume_a="pos", overwrite_a=True).T
+            except linalg.LinAlgError:   # scikit-learn then solves by SVD: its own fit does
+                fitted.append(clone(est).fit(X, y))
+                continue
+            out = clone(est)
+            out.__dict__.update({k: v for k, v in first.__dict__.items() if k.endswith("_")})
+            out.coef_ = np.asarray(np.ravel(coef))
+            out._set_intercept(X_offset, y_offset, X_scale)
+            fitted.append(out)
+        if not (np.array_equal(fitted[0].coef_, first.coef_) and np.array_equal(fitted[0].intercept_,
+                                                                                 first.intercept_)):
+            return None
+        fitted[0] = first
+        return fitted
+
+    @staticmethod
+    def predict(est: Any, X: Any) -> Any:
+        """``LinearModel._decision_function`` of rows ``est.predict`` accepts unchanged."""
+        return X @ est.coef_ + est.intercept_
+
+
+RULES: tuple[Any, ...] = (RidgeRule,)
+
+
+def rule_for(est: Any) -> tuple[Any, Any] | None:
+    """``(rule, group key)`` of the first rule that batches ``est``, or None."""
+    for rule in RULES:
+        key = rule.group_key(est)
+        if key is not None:
+            return rule, key
+    return None
+
+
+# metrics that score a 2-D target column by column with ``multioutput="raw_values"``, each column as the
+# metric scores that one prediction (checked in every batch: see the module's docstring)
+def _column_metrics() -> tuple[Any, ...]:
+    from sklearn import metrics
+
+    return (metrics.r2_score, metrics.mean_squared_error, metrics.root_mean_squared_error,
+            metrics.mean_absolute_error, metrics.explained_variance_score, metrics.median_absolute_error,
+            metrics.mean_absolute_percentage_error)
+
+
+def column_metric(scorer: Any, est: Any) -> tuple[Any, float, dict[str, Any]] | None:
+    """``(metric, sign, keywords)`` when ``scorer(est, X, y)`` is ``sign * metric(y, est.predict(X),
+    **keywords)`` for a metric of :func:`_column_metrics`; None otherwise (the candidates are then scored one
+    by one)."""
+    from sklearn.base import RegressorMixin
+    from sklearn.metrics import r2_score
+    from sklearn.metrics._scorer import _PassthroughScorer, _Scorer
+
+    if type(scorer) is _PassthroughScorer:
+        return (r2_score, 1.0, {}) if type(est).score is RegressorMixin.score else None
+    if type(scorer) is not _Scorer or scorer._response_method not in ("predict", ("predict",)):
+        return None
+    kwargs = dict(scorer._kwargs)
+    if "multioutput" in kwargs or "sample_weight" in kwargs or scorer._score_func not in _column_metrics():
+        return None
+    return scorer._score_func, scorer._sign, kwargs
+
+
+def _columns(rule: Any, fitted: list[Any], X: Any) -> Any:
+    """The candidates' predictions of ``X`` as the columns of one Fortran-ordered array."""
+    P = np.empty((X.shape[0], len(fitted)), dtype=np.result_type(X.dtype, np.float64), order="F")
+    for j, est in enumerate(fitted):
+        P[:, j] = rule.predict(est, X)
+    return P
+
+
+def score_columns(rule: Any, fitted: list[Any], scorer: Any, X: Any, y: Any) -> list[Any] | None:
+    """Every candidate's score of ``(X, y)`` from one call of the scorer's metric, or None where the scorer is
+    not one :func:`column_metric` knows, or the first candidate's batched prediction or score is not
+    scikit-learn's own bit for bit."""
+    known = column_metric(scorer, fitted[0])
+    if known is None or type(X) is not np.ndarray or type(y) is not np.ndarray or y.ndim != 1 or len(y) < 2:
+        return None
+    metric, sign, kwargs = known
+    P = _columns(rule, fitted, X)
+    if not np.array_equal(P[:, 0], fitted[0].predict(X)):
+        return None
+    Y = np.asfortranarray(np.broadcast_to(y[:, None], P.shape))
+    values = sign * metric(Y, P, multioutput="raw_values", **kwargs)
+    real = scorer(fitted[0], X, y)
+    if not isinstance(real, (float, np.floating)) or np.float64(real).tobytes() != np.float64(values[0]).tobytes():
+        return None
+    as_type = type(real)
+    return [as_type(v) for v in values]
+
+
+@saved_operation
+def pick(values: tuple[Any, ...], i: int) -> Any:
+    """Item ``i`` of a batch's outputs: one candidate's score entry."""
+    return values[i]
+
+
+def fit_batch(rule: Any, ests: list[Any], X: Any, y: Any) -> tuple[list[Any] | None, float]:
+    """``(the fitted candidates or None, seconds)``; None where the rule declines or anything raised (the
+    candidates are then fitted one by one, with their own errors and warnings)."""
+    start = time.perf_counter()
+    try:
+        fitted = rule.fit(ests, X, y)
+    except Exception:  # noqa: BLE001 - the candidates are fitted one by one, which reports it
+        fitted = None
+    return fitted, time.perf_counter() - start
+
+
+@saved_operation
+def fit_and_score_batch(rule: Any, ests: tuple[Any, ...], users: tuple[tuple[int, ...], ...], head: tuple[Any, ...],
+                        X: Any, y: Any, X_test: Any, y_test: Any, X_train: Any, y_train: Any) -> tuple[Any, ...]:
+    """The score entries of candidates whose last steps ``ests`` one batch rule fits together, in one task:
+    :func:`~gpunets.tuning.tasks.fit_and_score` of each, bit for bit, with the batch's fit time shared among
+    them.  ``X`` is the fold's training rows or the previous step's :class:`~gpunets.tuning.tasks.Stage`,
+    ``users`` per candidate as :func:`~gpunets.tuning.tasks.fit_and_score` takes them.  Candidate by candidate
+    where the rule declines, anything fails, or a store of fitted states is in force (each step is kept there
+    on its own)."""
+    def one_by_one() -> tuple[Any, ...]:
+        return tuple(tasks.fit_and_score(est, None, {}, X, y, u, head, X_test, y_test, X_train, y_train)
+                     for est, u in zip(ests, users))
+
+    stage = X if isinstance(X, tasks.Stage) else None
+    rows = stage.train if stage is not None else X
+    if isinstance(rows, tasks.Failed) or _store.current_store() is not None:
+        return one_by_one()
+    rows, y_fit = tasks.aligned(rows, y)
+    fitted, secs = fit_batch(rule, list(ests), rows, y_fit)
+    if fitted is None:
+        return one_by_one()
+    share = secs / len(ests)
+    if stage is not None:
+        X_test, X_train, upstream, loaded = stage.test, stage.score, stage.seconds, stage.loaded
+    else:
+        upstream, loaded = (), ()
+    scores = _batch_scores(rule, fitted, head, X_test, y_test, X_train, y_train)
+    outs = []
+    for j, (est, u) in enumerate(zip(fitted, users)):
+        if scores is None:   # scored one by one, as score_fit does
+            out = tasks.score_fit(None, u, head, (est, None, share, loaded), X_test, y_test, X_train, y_train,
+                                  *upstream)
+        else:
+            out = {"n_test_samples": head[3], "fit_time": tasks.share_seconds(u, *upstream, share),
+                   "test_scores": scores[0][j]}
+            if scores[1] is not None:
+                out["train_scores"] = scores[1][j]
+            out["score_time"] = scores[2]
+            out["fit_error"] = None
+            if loaded:
+                out["_stored"] = loaded
+        out["_batched"] = True   # counted in search_report_.batched
+        outs.append(out)
+    return tuple(outs)
+
+
+def _batch_scores(rule: Any, fitted: list[Any], head: tuple[Any, ...], X_test: Any, y_test: Any, X_train: Any,
+                  y_train: Any) -> tuple[list[Any], list[Any] | None, float] | None:
+    """``(test scores, train scores or None, each candidate's share of the scoring seconds)`` from one metric
+    call per set of rows, or None: the candidates are scored one by one (a multi-metric scorer, the scorer's
+    own parameters, rows that failed to transform, a scorer or metric :func:`column_metric` does not know, or
+    any difference from scikit-learn's own score of the first candidate)."""
+    scorer, _, train, _, n_scores, score_params = head
+    if n_scores is not None or score_params is not None or isinstance(X_test, tasks.Failed) \
+            or isinstance(X_train, tasks.Failed):
+        return None
+    start = time.perf_counter()
+    try:
+        X_test, y_test, X_train, y_train = tasks.aligned(X_test, y_test, X_train, y_train)
+        test = score_columns(rule, fitted, scorer, X_test, y_test)
+        if test is None:
+            return None
+        trained = score_columns(rule, fitted, scorer, X_train, y_train) if train else None
+        if train and trained is None:
+            return None
+    except Exception:  # noqa: BLE001 - scored one by one, which reports it as scikit-learn does
+        return None
+    return test, trained, (time.perf_counter() - start) / len(fitted)
