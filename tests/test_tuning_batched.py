@@ -140,9 +140,10 @@ def test_failing_folds_give_scikit_learn_error_scores(executor, data):
 
 
 def test_a_batch_that_differs_from_scikit_learn_by_a_bit_is_not_used(monkeypatch, data):
-    """The self-checks: a shared fit or a batched prediction that is not scikit-learn's own for the first
-    candidate, bit for bit, makes the batch fit or score the candidates one by one."""
+    """The self-checks: in a kind's first batch, a shared fit or a batched prediction that is not scikit-learn's
+    own for the first candidate, bit for bit, makes the batch fit or score the candidates one by one."""
     X, y = data
+    monkeypatch.setattr(batched, "_CHECKED", {})   # every kind unchecked
     kw = dict(cv=KFold(3), return_train_score=True)
     theirs = GridSearchCV(_pipe(), {"ridge__alpha": ALPHAS}, **kw).fit(X, y)
     real = batched.RidgeRule.predict
@@ -151,6 +152,7 @@ def test_a_batch_that_differs_from_scikit_learn_by_a_bit_is_not_used(monkeypatch
     _same(ours, theirs)
     assert ours.search_report_.batched == len(ALPHAS) * 3   # fitted together, scored one by one
     monkeypatch.undo()
+    monkeypatch.setattr(batched, "_CHECKED", {})
 
     import sklearn.linear_model._base as base
 
@@ -164,10 +166,16 @@ def test_a_batch_that_differs_from_scikit_learn_by_a_bit_is_not_used(monkeypatch
     ours = gn.GridSearchCV(_pipe(), {"ridge__alpha": ALPHAS}, **kw).fit(X, y)
     _same(ours, theirs)
     assert ours.search_report_.batched == 0
+    assert not batched._CHECKED   # nothing checked: the next batch of the kind is checked again
 
 
-def test_each_fitted_candidate_equals_its_own_fit(data):
+@pytest.mark.parametrize("checked", [False, True])
+def test_each_fitted_candidate_equals_its_own_fit(monkeypatch, data, checked):
     X, y = data
+    monkeypatch.setattr(batched, "_CHECKED", {})
+    if checked:   # the kind already checked: no fit by scikit-learn in the batch
+        batched.RidgeRule.fit([Ridge(), Ridge(alpha=2.0)], X, y)
+        assert len(batched._CHECKED) == 1
     ests = [Ridge(alpha=a) for a in ALPHAS] + [Ridge(alpha=3)]
     rule, key = batched.rule_for(ests[0])
     assert all(batched.rule_for(e)[1] == key for e in ests)
@@ -178,6 +186,8 @@ def test_each_fitted_candidate_equals_its_own_fit(data):
         assert got.alpha == est.alpha and got is not est
         np.testing.assert_array_equal(got.coef_, own.coef_)
         assert got.intercept_ == own.intercept_ and got.n_features_in_ == own.n_features_in_
+        assert {k: v for k, v in vars(got).items() if k.endswith("_") and k not in ("coef_", "intercept_")} == \
+            {k: v for k, v in vars(own).items() if k.endswith("_") and k not in ("coef_", "intercept_")}
         np.testing.assert_array_equal(got.predict(X), own.predict(X))
         np.testing.assert_array_equal(rule.predict(got, X), own.predict(X))
 

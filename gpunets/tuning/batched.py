@@ -9,11 +9,13 @@ candidate equals its own ``fit`` bit for bit.  Its scores then come from one cal
 candidates' predictions as columns (``multioutput="raw_values"``), which computes each column as the metric
 computes one prediction, where the scorer is one whose metric is known to (:func:`column_metric`).
 
-Nothing here is taken on trust: in every batch, the first candidate is also fitted, predicted and scored by
-scikit-learn itself, and the batch is used only if its results for that candidate are equal to scikit-learn's
-**bit for bit**; otherwise (another scikit-learn, another BLAS path) each candidate is fitted and scored on its
-own, as without batching.  A failure of any kind in the batch does the same, so errors, ``error_score`` and
-warnings are exactly those of candidate-by-candidate fits.
+Nothing here is taken on trust: in the first batch of each kind in a process (the rule or the metric,
+scikit-learn's and NumPy's versions, the rows' dtype and memory layout), the first candidate is also fitted,
+predicted and scored by scikit-learn itself, and the batch is used only if its results for that candidate are
+scikit-learn's **bit for bit**; otherwise (another scikit-learn, another code path) each candidate is fitted and
+scored on its own, as without batching, and the kind is checked again next time.  A failure of any kind in a
+batch (rows scikit-learn refuses, a singular system) does the same, so errors, ``error_score`` and warnings are
+exactly those of candidate-by-candidate fits.
 
 The rules (:data:`RULES`): ``Ridge`` with ``solver="auto"`` or ``"cholesky"`` on dense NumPy rows with more rows
 than columns (the Cholesky path of scikit-learn's ``_solve_cholesky``), over any of its parameters except
@@ -41,6 +43,15 @@ def _plain_number(v: Any) -> bool:
             and bool(np.isfinite(v)) and bool(v >= 0))
 
 
+# kinds of batch (the rule or the metric, scikit-learn's and NumPy's versions, the rows' dtype and layout...) whose
+# first batch in this process gave scikit-learn's own results bit for bit: later batches of a kind skip the
+# comparison (the value: what the checked result's type was)
+_CHECKED: dict[Any, Any] = {}
+
+# the fitted attributes of a Ridge on dense rows, other than coef_ and intercept_, from the rows
+_RIDGE_FITTED: dict[str, Any] = {"n_features_in_": lambda X: X.shape[1], "n_iter_": lambda X: None,
+                                 "solver_": lambda X: "cholesky"}
+
 _RIDGE_PARAMS = ("alpha", "fit_intercept", "copy_X", "max_iter", "tol", "solver", "positive", "random_state")
 
 
@@ -66,8 +77,8 @@ class RidgeRule:
 
     @staticmethod
     def fit(ests: list[Any], X: Any, y: Any) -> list[Any] | None:
-        """Each of ``ests`` fitted on ``X, y`` (the first by its own ``fit``), or None where the rows are not
-        ones the shared path covers or its first fit differs from scikit-learn's by a bit."""
+        """Each of ``ests`` fitted on ``X, y``, or None where the rows are not ones the shared path covers, or,
+        in a kind's first batch, the first candidate's fit differs from its own ``fit`` by a bit."""
         import sklearn
         from scipy import linalg
         from sklearn.base import clone
@@ -78,10 +89,16 @@ class RidgeRule:
                 or X.dtype not in (np.float64, np.float32) or y.dtype != X.dtype or X.shape[0] <= X.shape[1]
                 or X.shape[0] != y.shape[0] or not X.flags.writeable or sklearn.get_config()["array_api_dispatch"]):
             return None
-        first = clone(ests[0]).fit(X, y)
-        if getattr(first, "solver_", None) != "cholesky":
-            return None
         fit_intercept = ests[0].fit_intercept
+        kind = ("Ridge.fit", sklearn.__version__, np.__version__, X.dtype.str, X.flags.c_contiguous,
+                X.flags.f_contiguous, bool(fit_intercept))
+        first = None
+        if kind not in _CHECKED:   # this kind's first batch: the first candidate fitted by scikit-learn too
+            first = clone(ests[0]).fit(X, y)
+            attrs = {k: v for k, v in first.__dict__.items() if k.endswith("_")}
+            if attrs.keys() != _RIDGE_FITTED.keys() | {"coef_", "intercept_"} or any(
+                    attrs[k] != _RIDGE_FITTED[k](X) for k in _RIDGE_FITTED):
+                return None
         Xc, yc, X_offset, y_offset, X_scale, _ = _preprocess_data(X, y, fit_intercept=fit_intercept, copy=True,
                                                                   sample_weight=None, rescale_with_sw=False)
         n_features = Xc.shape[1]
@@ -98,14 +115,17 @@ class RidgeRule:
                 fitted.append(clone(est).fit(X, y))
                 continue
             out = clone(est)
-            out.__dict__.update({k: v for k, v in first.__dict__.items() if k.endswith("_")})
+            for k, value_of in _RIDGE_FITTED.items():
+                setattr(out, k, value_of(X))
             out.coef_ = np.asarray(np.ravel(coef))
             out._set_intercept(X_offset, y_offset, X_scale)
             fitted.append(out)
-        if not (np.array_equal(fitted[0].coef_, first.coef_) and np.array_equal(fitted[0].intercept_,
-                                                                                 first.intercept_)):
-            return None
-        fitted[0] = first
+        if first is not None:
+            if not (np.array_equal(fitted[0].coef_, first.coef_) and np.array_equal(fitted[0].intercept_,
+                                                                                     first.intercept_)):
+                return None
+            _CHECKED[kind] = True
+            fitted[0] = first
         return fitted
 
     @staticmethod
@@ -164,21 +184,27 @@ def _columns(rule: Any, fitted: list[Any], X: Any) -> Any:
 
 def score_columns(rule: Any, fitted: list[Any], scorer: Any, X: Any, y: Any) -> list[Any] | None:
     """Every candidate's score of ``(X, y)`` from one call of the scorer's metric, or None where the scorer is
-    not one :func:`column_metric` knows, or the first candidate's batched prediction or score is not
-    scikit-learn's own bit for bit."""
+    not one :func:`column_metric` knows, or, in a kind's first batch, the first candidate's batched prediction
+    or score is not scikit-learn's own bit for bit."""
     known = column_metric(scorer, fitted[0])
     if known is None or type(X) is not np.ndarray or type(y) is not np.ndarray or y.ndim != 1 or len(y) < 2:
         return None
     metric, sign, kwargs = known
+    import sklearn
+
+    kind = ("score", sklearn.__version__, np.__version__, rule.name, metric, sign, repr(sorted(kwargs.items())),
+            X.dtype.str, X.flags.c_contiguous, X.flags.f_contiguous, y.dtype.str)
     P = _columns(rule, fitted, X)
-    if not np.array_equal(P[:, 0], fitted[0].predict(X)):
+    as_type = _CHECKED.get(kind)
+    if as_type is None and not np.array_equal(P[:, 0], fitted[0].predict(X)):
         return None
     Y = np.asfortranarray(np.broadcast_to(y[:, None], P.shape))
     values = sign * metric(Y, P, multioutput="raw_values", **kwargs)
-    real = scorer(fitted[0], X, y)
-    if not isinstance(real, (float, np.floating)) or np.float64(real).tobytes() != np.float64(values[0]).tobytes():
-        return None
-    as_type = type(real)
+    if as_type is None:   # this kind's first batch: the first candidate scored by the scorer itself too
+        real = scorer(fitted[0], X, y)
+        if not isinstance(real, (float, np.floating)) or np.float64(real).tobytes() != np.float64(values[0]).tobytes():
+            return None
+        as_type = _CHECKED[kind] = type(real)
     return [as_type(v) for v in values]
 
 
