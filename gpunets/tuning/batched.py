@@ -33,7 +33,7 @@ import numpy as np
 
 from gpunets.base.saved import saved_operation
 from gpunets.devices import store as _store
-from gpunets.tuning import tasks
+from gpunets.tuning import stored, tasks
 
 __all__ = ["RULES", "RidgeRule", "column_metric", "rule_for"]
 
@@ -231,32 +231,41 @@ def fit_and_score_batch(rule: Any, ests: tuple[Any, ...], users: tuple[tuple[int
     """The score entries of candidates whose last steps ``ests`` one batch rule fits together, in one task:
     :func:`~gpunets.tuning.tasks.fit_and_score` of each, bit for bit, with the batch's fit time shared among
     them.  ``X`` is the fold's training rows or the previous step's :class:`~gpunets.tuning.tasks.Stage`,
-    ``users`` per candidate as :func:`~gpunets.tuning.tasks.fit_and_score` takes them.  Candidate by candidate
-    where the rule declines, anything fails, or a store of fitted states is in force (each step is kept there
-    on its own)."""
-    def one_by_one() -> tuple[Any, ...]:
-        return tuple(tasks.fit_and_score(est, None, {}, X, y, u, head, X_test, y_test, X_train, y_train)
-                     for est, u in zip(ests, users))
-
+    ``users`` per candidate as :func:`~gpunets.tuning.tasks.fit_and_score` takes them.  With a store of fitted
+    states in force, each step is looked up first and each one the batch fits is kept (one entry each); one by
+    one where the rule declines or the batch fails."""
     stage = X if isinstance(X, tasks.Stage) else None
     rows = stage.train if stage is not None else X
-    if isinstance(rows, tasks.Failed) or _store.current_store() is not None:
-        return one_by_one()
+    if isinstance(rows, tasks.Failed):   # an upstream step failed: each candidate reports it
+        return tuple(tasks.fit_and_score(est, None, {}, X, y, u, head, X_test, y_test, X_train, y_train)
+                     for est, u in zip(ests, users))
     rows, y_fit = tasks.aligned(rows, y)
-    fitted, secs = fit_batch(rule, list(ests), rows, y_fit)
-    if fitted is None:
-        return one_by_one()
-    share = secs / len(ests)
+    x_key = stage.key if stage is not None else None
+    lookups: list[Any] = ([stored.load_step(est, None, {}, rows, y_fit, x_key) for est in ests]
+                          if _store.current_store() is not None else [None] * len(ests))
+    todo = [i for i, found in enumerate(lookups) if found is None or found[0] is None]
+    steps: list[Any] = [None] * len(ests)
+    fitted, secs = fit_batch(rule, [ests[i] for i in todo], rows, y_fit) if len(todo) > 1 else (None, 0.0)
+    batch = set(todo) if fitted is not None else set()
+    for i, est in zip(todo, fitted or ()):
+        if lookups[i] is not None:
+            stored.keep_step(lookups[i][1], est)
+        steps[i] = (est, None, secs / len(todo), ())
+    for i, step in enumerate(steps):
+        if step is None:   # loaded from the store, or fitted on its own
+            est, _, seconds, _, loaded = tasks._keyed_fit_step(ests[i], None, True, {}, rows, y_fit, x_key,
+                                                               lookup=lookups[i])
+            steps[i] = (est, None, seconds, loaded)
     if stage is not None:
-        X_test, X_train, upstream, loaded = stage.test, stage.score, stage.seconds, stage.loaded
+        X_test, X_train, upstream, before = stage.test, stage.score, stage.seconds, stage.loaded
     else:
-        upstream, loaded = (), ()
-    scores = _batch_scores(rule, fitted, head, X_test, y_test, X_train, y_train)
+        upstream, before = (), ()
+    scores = _batch_scores(rule, [s[0] for s in steps], head, X_test, y_test, X_train, y_train)
     outs = []
-    for j, (est, u) in enumerate(zip(fitted, users)):
+    for j, ((est, _, share, loaded), u) in enumerate(zip(steps, users)):
         if scores is None:   # scored one by one, as score_fit does
-            out = tasks.score_fit(None, u, head, (est, None, share, loaded), X_test, y_test, X_train, y_train,
-                                  *upstream)
+            out = tasks.score_fit(None, u, head, (est, None, share, before + loaded), X_test, y_test, X_train,
+                                  y_train, *upstream)
         else:
             out = {"n_test_samples": head[3], "fit_time": tasks.share_seconds(u, *upstream, share),
                    "test_scores": scores[0][j]}
@@ -264,9 +273,10 @@ def fit_and_score_batch(rule: Any, ests: tuple[Any, ...], users: tuple[tuple[int
                 out["train_scores"] = scores[1][j]
             out["score_time"] = scores[2]
             out["fit_error"] = None
-            if loaded:
-                out["_stored"] = loaded
-        out["_batched"] = True   # counted in search_report_.batched
+            if before + loaded:
+                out["_stored"] = before + loaded
+        if fitted is not None and j in batch:
+            out["_batched"] = True   # counted in search_report_.batched
         outs.append(out)
     return tuple(outs)
 
@@ -279,7 +289,7 @@ def _batch_scores(rule: Any, fitted: list[Any], head: tuple[Any, ...], X_test: A
     any difference from scikit-learn's own score of the first candidate)."""
     scorer, _, train, _, n_scores, score_params = head
     if n_scores is not None or score_params is not None or isinstance(X_test, tasks.Failed) \
-            or isinstance(X_train, tasks.Failed):
+            or isinstance(X_train, tasks.Failed) or any(isinstance(e, tasks.Failed) for e in fitted):
         return None
     start = time.perf_counter()
     try:

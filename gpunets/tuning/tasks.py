@@ -25,12 +25,7 @@ from gpunets.compute.models import fit_context, prepare_inputs
 from gpunets.core.nodes import source
 from gpunets.devices.data import check_placeable, take_rows
 from gpunets.tuning import dropin, stored
-from gpunets.tuning.failed import (  # noqa: F401 - moved there; here too, their path in files saved before
-    Failed,
-    Portable,
-    rebuild_error,
-    unwrap_error,
-)
+from gpunets.tuning.failed import Failed, Portable, rebuild_error, unwrap_error  # noqa: F401 - path of old files
 
 __all__ = ["Failed", "Replay", "Stage", "fn_key", "step_key"]
 
@@ -128,9 +123,11 @@ def fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: An
 
 
 def _keyed_fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: Any, y: Any,
-                    x_key: bytes | None = None, own: bool = False) -> tuple[Any, Any, float, Any, tuple[bytes, ...]]:
+                    x_key: bytes | None = None, own: bool = False,
+                    lookup: Any = None) -> tuple[Any, Any, float, Any, tuple[bytes, ...]]:
     """:func:`fit_step`, its store key and loaded token: a step stored under that key is loaded, not fitted
-    (docs/store.md).  ``x_key``: the key of the rows ``X`` (a :class:`Stage` carries its own)."""
+    (docs/store.md).  ``x_key``: the key of the rows ``X`` (a :class:`Stage` carries its own); ``lookup``: what
+    :func:`~gpunets.tuning.stored.load_step` gave for it already."""
     from sklearn.base import clone
 
     if isinstance(X, Stage):
@@ -141,7 +138,7 @@ def _keyed_fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any]
     X, y = aligned(X, y)
     fit_params = dict(zip(fit_params, aligned(*fit_params.values())))
     start = time.perf_counter()
-    hit, key, same = stored.load_step(est, route, fit_params, X, y, x_key)
+    hit, key, same = stored.load_step(est, route, fit_params, X, y, x_key) if lookup is None else lookup
     est = hit if hit is not None else clone(est if route is None else route.estimator)
     try:
         with on_device(route):
