@@ -228,3 +228,24 @@ def test_with_a_store_each_batched_fit_is_kept_and_loaded_on_its_own(tmp_path, e
     assert wider.search_report_.batched == 2 * 3   # the results of the five kept, the two new fitted together
     _same(again, GridSearchCV(_pipe(), grid, scoring="neg_mean_squared_error", **kw).fit(X, y))
     _same(wider, GridSearchCV(_pipe(), {"ridge__alpha": [*ALPHAS, 50.0, 500.0]}, scoring="r2", **kw).fit(X, y))
+
+
+@pytest.mark.parametrize("target", ["series", "integers", "float32 rows"])
+def test_pandas_targets_integer_targets_and_float32_rows_are_batched_too(executor, data, target):
+    import pandas as pd
+
+    X, y = data
+    if target == "series":
+        X, y = pd.DataFrame(X, columns=[f"f{i}" for i in range(X.shape[1])]), pd.Series(y, name="y")
+    elif target == "integers":
+        y = np.round(y * 3).astype(np.int64)
+    else:
+        X = X.astype(np.float32)
+    kw = dict(cv=KFold(4), return_train_score=True)
+    ours = gn.GridSearchCV(_pipe(), {"ridge__alpha": ALPHAS}, **kw).fit(X, y)
+    theirs = GridSearchCV(_pipe(), {"ridge__alpha": ALPHAS}, **kw).fit(X, y)
+    # float32 rows round in float32: a worker thread's BLAS (capped) may round a last bit otherwise
+    rtol = 1e-6 if target == "float32 rows" else 1e-12
+    for k in ("mean_test_score", "mean_train_score", "split3_test_score"):
+        np.testing.assert_allclose(ours.cv_results_[k], theirs.cv_results_[k], rtol=rtol, err_msg=k)
+    assert ours.search_report_.batched == len(ALPHAS) * 4

@@ -85,13 +85,14 @@ class RidgeRule:
         from sklearn.linear_model._base import _preprocess_data
         from sklearn.utils.extmath import safe_sparse_dot
 
-        if (type(X) is not np.ndarray or type(y) is not np.ndarray or X.ndim != 2 or y.ndim != 1
-                or X.dtype not in (np.float64, np.float32) or y.dtype != X.dtype or X.shape[0] <= X.shape[1]
-                or X.shape[0] != y.shape[0] or not X.flags.writeable or sklearn.get_config()["array_api_dispatch"]):
+        target = _target(y)
+        if (type(X) is not np.ndarray or target is None or X.ndim != 2
+                or X.dtype not in (np.float64, np.float32) or X.shape[0] <= X.shape[1]
+                or X.shape[0] != target.shape[0] or not X.flags.writeable or sklearn.get_config()["array_api_dispatch"]):
             return None
         fit_intercept = ests[0].fit_intercept
         kind = ("Ridge.fit", sklearn.__version__, np.__version__, X.dtype.str, X.flags.c_contiguous,
-                X.flags.f_contiguous, bool(fit_intercept))
+                X.flags.f_contiguous, bool(fit_intercept), type(y).__name__, target.dtype.str)
         first = None
         if kind not in _CHECKED:   # this kind's first batch: the first candidate fitted by scikit-learn too
             first = clone(ests[0]).fit(X, y)
@@ -99,7 +100,7 @@ class RidgeRule:
             if attrs.keys() != _RIDGE_FITTED.keys() | {"coef_", "intercept_"} or any(
                     attrs[k] != _RIDGE_FITTED[k](X) for k in _RIDGE_FITTED):
                 return None
-        Xc, yc, X_offset, y_offset, X_scale, _ = _preprocess_data(X, y, fit_intercept=fit_intercept, copy=True,
+        Xc, yc, X_offset, y_offset, X_scale, _ = _preprocess_data(X, target, fit_intercept=fit_intercept, copy=True,
                                                                   sample_weight=None, rescale_with_sw=False)
         n_features = Xc.shape[1]
         A = safe_sparse_dot(Xc.T, Xc, dense_output=True)
@@ -174,6 +175,16 @@ def column_metric(scorer: Any, est: Any) -> tuple[Any, float, dict[str, Any]] | 
     return scorer._score_func, scorer._sign, kwargs
 
 
+def _target(y: Any) -> Any:
+    """``y`` as a 1-D NumPy array of real numbers (a NumPy array, or a pandas ``Series`` of a NumPy dtype), or None
+    for anything else (scikit-learn's own validation then runs one candidate at a time)."""
+    if type(y).__name__ == "Series" and type(y).__module__.startswith("pandas") and isinstance(y.dtype, np.dtype):
+        y = y.to_numpy()
+    if type(y) is not np.ndarray or y.ndim != 1 or y.dtype.kind not in "fiu":
+        return None
+    return y
+
+
 def _columns(rule: Any, fitted: list[Any], X: Any) -> Any:
     """The candidates' predictions of ``X`` as the columns of one Fortran-ordered array."""
     P = np.empty((X.shape[0], len(fitted)), dtype=np.result_type(X.dtype, np.float64), order="F")
@@ -187,18 +198,19 @@ def score_columns(rule: Any, fitted: list[Any], scorer: Any, X: Any, y: Any) -> 
     not one :func:`column_metric` knows, or, in a kind's first batch, the first candidate's batched prediction
     or score is not scikit-learn's own bit for bit."""
     known = column_metric(scorer, fitted[0])
-    if known is None or type(X) is not np.ndarray or type(y) is not np.ndarray or y.ndim != 1 or len(y) < 2:
+    target = _target(y)
+    if known is None or type(X) is not np.ndarray or target is None or len(target) < 2:
         return None
     metric, sign, kwargs = known
     import sklearn
 
     kind = ("score", sklearn.__version__, np.__version__, rule.name, metric, sign, repr(sorted(kwargs.items())),
-            X.dtype.str, X.flags.c_contiguous, X.flags.f_contiguous, y.dtype.str)
+            X.dtype.str, X.flags.c_contiguous, X.flags.f_contiguous, type(y).__name__, target.dtype.str)
     P = _columns(rule, fitted, X)
     as_type = _CHECKED.get(kind)
     if as_type is None and not np.array_equal(P[:, 0], fitted[0].predict(X)):
         return None
-    Y = np.asfortranarray(np.broadcast_to(y[:, None], P.shape))
+    Y = np.asfortranarray(np.broadcast_to(target[:, None], P.shape))
     values = sign * metric(Y, P, multioutput="raw_values", **kwargs)
     if as_type is None:   # this kind's first batch: the first candidate scored by the scorer itself too
         real = scorer(fitted[0], X, y)
