@@ -249,3 +249,13 @@ def test_pandas_targets_integer_targets_and_float32_rows_are_batched_too(executo
     for k in ("mean_test_score", "mean_train_score", "split3_test_score"):
         np.testing.assert_allclose(ours.cv_results_[k], theirs.cv_results_[k], rtol=rtol, err_msg=k)
     assert ours.search_report_.batched == len(ALPHAS) * 4
+
+
+def test_scores_of_many_candidates_are_taken_a_bounded_slice_at_a_time(monkeypatch, data):
+    X, y = data
+    monkeypatch.setattr(batched, "COLUMN_VALUES", 2 * 60)   # 60 test rows per fold: two candidates per metric call
+    kw = dict(cv=KFold(4), return_train_score=True)
+    ours = gn.GridSearchCV(_pipe(), {"ridge__alpha": ALPHAS}, **kw).fit(X, y)
+    theirs = GridSearchCV(_pipe(), {"ridge__alpha": ALPHAS}, **kw).fit(X, y)
+    _same(ours, theirs)
+    assert ours.search_report_.batched == len(ALPHAS) * 4

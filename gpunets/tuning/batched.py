@@ -175,6 +175,11 @@ def column_metric(scorer: Any, est: Any) -> tuple[Any, float, dict[str, Any]] | 
     return scorer._score_func, scorer._sign, kwargs
 
 
+# the most values (rows × candidates) one metric call of a batch scores: the predictions and the target as
+# columns are two arrays of this size (64 MB each in float64)
+COLUMN_VALUES = 1 << 23
+
+
 def _target(y: Any) -> Any:
     """``y`` as a 1-D NumPy array of real numbers (a NumPy array, or a pandas ``Series`` of a NumPy dtype), or None
     for anything else (scikit-learn's own validation then runs one candidate at a time)."""
@@ -206,17 +211,21 @@ def score_columns(rule: Any, fitted: list[Any], scorer: Any, X: Any, y: Any) -> 
 
     kind = ("score", sklearn.__version__, np.__version__, rule.name, metric, sign, repr(sorted(kwargs.items())),
             X.dtype.str, X.flags.c_contiguous, X.flags.f_contiguous, type(y).__name__, target.dtype.str)
-    P = _columns(rule, fitted, X)
-    as_type = _CHECKED.get(kind)
-    if as_type is None and not np.array_equal(P[:, 0], fitted[0].predict(X)):
-        return None
-    Y = np.asfortranarray(np.broadcast_to(target[:, None], P.shape))
-    values = sign * metric(Y, P, multioutput="raw_values", **kwargs)
-    if as_type is None:   # this kind's first batch: the first candidate scored by the scorer itself too
-        real = scorer(fitted[0], X, y)
-        if not isinstance(real, (float, np.floating)) or np.float64(real).tobytes() != np.float64(values[0]).tobytes():
+    as_type: Any = _CHECKED.get(kind)
+    values: list[Any] = []
+    step = max(2, COLUMN_VALUES // max(1, X.shape[0]))   # candidates per metric call: bounded memory
+    for lo in range(0, len(fitted), step):
+        P = _columns(rule, fitted[lo:lo + step], X)
+        if as_type is None and lo == 0 and not np.array_equal(P[:, 0], fitted[0].predict(X)):
             return None
-        as_type = _CHECKED[kind] = type(real)
+        Y = np.asfortranarray(np.broadcast_to(target[:, None], P.shape))
+        values.extend(sign * metric(Y, P, multioutput="raw_values", **kwargs))
+        if as_type is None:   # this kind's first batch: the first candidate scored by the scorer itself too
+            real = scorer(fitted[0], X, y)
+            if not isinstance(real, (float, np.floating)) or \
+                    np.float64(real).tobytes() != np.float64(values[0]).tobytes():
+                return None
+            as_type = _CHECKED[kind] = type(real)
     return [as_type(v) for v in values]
 
 
