@@ -20,9 +20,10 @@ from gpunets.compute.models import call_context, fit_context
 from gpunets.compute.threadsafety import serialized, unsafe_groups
 from gpunets.devices.data import device_of
 
-__all__ = ["own_inputs", "writes_inputs", "fresh_estimator", "fit_estimator", "fit_transform_estimator", "apply_estimator", "is_stateless",
+__all__ = ["fresh_estimator", "fit_estimator", "fit_transform_estimator", "apply_estimator", "is_stateless",
            "static_estimator", "partial_fit_estimator", "is_frozen_estimator", "sklearn_config_delta",
-           "sklearn_config", "under_sklearn_config", "training_output_differs", "transform_gives", "same_bits"]
+           "sklearn_config", "under_sklearn_config", "training_output_differs", "transform_gives", "same_bits",
+           "own_inputs", "writes_inputs"]
 
 
 def fresh_estimator(model: Any) -> Any:

@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 import numpy as np
+import sklearn
 
 from gpunets.base.saved import saved_operation
 from gpunets.devices import store as _store
@@ -47,10 +48,6 @@ def _plain_number(v: Any) -> bool:
 # first batch in this process gave scikit-learn's own results bit for bit: later batches of a kind skip the
 # comparison (the value: what the checked result's type was)
 _CHECKED: dict[Any, Any] = {}
-
-# the fitted attributes of a Ridge on dense rows, other than coef_ and intercept_, from the rows
-_RIDGE_FITTED: dict[str, Any] = {"n_features_in_": lambda X: X.shape[1], "n_iter_": lambda X: None,
-                                 "solver_": lambda X: "cholesky"}
 
 _RIDGE_PARAMS = ("alpha", "fit_intercept", "copy_X", "max_iter", "tol", "solver", "positive", "random_state")
 
@@ -79,7 +76,6 @@ class RidgeRule:
     def fit(ests: list[Any], X: Any, y: Any) -> list[Any] | None:
         """Each of ``ests`` fitted on ``X, y``, or None where the rows are not ones the shared path covers, or,
         in a kind's first batch, the first candidate's fit differs from its own ``fit`` by a bit."""
-        import sklearn
         from scipy import linalg
         from sklearn.base import clone
         from sklearn.linear_model._base import _preprocess_data
@@ -93,12 +89,13 @@ class RidgeRule:
         fit_intercept = ests[0].fit_intercept
         kind = ("Ridge.fit", sklearn.__version__, np.__version__, X.dtype.str, X.flags.c_contiguous,
                 X.flags.f_contiguous, bool(fit_intercept), type(y).__name__, target.dtype.str)
+        # the fitted attributes of a Ridge on dense rows, other than coef_ and intercept_
+        attributes = {"n_features_in_": X.shape[1], "n_iter_": None, "solver_": "cholesky"}
         first = None
         if kind not in _CHECKED:   # this kind's first batch: the first candidate fitted by scikit-learn too
             first = clone(ests[0]).fit(X, y)
-            attrs = {k: v for k, v in first.__dict__.items() if k.endswith("_")}
-            if attrs.keys() != _RIDGE_FITTED.keys() | {"coef_", "intercept_"} or any(
-                    attrs[k] != _RIDGE_FITTED[k](X) for k in _RIDGE_FITTED):
+            if {k: v for k, v in vars(first).items() if k.endswith("_") and k not in ("coef_", "intercept_")} \
+                    != attributes:
                 return None
         Xc, yc, X_offset, y_offset, X_scale, _ = _preprocess_data(X, target, fit_intercept=fit_intercept, copy=True,
                                                                   sample_weight=None, rescale_with_sw=False)
@@ -116,8 +113,7 @@ class RidgeRule:
                 fitted.append(clone(est).fit(X, y))
                 continue
             out = clone(est)
-            for k, value_of in _RIDGE_FITTED.items():
-                setattr(out, k, value_of(X))
+            vars(out).update(attributes)
             out.coef_ = np.asarray(np.ravel(coef))
             out._set_intercept(X_offset, y_offset, X_scale)
             fitted.append(out)
@@ -207,8 +203,6 @@ def score_columns(rule: Any, fitted: list[Any], scorer: Any, X: Any, y: Any) -> 
     if known is None or type(X) is not np.ndarray or target is None or len(target) < 2:
         return None
     metric, sign, kwargs = known
-    import sklearn
-
     kind = ("score", sklearn.__version__, np.__version__, rule.name, metric, sign, repr(sorted(kwargs.items())),
             X.dtype.str, X.flags.c_contiguous, X.flags.f_contiguous, type(y).__name__, target.dtype.str)
     as_type: Any = _CHECKED.get(kind)
@@ -267,7 +261,7 @@ def fit_and_score_batch(rule: Any, ests: tuple[Any, ...], users: tuple[tuple[int
     todo = [i for i, found in enumerate(lookups) if found is None or found[0] is None]
     steps: list[Any] = [None] * len(ests)
     fitted, secs = fit_batch(rule, [ests[i] for i in todo], rows, y_fit) if len(todo) > 1 else (None, 0.0)
-    batch = set(todo) if fitted is not None else set()
+    batch = set(todo) if fitted is not None else set()   # the candidates the batch fitted
     for i, est in zip(todo, fitted or ()):
         if lookups[i] is not None:
             stored.keep_step(lookups[i][1], est)
@@ -296,7 +290,7 @@ def fit_and_score_batch(rule: Any, ests: tuple[Any, ...], users: tuple[tuple[int
             out["fit_error"] = None
             if before + loaded:
                 out["_stored"] = before + loaded
-        if fitted is not None and j in batch:
+        if j in batch:
             out["_batched"] = True   # counted in search_report_.batched
         outs.append(out)
     return tuple(outs)
