@@ -17,8 +17,8 @@ from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import check_cv
 from sklearn.utils.metadata_routing import process_routing
 
-from gpunets.compose.routing import routing_enabled, takes_sample_weight, weights_refused
 from gpunets.base.saved import saved_operation
+from gpunets.compose.routing import routing_enabled, takes_sample_weight, weights_refused
 from gpunets.core.machines import OPERATIONS, machine
 from gpunets.core.nodes import Source, node
 from gpunets.devices.data import take_rows as _take

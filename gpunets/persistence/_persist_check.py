@@ -80,6 +80,10 @@ _PLAIN_BASES = frozenset({"builtins.object", "builtins.dict", "builtins.list", "
                           "builtins.int", "builtins.float", "builtins.str", "builtins.bytes",
                           "builtins.frozenset"})
 
+#: The packages whose names a pickle's check looks up (imports); any other name is refused unread.
+_LOOKED_UP = frozenset({"gpunets", "numpy", "sklearn", "scipy", "pandas", "builtins", "copyreg", "collections",
+                        "functools", "_operator", "operator"})
+
 # helpers whose first argument is the class they build (with __new__ only)
 _BUILDS_CLASS_ARG = frozenset({"copyreg._reconstructor", "copyreg.__newobj__", "numpy.core.multiarray._reconstruct",
                                "numpy._core.multiarray._reconstruct", "numpy.ma.core._mareconstruct"})
@@ -167,13 +171,14 @@ def check_pickle(payload: bytes, admit: Callable[[str], bool], named: Iterable[s
         why = never_reason(name)
         if why is not None:
             raise Unsafe(name, f"it is never loaded: {why}")
-        if not admit(name):
-            raise Untrusted(name)
-        obj = resolve(name)
-        real = canonical(obj)
+        # only the packages a trusted name can come from are imported to look a name up (an import runs code)
+        obj = resolve(name) if name.split(".")[0] in _LOOKED_UP or name in named else None
+        real = canonical(obj) if obj is not None else name
         why = never_reason(real)
         if why is not None:
             raise Unsafe(name, f"it is {real}, which is never loaded: {why}")
+        if not admit(name):
+            raise Untrusted(name)
         return _Global(name, obj)
 
     def call(fn: Any, args: Any, how: str) -> Any:
@@ -310,11 +315,13 @@ def _builds_data_when_called(cls: type) -> bool:
         return real in PICKLE_HELPERS
     if issubclass(cls, np.dtype) or real.startswith("numpy.random."):
         return True
-    if real.startswith("sklearn."):
-        init = cls.__dict__.get("__init__", None)
-        return not isinstance(init, types.FunctionType) and not any(
+    if real.startswith("sklearn."):   # a compiled class (not a heap type: no Python code of its own)
+        return not cls.__flags__ & _HEAPTYPE and not any(
             isinstance(b.__dict__.get("__init__"), types.FunctionType) for b in cls.__mro__)
     return False
+
+
+_HEAPTYPE = 1 << 9   # Py_TPFLAGS_HEAPTYPE: set on classes defined in Python
 
 
 # ----------------------------------------------------------------- skops: the schema, not run
@@ -352,9 +359,9 @@ def check_skops(payload: bytes, named: Iterable[str]) -> None:
         elif loader == "OperatorFuncNode":
             raise Unsafe(f"operator.{cls}", "the file builds an operator object that reads or calls by name")
         elif loader == "ConstructorFromReduceNode" and name not in named:
-            obj = resolve(name)
-            if not (isinstance(obj, type) and canonical(obj).split(".")[0] in ("builtins", "datetime", "zoneinfo",
-                                                                                 "decimal", "fractions")):
+            plain = ("builtins", "datetime", "zoneinfo", "decimal", "fractions")
+            obj = resolve(name) if module.split(".")[0] in plain else None
+            if not (isinstance(obj, type) and canonical(obj).split(".")[0] in plain):
                 raise Unsafe(name, "the file calls this class or function while it loads; gn.load never calls "
                                    "a trusted function, or a class's constructor, while loading a file")
 
@@ -477,6 +484,10 @@ class _Walk:
             prefix[:0] = list(fn.args)
             keywords = {**fn.keywords, **keywords}
             fn = fn.func
+        if isinstance(fn, type) and canonical(fn) not in self.named:
+            raise Unsafe(canonical(fn), "a class as a node's operation: its constructor would run when the network "
+                                        "is called (gpunets' networks never use one); trust it by name with "
+                                        "trusted=[...] if the file is yours")
         if not is_dispatching(fn) or _fn_name(fn) in self.named:
             self.todo.append(fn)
             return

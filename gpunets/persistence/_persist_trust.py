@@ -76,6 +76,9 @@ NEVER: dict[str, str] = {
     "gpunets.executors": "an executor starts threads, processes or a Dask cluster",
     "gpunets.base.config": "gpunets' configuration (a store= path creates a folder)",
     "gpunets.persistence.persist": "gn.save and gn.load write and read files",
+    "gpunets.__main__": "the command line", "gpunets.testing": "test helpers",
+    "gpunets.kernels._ptx": "it runs a subprocess", "gpunets.api.display": "it runs a program (dot)",
+    "numpy.f2py": "it compiles and runs code", "numpy.distutils": "it compiles and runs code",
     "sklearn.datasets": "it downloads and writes files", "sklearn.utils._testing": "test helpers (temporary files)",
     "sklearn.externals": "vendored code", "joblib": "it reads and writes files (joblib.Memory, dump, load)",
     "builtins.open": "it opens files", "io": "it opens files", "_io": "it opens files", "os": "it touches files",
@@ -140,7 +143,7 @@ def _numpy_data_class(obj: type) -> bool:
     if obj is np.ndarray or issubclass(obj, (np.dtype, np.generic)):
         return True
     mod = obj.__module__
-    return (mod == "numpy.ma.core" and obj.__qualname__ in ("MaskedArray", "MaskedConstant")) or mod.startswith(
+    return (mod in ("numpy.ma", "numpy.ma.core") and obj.__qualname__ in ("MaskedArray", "MaskedConstant")) or mod.startswith(
         "numpy.random")
 
 

@@ -51,6 +51,7 @@ import io
 import json
 import os
 import pickle
+import pickletools
 import platform
 import re
 import tempfile
@@ -243,7 +244,7 @@ def _series(version: str) -> tuple[str, ...]:
 
 def _read_meta(zf: zipfile.ZipFile, path: str) -> dict[str, Any]:
     if _META not in zf.namelist():
-        raise _foreign(path, f"it is a zip archive without {_META}")
+        raise _foreign_zip(path, zf.namelist())
     raw = _read(zf, _META, path)
     try:
         meta = json.loads(raw)
@@ -359,9 +360,67 @@ def _damaged(path: str, why: str) -> PersistenceError:
                             f"fitted object, or restore the file from a copy.")
 
 
-def _foreign(path: str, why: str) -> PersistenceError:
+def _foreign(path: str, why: str, hint: str = "") -> PersistenceError:
     return PersistenceError(f"{path!r} is foreign: it was not written by gn.save ({why}); gn.load reads only "
-                            f"gn.save's files.")
+                            f"gn.save's files.{' ' + hint if hint else ''}")
+
+
+_RESAVE = ("To make a file gn.load reads, load the object where you trust the file and save it with "
+           "gn.save(obj, path) (format='skops' for a file you share).")
+
+#: The first bytes of the files joblib.dump writes with compress= (zlib, gzip, bz2, xz, lzma, lz4).
+_COMPRESSED = ((b"ZF", "zlib"), (b"\x78\x01", "zlib"), (b"\x78\x5e", "zlib"), (b"\x78\x9c", "zlib"),
+               (b"\x78\xda", "zlib"), (b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"),
+               (b"\x5d\x00\x00", "lzma"), (b"\x04\x22\x4d\x18", "lz4"))
+
+
+def _is_pickle(data: bytes, whole: bool) -> bool:
+    """Whether ``data`` reads as pickle opcodes (read with :mod:`pickletools`, never run)."""
+    if len(data) >= 2 and data[0] == 0x80 and 2 <= data[1] <= 5:
+        return True
+    if not whole or not data:
+        return False
+    try:
+        return any(op.name == "STOP" for op, _, _ in pickletools.genops(data))
+    except Exception:  # noqa: BLE001 - not opcodes
+        return False
+
+
+def _not_a_zip(path: str) -> PersistenceError:
+    """What a file that is not a zip archive is, if it is a pickle or joblib file (read, never run)."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        data = f.read(1 << 20)
+    if _is_pickle(data, whole=size <= len(data)):
+        joblib = b"joblib" in data
+        what = ("a joblib file (joblib.dump)" if joblib
+                else "a plain pickle file (pickle.dump, joblib.dump or cloudpickle)")
+        use = "joblib.load(path)" if joblib else "pickle.load (or joblib.load)"
+        return _foreign(path, f"it is not a zip archive: it is {what}",
+                        f"If you trust where it comes from, load it with {use}, which runs code chosen by whoever "
+                        f"wrote it. {_RESAVE}")
+    for magic, how in _COMPRESSED:
+        if data.startswith(magic):
+            return _foreign(path, f"it is not a zip archive: it looks like a {how}-compressed file, as "
+                                  f"joblib.dump(obj, path, compress=...) writes",
+                            f"If it is a joblib file and you trust where it comes from, load it with "
+                            f"joblib.load(path), which runs code chosen by whoever wrote it. {_RESAVE}")
+    return _foreign(path, "it is not a zip archive")
+
+
+def _foreign_zip(path: str, names: list[str]) -> PersistenceError:
+    """What a zip archive without gn.save's header is, where it is a file of a library users know."""
+    if "schema.json" in names:
+        return _foreign(path, f"it is a zip archive without {_META}: a skops file (skops.io.dump)",
+                        f"Check it with skops.io.get_untrusted_types(file=path), then load it with "
+                        f"skops.io.load(path, trusted=[...]). {_RESAVE}")
+    if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
+        return _foreign(path, f"it is a zip archive without {_META}: a PyTorch file (torch.save)",
+                        "Load it with torch.load(path, weights_only=True).")
+    if names and all(n.endswith(".npy") for n in names):
+        return _foreign(path, f"it is a zip archive without {_META}: a NumPy .npz file",
+                        "Load it with np.load(path).")
+    return _foreign(path, f"it is a zip archive without {_META}")
 
 
 def _open_archive(path: str) -> zipfile.ZipFile:
@@ -373,7 +432,7 @@ def _open_archive(path: str) -> zipfile.ZipFile:
         # a gn.save file begins with the local header of its metadata member: cut short or overwritten after it
         if head.startswith(b"PK\x03\x04") and _META.encode() in head:
             raise _damaged(path, "it is not a complete zip archive (truncated or overwritten)") from exc
-        raise _foreign(path, "it is not a zip archive") from exc
+        raise _not_a_zip(path) from exc
 
 
 def _read(zf: zipfile.ZipFile, name: str, path: str) -> bytes:
