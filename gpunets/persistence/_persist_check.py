@@ -208,7 +208,8 @@ def check_pickle(payload: bytes, admit: Callable[[str], bool], named: Iterable[s
                            f"function, or a class's constructor, while loading a file")
 
     ops = pickletools.genops(payload)
-    for op, arg, _pos in ops:
+    for op, raw, _pos in ops:
+        arg: Any = raw
         code = op.name
         if code in _PUSH_CONST:
             stack.append(("const", arg))

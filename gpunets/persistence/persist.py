@@ -26,6 +26,12 @@ and its version, read before anything else) and the payload, written with
    ``format="skops"``, which loads only types on a trusted list (gpunets'
    own, NumPy's, scikit-learn's, and those you name with ``trusted=[...]``).
 
+The loader, not the file, decides what a loaded network may do: a skops file, or a pickle loaded with
+``trusted=``, is checked as a whole before anything in it runs (:mod:`gpunets.persistence._persist_check`):
+nothing is called while it loads but what builds plain data, no file-touching class is admitted
+(:mod:`gpunets.persistence._persist_trust`), and the operations that call what an argument names get only
+names from fixed tables.  docs/persistence.md, "What a loaded file can do", says exactly what runs.
+
 The object saved is encoded by :mod:`gpunets.persistence._persist_codec`: the graph as a
 table (one entry per source, node and machine, referred to by index), so
 shared parts are written once and deep networks need no deep recursion.
@@ -465,8 +471,10 @@ def load(path: str | os.PathLike[str], *, allow_pickle: bool = False,
         whoever wrote the file.
     trusted : list of str or type, optional
         Types (or functions) to trust beyond gpunets', NumPy's and scikit-learn's classes, by their full name
-        as the error lists them (``"mymodule.MyComposite"``).  For a pickle file, loading with ``trusted=``
-        refuses any other global the pickle names.
+        as the error lists them (``"mymodule.MyComposite"``): they are built, or called when the network runs
+        (in a pickle, also while it loads), unchecked.  For a pickle file, loading with ``trusted=`` refuses
+        any other global the pickle names.  Names that touch files (``numpy.memmap``, ``gn.Store``, ``os``...)
+        are refused whatever this says.
 
     Returns
     -------
@@ -476,9 +484,12 @@ def load(path: str | os.PathLike[str], *, allow_pickle: bool = False,
     Raises
     ------
     PersistenceError
-        A ``ValueError``: the file is *foreign* (not written by :func:`save`), *damaged* (written by it, then
-        cut short or altered), written by an incompatible gpunets version (both versions are named), or a
-        pickle file loaded without ``allow_pickle=True`` or ``trusted=``.
+        A ``ValueError``: the file is *foreign* (not written by :func:`save`; a pickle, joblib or skops file is
+        named as such, with what loads it), *damaged* (written by it, then cut short or altered), written by an
+        incompatible gpunets version (both versions are named), a pickle file loaded without
+        ``allow_pickle=True`` or ``trusted=``, or a file that uses a trusted name to do what a file may not
+        (call something while it loads, touch files, hand a call-anything operation a name or callable of its
+        choosing): the message names the culprit, and nothing in the file was run.
     UntrustedTypesError
         A ``TypeError``: the file holds types that are not trusted; the message names them.
 
