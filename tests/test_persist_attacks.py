@@ -430,3 +430,40 @@ def test_a_foreign_file_is_named_with_what_to_use(kind, tmp_path):
     with pytest.raises(gn.PersistenceError, match="is foreign: it was not written by gn.save") as info:
         gn.load(path, allow_pickle=True)
     assert what in str(info.value) and use in str(info.value) and "gn.save(obj, path)" in str(info.value)
+
+
+@pytest.mark.parametrize("data", ["numpy", "pandas"])
+@pytest.mark.parametrize("kind", ["network", "stack", "stack-cv-ensemble", "from_sklearn-pipeline",
+                                  "from_sklearn-columns", "from_sklearn-voting", "search"])
+def test_every_kind_of_gpunets_file_passes_the_checks(kind, data, fmt, tmp_path):
+    """The checks refuse what a crafted file tries, not what gn.save writes: a pickle loaded with trusted=[] and
+    a skops file with no trust list load every kind of object gpunets makes."""
+    from .test_persist_trust import _fitted, _training
+
+    X, y = _training(data)
+    obj = _fitted(kind, X, y)
+    path = gn.save(obj, tmp_path / f"{kind}.{fmt}", format=fmt)
+    loaded = gn.load(path, trusted=[]) if fmt == "pickle" else gn.load(path)
+    Xnew = X[:5] if data == "numpy" else X.iloc[:5]
+    got = loaded(Xnew) if kind == "network" else loaded.predict(Xnew)
+    expected = obj(Xnew) if kind == "network" else obj.predict(Xnew)
+    np.testing.assert_allclose(np.asarray(got, dtype=float), np.asarray(expected, dtype=float), rtol=1e-12)
+
+
+def test_classifier_stacks_and_halving_searches_pass_the_checks(fmt, tmp_path):
+    from sklearn.ensemble import VotingClassifier
+    from sklearn.linear_model import LogisticRegression
+
+    X = np.random.default_rng(2).normal(size=(60, 3))
+    y = (X[:, 0] > 0).astype(int)
+    objs = [gn.StackingClassifier([("a", LogisticRegression())], LogisticRegression(), cv=3).fit(X, y),
+            gn.from_sklearn(VotingClassifier([("a", LogisticRegression()), ("b", LogisticRegression(C=2.0))],
+                                             voting="soft")).fit(X, y),
+            gn.RandomizedSearchCV(LogisticRegression(), {"C": [0.1, 1.0, 10.0]}, n_iter=2, cv=3, random_state=0,
+                                  scoring=["accuracy", "roc_auc"], refit="accuracy").fit(X, y)]
+    if hasattr(gn, "HalvingGridSearchCV"):
+        objs.append(gn.HalvingGridSearchCV(LogisticRegression(), {"C": [0.1, 1.0, 10.0, 100.0]}, cv=3).fit(X, y))
+    for i, obj in enumerate(objs):
+        path = gn.save(obj, tmp_path / f"{i}.{fmt}", format=fmt)
+        loaded = gn.load(path, trusted=[]) if fmt == "pickle" else gn.load(path)
+        np.testing.assert_array_equal(loaded.predict(X[:7]), obj.predict(X[:7]))
