@@ -216,6 +216,15 @@ def test_a_checked_argument_computed_by_another_node_is_refused(kind, fmt, victi
     _refused(path, fmt, name)
 
 
+@pytest.mark.parametrize(("name", "pos", "kind"), list(_rows()))
+def test_a_checked_argument_given_by_keyword_is_checked_too(name, pos, kind, fmt, victim):
+    fn = resolve(name)
+    keyword = list(inspect.signature(fn).parameters)[pos]
+    op = functools.partial(fn, **{keyword: _BAD_VALUE[kind]})
+    path = gn.save(gn.node(op, gn.source(np.ones((2, 2)), name="X")), victim / f"kw.{fmt}", format=fmt)
+    _refused(path, fmt, name)
+
+
 @pytest.mark.parametrize("name", DISPATCHING)
 def test_a_dispatching_operation_is_never_a_value(name, fmt, victim):
     """Handed to another function (in a tuple a trusted function indexes, or wrapped in a partial), a dispatching
@@ -397,15 +406,15 @@ def test_a_trusted_class_builds_data_only(name):
 # ----------------------------------------------------------------- networks gpunets makes still load
 
 
-def test_gpunets_own_networks_still_load_on_both_formats(fmt, victim):
+def test_gpunets_own_networks_still_load_on_both_formats(executor, fmt, victim):
     X, y = np.random.default_rng(1).normal(size=(40, 3)), np.arange(40.0)
     Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
     W = gn.machine(gn.from_sklearn(Ridge()), Xs, ys).predict(Xs)
     net = gn.mean(W, gn.machine(Ridge(alpha=3.0), Xs, ys).predict(Xs), weights=[0.3, 0.7])
-    net.fit()
+    net.fit(executor=executor)
     path = gn.save(net, victim / f"ok.{fmt}", format=fmt)
     kw = {"trusted": []} if fmt == "pickle" else {}
-    np.testing.assert_allclose(gn.load(path, **kw)(X[:5]), net(X[:5]))
+    np.testing.assert_allclose(gn.load(path, **kw)(X[:5], executor=executor), net(X[:5], executor="serial"))
 
 
 # ----------------------------------------------------------------- foreign files: what they are (item 15)

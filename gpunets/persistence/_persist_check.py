@@ -20,6 +20,7 @@ Three checks, all refusing with the name that is the culprit (:class:`Unsafe`, :
 from __future__ import annotations
 
 import functools
+import inspect
 import io
 import json
 import keyword
@@ -493,10 +494,16 @@ class _Walk:
             self.todo.append(fn)
             return
         args = (*prefix, *node_args)
+        try:
+            names = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            names = []
         for pos, kind in sorted(checked_arguments(fn).items()):
-            if pos >= len(args):
-                continue   # not given: the function's default, or a call that fails
-            _check_argument(_fn_name(fn), pos, kind, args[pos], self.named)
+            by_name = names[pos] if pos < len(names) else None
+            if by_name in keywords:   # given by keyword (a partial's)
+                _check_argument(_fn_name(fn), pos, kind, keywords[by_name], self.named)
+            if pos < len(args):
+                _check_argument(_fn_name(fn), pos, kind, args[pos], self.named)
 
 
 def _check_argument(fname: str, pos: int, kind: str, value: Any, named: set[str]) -> None:
