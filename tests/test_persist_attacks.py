@@ -309,6 +309,20 @@ def test_a_store_is_never_opened_by_a_file(fmt, loader, victim, tmp_path):
     assert not os.path.exists(folder)
 
 
+def test_a_file_never_chooses_where_a_result_is_stored(fmt, victim, tmp_path):
+    """A search's task that writes its result into the store in force (Keeping), or a Stage carrying the store key
+    its values go under, would let a file write entries of its choosing into the caller's store."""
+    from gpunets.tuning.stored import Keeping
+    from gpunets.tuning.tasks import Stage
+
+    X = gn.source(np.ones((2, 2)), name="X")
+    forged = Stage(np.ones((2, 2)), np.ones((2, 2)), None, (0.0,), b"a key the file chose")
+    for culprit, net in (("gpunets.tuning.stored.Keeping", gn.node(Keeping(pick, b"k" * 32), ({"x": 1},), 0)),
+                         ("gpunets.tuning.tasks.Stage", gn.node(collect, gn.node(pick, (forged,), 0), X))):
+        path = gn.save(net, victim / f"keep.{fmt}", format=fmt)
+        _refused(path, fmt, culprit)
+
+
 def test_a_store_is_not_saved(tmp_path):
     est = Ridge().fit(np.eye(2), [0.0, 1.0])
     est.store_ = gn.Store(tmp_path / "s")

@@ -75,6 +75,9 @@ NEVER: dict[str, str] = {
     "gpunets.devices.store": "a store of fitted states creates and writes its folder",
     "gpunets.executors": "an executor starts threads, processes or a Dask cluster",
     "gpunets.base.config": "gpunets' configuration (a store= path creates a folder)",
+    "gpunets.tuning.stored": "it writes results into the store of fitted states in force, under keys it holds",
+    "gpunets.tuning.tasks.Stage": "it carries the store key its values are written under (a search's value "
+                                  "between tasks, never saved: a file could forge the key)",
     "gpunets.persistence.persist": "gn.save and gn.load write and read files",
     "gpunets.__main__": "the command line", "gpunets.testing": "test helpers",
     "gpunets.kernels._ptx": "it runs a subprocess", "gpunets.api.display": "it runs a program (dot)",
