@@ -490,3 +490,18 @@ def test_classifier_stacks_and_halving_searches_pass_the_checks(fmt, tmp_path):
         path = gn.save(obj, tmp_path / f"{i}.{fmt}", format=fmt)
         loaded = gn.load(path, trusted=[]) if fmt == "pickle" else gn.load(path)
         np.testing.assert_array_equal(loaded.predict(X[:7]), obj.predict(X[:7]))
+
+
+def test_trusting_a_dispatching_operation_by_name_is_the_callers_choice(fmt, victim):
+    """trusted=[name] opens that name unchecked (the caller's decision, not the file's); nothing else."""
+    X = gn.source(np.ones((2, 2)), name="X")
+    net = gn.node(collect, gn.node(apply_op, "__getattribute__", take, "__name__"), X)
+    path = gn.save(net, victim / f"t.{fmt}", format=fmt)
+    _refused(path, fmt, "gpunets.tuning.tasks.apply_op")
+    loaded = gn.load(path, trusted=["gpunets.tuning.tasks.apply_op"])
+    assert isinstance(loaded, type(net))
+    with pytest.raises(gn.PersistenceError, match="never loaded"):   # what touches files stays refused
+        gn.load(_write(victim / f"mm.{fmt}", fmt, pickle.dumps(Archive(_Call(np.memmap, ("x", "uint8", "w+")), []))
+                       if fmt == "pickle" else _skops_call("numpy", "memmap", ("x", "uint8", "w+"))),
+                trusted=["numpy.memmap"])
+    assert not (victim / "x").exists()

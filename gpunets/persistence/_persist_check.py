@@ -212,8 +212,16 @@ def check_pickle(payload: bytes, admit: Callable[[str], bool], named: Iterable[s
     for op, raw, _pos in ops:
         arg: Any = raw
         code = op.name
-        if code in _PUSH_CONST:
+        if code in _PUSH_CONST:   # the most frequent opcodes first
             stack.append(("const", arg))
+        elif code == "MEMOIZE":
+            memo[len(memo)] = stack[-1]
+        elif code in ("GET", "BINGET", "LONG_BINGET"):
+            if arg not in memo:
+                raise Unsafe("(pickle)", "its opcodes are malformed (a memo entry read before it is written)")
+            stack.append(memo[arg])
+        elif code in ("PUT", "BINPUT", "LONG_BINPUT"):
+            memo[arg] = stack[-1]
         elif code in _NOOP:
             if code == "STOP":
                 break
@@ -259,14 +267,6 @@ def check_pickle(payload: bytes, admit: Callable[[str], bool], named: Iterable[s
                     canonical(target.cls) if isinstance(target, _Made) and target.cls is not None else "(pickle)")
                 raise Unsafe(who, f"the file adds items ({code}) to an object that is not a {kind} it built "
                                   f"(that would call its methods)")
-        elif code in ("PUT", "BINPUT", "LONG_BINPUT"):
-            memo[arg] = stack[-1]
-        elif code == "MEMOIZE":
-            memo[len(memo)] = stack[-1]
-        elif code in ("GET", "BINGET", "LONG_BINGET"):
-            if arg not in memo:
-                raise Unsafe("(pickle)", "its opcodes are malformed (a memo entry read before it is written)")
-            stack.append(memo[arg])
         elif code == "GLOBAL":
             module, name = arg.split(" ", 1)
             stack.append(glob(f"{module}.{name}"))
