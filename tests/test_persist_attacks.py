@@ -347,6 +347,18 @@ def test_a_name_is_judged_as_what_it_refers_to(module, qualname, victim, tmp_pat
     assert not (victim / "pwned!").exists()
 
 
+@pytest.mark.parametrize("name", ["numpy.savez", "numpy.fromfile", "numpy.lib.format.open_memmap"])
+def test_a_file_touching_function_stays_refused_when_trusted_by_name(name, fmt, victim, tmp_path):
+    obj = resolve(name)
+    if fmt == "pickle":
+        payload = pickle.dumps(Archive(obj, []))
+    else:
+        payload = _skops_call(name.rsplit(".", 1)[0], name.rsplit(".", 1)[1], (), loader="FunctionNode")
+    path = _write(tmp_path / f"fn.{fmt}", fmt, payload)
+    with pytest.raises(gn.PersistenceError, match="never loaded"):
+        gn.load(path, trusted=[name])
+
+
 def test_a_pickle_never_alters_a_class_or_function(victim, tmp_path):
     """BUILD on a global would set attributes of a class for the whole process (Ridge.predict = ...)."""
     payload = b"csklearn.linear_model._ridge\nRidge\n(N}(Vpredict\nI1\nutb."

@@ -353,6 +353,12 @@ def check_skops(payload: bytes, named: Iterable[str]) -> None:
         why = never_reason(name)
         if why is not None:
             raise Unsafe(name, f"it is never loaded: {why}")
+        if module.split(".")[0] in _LOOKED_UP and loader in ("FunctionNode", "TypeNode", "ObjectNode",
+                                                              "ConstructorFromReduceNode"):
+            obj = resolve(name)   # judged as what it refers to (numpy.savez is numpy.lib._npyio_impl.savez)
+            why = never_reason(canonical(obj)) if obj is not None else None
+            if why is not None:
+                raise Unsafe(name, f"it is {canonical(obj)}, which is never loaded: {why}")
         if loader == "MethodNode":
             func = (node.get("content") or {}).get("func") if isinstance(node.get("content"), dict) else None
             full = f"{name}.{func}"
