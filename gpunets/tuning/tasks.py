@@ -22,6 +22,7 @@ from gpunets.compute.estimators import (
     writes_inputs,
 )
 from gpunets.compute.models import fit_context, prepare_inputs
+from gpunets.core.machines import OPERATIONS
 from gpunets.core.nodes import source
 from gpunets.devices.data import check_placeable, take_rows
 from gpunets.tuning import dropin, stored
@@ -242,7 +243,7 @@ def score_on(route: Any, *args: Any) -> dict[str, Any]:
         return score_one(*values)
 
 
-@saved_operation
+@saved_operation(checked={0: "callable"})
 def score_one(scorer: Any, error_score: Any, train: bool, n_test: int, n_scores: tuple[str, ...] | None,
               score_params: tuple[dict[str, Any], dict[str, Any]] | None, est: Any, X_test: Any, y_test: Any,
               X_train: Any, y_train: Any, *seconds: float) -> dict[str, Any]:
@@ -513,9 +514,13 @@ def frozen_model(est: Any) -> tuple[Any, None, float]:
     return est, None, 0.0
 
 
-@saved_operation
+@saved_operation(checked={0: "operation"})
 def apply_op(op: str, est: Any, *values: Any) -> Any:
-    """A machine operation (``predict``, ``transform``...) of a fitted model."""
+    """A machine operation (``predict``, ``transform``...: one of :data:`~gpunets.core.machines.OPERATIONS`, never
+    another method) of a fitted model."""
+    if op not in OPERATIONS:
+        msg = f"apply_op: {op!r} is not a machine operation; operations are {list(OPERATIONS)}."
+        raise ValueError(msg)
     failed = _first_failed((est, *values))
     if failed is not None:
         return failed
@@ -525,7 +530,7 @@ def apply_op(op: str, est: Any, *values: Any) -> Any:
         return Failed(e, traceback.format_exc(), fit=False)
 
 
-@saved_operation
+@saved_operation(checked={0: "callable"})
 def call_fn(fn: Any, *values: Any) -> Any:
     """A plain node of a composite's network (``gn.node(fn, ...)``, ``gn.mean``...)."""
     failed = _first_failed(values)
@@ -569,7 +574,7 @@ class Replay:
         return type(self._spec).score(self, X, y, sample_weight=sample_weight)
 
 
-@saved_operation
+@saved_operation(checked={1: "operations", 2: "callable"})
 def score_replay(spec: Any, ops: tuple[str, ...], scorer: Any, error_score: Any, train: bool, n_test: int,
                  n_scores: tuple[str, ...] | None, fit_seconds: float, y_test: Any, y_train: Any,
                  *values: Any) -> dict[str, Any]:

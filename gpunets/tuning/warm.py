@@ -197,7 +197,7 @@ def _continuable_copy(fitted: Any) -> Any:
     return copy.deepcopy(fitted)
 
 
-@saved_operation
+@saved_operation(checked={2: "parameter"})
 def warm_fit_and_score(est: Any, previous: Any, param: str, route: Any, fit_params: dict[str, Any], X: Any, y: Any,
                        users: tuple[int, ...], head: tuple[Any, ...], X_test: Any, y_test: Any, X_train: Any,
                        y_train: Any, jobs: int = 1) -> dict[str, Any]:
