@@ -35,6 +35,8 @@ It is as strict as CuPy on the rules that break GPU code:
   ``np.f(x)`` runs as ``cupy.f(x)`` where CuPy has an ``f`` (a host operand is refused) and raises
   ``TypeError`` where it has none; ``operator.index`` takes integer 0-d arrays only;
 * ``cuda.get_elapsed_time`` needs two completed timing events of one device;
+* every read of device data on the host (``get``, ``asnumpy``, ``item``, ``tolist``, ``float()``/``bool()``
+  of an array: a host synchronisation on a real GPU) is logged in :func:`host_reads`, with its caller;
 * every operation issued on the legacy stream is logged in :func:`legacy_work`
   (a device-wide barrier on a real GPU), and every refused implicit conversion
   in :func:`implicit_conversions`, so a test can assert neither happened.
@@ -76,7 +78,7 @@ import numpy as np
 from gpunets.devices._gpulibs import fake_gpu_count
 
 __all__ = ["module", "ndarray", "legacy_work", "implicit_conversions", "order_violations", "reset_log", "launch",
-           "seed"]
+           "seed", "host_reads"]
 
 from gpunets.devices._fakecuda import (
     _IMPLICIT,
@@ -94,7 +96,9 @@ from gpunets.devices._fakecuda import (
     _lock,
     _state,
     get_current_stream,
+    count_host_read,
     get_elapsed_time,
+    host_reads,
     implicit_conversions,
     legacy_work,
     order_violations,
@@ -136,6 +140,7 @@ class ndarray:  # noqa: N801 - CuPy's name
     # --- host moves
     def get(self, stream: Stream | None = None, out: Any = None, order: str = "C", blocking: bool = True) -> np.ndarray:
         _read("get", [self], stream)
+        count_host_read("get")
         if blocking:   # a blocking copy waits, on the host, for the stream it ran on
             (stream if stream is not None else get_current_stream()).synchronize()
         return np.array(self._a, order=order)
@@ -555,6 +560,7 @@ def _build(count: int) -> Any:
                          ExternalStream=ExternalStream, set_allocator=_set_allocator)
     shared = dict(ndarray=ndarray, cuda=cuda, asnumpy=asnumpy, is_available=lambda: _state.count > 0,
                   legacy_work=legacy_work, implicit_conversions=implicit_conversions, launch=launch,
+                  host_reads=host_reads,
                   order_violations=order_violations, reset_log=reset_log, __version__="fake")
     _state.cupy = _Namespace("gpunets.devices.fakegpu.cupy", np, array_api=False, extra=shared)
     # named "cupy": scikit-learn moves arrays of a namespace called "cupy" to the host with .get(), as for CuPy

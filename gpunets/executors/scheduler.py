@@ -39,6 +39,7 @@ from typing import Any
 from gpunets.base.exceptions import EvaluationError, FitError, GpunetsError, wrap_exception
 from gpunets.base.trace import Trace
 from gpunets.compute.estimators import sklearn_config
+from gpunets.devices.finite import run_config
 from gpunets.planning.plan import Plan, Task
 
 __all__ = ["Run"]
@@ -71,6 +72,9 @@ class Run:
         self.outputs_ready = False
         self.t0 = time.perf_counter()
         self.trace.origin = self.t0
+        # the caller's scikit-learn configuration, with assume_finite=True where the sources of a GPU run
+        # were checked once here (gpunets.devices.finite): the estimators then skip their host-syncing checks
+        self.sklearn_config = run_config(plan)
         for t in plan.tasks:
             if t.kind == "source":
                 self.values[t.key] = t.value
@@ -118,8 +122,12 @@ class Run:
 
     # --- running -----------------------------------------------------------------------
     def run_task(self, key: int, *, lane: Any = None, inputs: tuple[Any, ...] | None = None,
-                 device: str | None = None, before: Callable[[], None] | None = None) -> bool:
-        """Run task ``key`` here and now; return False if it failed."""
+                 device: str | None = None, before: Callable[[], None] | None = None,
+                 configured: bool = False) -> bool:
+        """Run task ``key`` here and now; return False if it failed.
+
+        ``configured=True``: the caller already runs under :attr:`sklearn_config` (a lane's whole loop).
+        """
         task = self.plan.tasks[key]
         fn = task.fn
         assert fn is not None   # only source tasks have no function, and they are done before the run starts
@@ -129,8 +137,8 @@ class Run:
         try:
             if before is not None:
                 before()
-            if self.plan.sklearn_config:   # the caller's scikit-learn configuration, in this thread too
-                with sklearn_config(self.plan.sklearn_config):
+            if self.sklearn_config and not configured:   # the caller's scikit-learn configuration, here too
+                with sklearn_config(self.sklearn_config):
                     value = fn(*inputs)
             else:
                 value = fn(*inputs)
@@ -188,8 +196,8 @@ class Run:
 
     def work(self, lane: Any, block: bool = False) -> None:
         """:meth:`_work` under the caller's scikit-learn configuration (it is per thread)."""
-        if self.plan.sklearn_config:
-            with sklearn_config(self.plan.sklearn_config):
+        if self.sklearn_config:
+            with sklearn_config(self.sklearn_config):
                 self._work(lane, block)
         else:
             self._work(lane, block)
@@ -229,8 +237,8 @@ class Run:
         once the last two, or three of the last eight, took longer (one slow task, a pause of the process, does
         not count; nor does time other processes take the core), when none is ready, or when the run is over or
         has failed."""
-        if self.plan.sklearn_config:
-            with sklearn_config(self.plan.sklearn_config):
+        if self.sklearn_config:
+            with sklearn_config(self.sklearn_config):
                 self._work_short(lane, seconds)
         else:
             self._work_short(lane, seconds)
