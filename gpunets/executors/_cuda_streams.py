@@ -165,7 +165,6 @@ class EmulatedBackend:
         self.rng = random.Random(seed)
         self.checker = StreamChecker() if check else None
         self.issue = issue
-        self.n_events = 0
 
     def begin(self, tasks: Any) -> None:
         return None
@@ -202,7 +201,6 @@ class EmulatedBackend:
             self.checker.record(task.key)
         event = _HostEvent()
         event.flag.set()
-        self.n_events += 1
         return event
 
     def wait(self, event: _HostEvent, consumer: Any, producer: Any, cross_lane: bool) -> None:
@@ -322,7 +320,6 @@ class CudaBackend:
         self.ordinal: list[int | None] = []   # each task's ordinal
         self.tasks: list[Any] = []
         self.taken: list[tuple[tuple[int, int], Any]] = []   # pooled events this run took
-        self.n_events = 0               # events recorded by the run (pooled ones)
         self._local = threading.local()
 
     # --- set-up ---------------------------------------------------------------------------
@@ -336,7 +333,7 @@ class CudaBackend:
         for o in self.ordinals:
             with cp.cuda.Device(o):
                 # blocking: a CPU lane that waits for it on the host sleeps instead of spinning a core
-                ev = cp.cuda.Event(block=True, disable_timing=True)
+                ev = self._event(o)
                 ev.record(cp.cuda.get_current_stream())   # this thread's current stream on this device
                 self.start.append(ev)
                 if self.timing:
@@ -467,7 +464,6 @@ class CudaBackend:
             cp.cuda.get_current_stream().wait_event(cp.cuda.Stream.ptds.record(self._event(o)))
         ev = self._event(o)
         ev.record(cp.cuda.get_current_stream())
-        self.n_events += 1
         return ev
 
     def wait(self, event: Any, consumer: Any, producer: Any, cross_lane: bool) -> None:

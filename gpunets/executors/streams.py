@@ -77,7 +77,13 @@ def run_on_cuda(plan: Any, workers: int, name: str, on_task_done: Any = None) ->
     streams executor's CUDA backend provides.
     """
     ex = StreamsExecutor(workers=workers)
-    return ex._run(plan, CudaBackend(ex.stream, timing=gpu_timing_requested()), name, on_task_done)
+    return ex._run(plan, CudaBackend(ex.stream, timing=_timing(plan)), name, on_task_done)
+
+
+def _timing(plan: Any) -> bool:
+    """Whether a run times its GPU tasks with CUDA events: inside ``gn.evaluate(..., trace=True)``, and every fit
+    (its report shows the GPU-busy fraction; a fit's GPU work is long next to two timed events)."""
+    return gpu_timing_requested() or plan.kind == "fit"
 
 
 class _StreamsRun(Run):
@@ -170,8 +176,8 @@ class StreamsExecutor(Executor):
         cuML runs) or on a new non-blocking stream.
     timing : bool, optional
         GPU only: time each GPU task with CUDA events, so that its trace record shows when the GPU
-        ran it (``issued`` keeps the host issue time).  Default: on inside
-        ``gn.evaluate(..., trace=True)``, else off (timed events cost a little).
+        ran it (``issued`` keeps the host issue time) and the trace its GPU-busy fraction.  Default: on
+        inside ``gn.evaluate(..., trace=True)`` and for fits, else off (timed events cost a little).
     skip_wait : callable, optional
         Testing only: ``skip_wait(consumer_task, producer_task) -> bool`` drops
         that cross-lane wait, to show that the checker catches a missing dependency.
@@ -223,7 +229,7 @@ class StreamsExecutor(Executor):
         on_gpu = any(str(t.device).startswith("cuda") for t in plan.tasks)
         if self.emulate or (self.emulate is None and not (on_gpu and gpu_available())):
             return EmulatedBackend(self.delays, self.seed, self.check, issue=bool(self.issuer))
-        timing = gpu_timing_requested() if self.timing is None else self.timing
+        timing = _timing(plan) if self.timing is None else self.timing
         return CudaBackend(self.stream, timing=timing)
 
     def run(self, plan: Any, on_task_done: Any = None) -> Run:
