@@ -357,7 +357,11 @@ class StreamsExecutor(Executor):
         flags = layout.flags
         events, vals = run.events, run.values
         skip_wait = self.skip_wait
-        enter, before_task, after_task = backend.enter, backend.before_task, backend.after_task
+        enter = backend.enter
+        # timing or delays: a call before and after each task; else none
+        hooks = bool(getattr(backend, "timing", False) or backend.delays)
+        before_task, after_task = backend.before_task, backend.after_task
+        last_g: Any = None
         record, t0, perf = run.trace.add, run.t0, time.perf_counter
         name = threading.current_thread().name
         try:
@@ -368,7 +372,9 @@ class StreamsExecutor(Executor):
                     task = tasks[k]
                     g = group[k]
                     lane = g[1]
-                    enter(task, lane)   # the task's GPU and stream current: its waits go there
+                    if g != last_g or g[0] is None:   # the task's GPU and stream current: its waits go there
+                        enter(task, lane)
+                        last_g = g
                     for d in task.deps:
                         gd = group[d]
                         if gd is None:   # a source
@@ -397,7 +403,7 @@ class StreamsExecutor(Executor):
                     if not run.claim(k):
                         break
                     inputs = [vals[d] for d in task.deps]
-                    before = before_task(task)
+                    before = before_task(task) if hooks else None
                     fn = task.fn
                     start = perf()
                     try:
@@ -412,7 +418,8 @@ class StreamsExecutor(Executor):
                         record(task, lane, start - t0, perf() - t0, name, None, False)
                         run.complete(k, value)
                         ok = True
-                        after_task(task)
+                        if hooks:
+                            after_task(task)
                         if needs_event[k]:
                             run.recorded(k, backend.record(task))
                     del inputs
