@@ -283,3 +283,31 @@ def test_the_race_checker_covers_the_issue_order():
     run = bad.run(compile_call([out], {}, max_lanes=2))
     assert isinstance(getattr(run.error, "_gn_original", run.error), gn.StreamOrderError)
     assert bad.last_checker.violations
+
+
+# ----------------------------------------------------------------- out of GPU memory
+
+
+def test_out_of_gpu_memory_names_the_task_device_bytes_and_what_held_memory(cp, gn_executor):
+    if getattr(gn_executor, "name", "") == "dask":
+        pytest.skip("dask workers are other processes")
+    X, y = _data()
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    first = gn.machine(StandardScaler(), Xs)
+    Z = first.transform(Xs)
+
+    def greedy(z):
+        raise cp.cuda.memory.OutOfMemoryError(8_000_000_000, 1_234_567)
+
+    with gn.device("cuda"):
+        big = gn.node(lambda z: z * 2, Z, name="big")
+        boom = gn.node(greedy, big, name="greedy")
+    with pytest.raises(gn.EvaluationError) as info:
+        gn.fit(boom, executor=gn_executor)
+        boom(executor=gn_executor)
+    err = info.value
+    assert isinstance(err, MemoryError)
+    msg = str(err)
+    assert "greedy" in msg and "cuda:0" in msg and "8,000,000,000 bytes" in msg, msg
+    assert "held" in msg and "Hint:" in msg, msg
+    assert first._state is not None   # the fit committed before the failure is kept

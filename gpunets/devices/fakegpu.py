@@ -545,6 +545,36 @@ def _device_attribute(attr: int, device: int) -> int:
     raise CUDARuntimeError(f"fake GPU: device attribute {attr} is not modelled (only the SM count, 16)")
 
 
+class OutOfMemoryError(MemoryError):
+    """``cupy.cuda.memory.OutOfMemoryError``: an allocation the device (or the pool's limit) could not serve."""
+
+    def __init__(self, size: int, total: int, limit: int = 0) -> None:
+        msg = f"Out of memory allocating {size:,} bytes (allocated so far: {total:,} bytes)."
+        if limit:
+            msg = msg[:-2] + f", limit set to: {limit:,} bytes)."
+        super().__init__(msg)
+
+
+class _MemoryPool:
+    """``cupy.get_default_memory_pool()``: the fake allocates nothing through a pool (both counts are 0)."""
+
+    def used_bytes(self) -> int:
+        return 0
+
+    def total_bytes(self) -> int:
+        return 0
+
+    def free_all_blocks(self, stream: Any = None) -> None:
+        return None
+
+
+_POOL = _MemoryPool()
+
+
+def _memory_pool() -> _MemoryPool:
+    return _POOL
+
+
 def _build(count: int) -> Any:
     from sklearn.externals.array_api_compat import numpy as compat  # noqa: PLC0415
 
@@ -554,11 +584,14 @@ def _build(count: int) -> Any:
                             pointerGetAttributes=_pointer_attributes,
                             CUDARuntimeError=CUDARuntimeError, cudaDevAttrMultiProcessorCount=16,
                             deviceGetAttribute=_device_attribute)
-    cuda.__dict__.update(Device=Device, Stream=Stream, Event=Event, runtime=runtime,
+    memory = types.ModuleType("gpunets.devices.fakegpu.cuda.memory")
+    memory.__dict__.update(OutOfMemoryError=OutOfMemoryError)
+    cuda.__dict__.update(Device=Device, Stream=Stream, Event=Event, runtime=runtime, memory=memory,
                          get_current_stream=get_current_stream, is_available=lambda: _state.count > 0,
                          get_elapsed_time=get_elapsed_time, CUDARuntimeError=CUDARuntimeError,
                          ExternalStream=ExternalStream, set_allocator=_set_allocator)
     shared = dict(ndarray=ndarray, cuda=cuda, asnumpy=asnumpy, is_available=lambda: _state.count > 0,
+                  get_default_memory_pool=_memory_pool,
                   legacy_work=legacy_work, implicit_conversions=implicit_conversions, launch=launch,
                   host_reads=host_reads,
                   order_violations=order_violations, reset_log=reset_log, __version__="fake")
