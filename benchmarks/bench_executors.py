@@ -26,7 +26,8 @@ import functools
 import os
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -203,7 +204,7 @@ def host_cost(quick: bool) -> dict[str, Any]:
                  **{f"fan-in {n}": (f"fan{n}", gn.StreamsExecutor(workers=4)) for n in fans}}
         tasks = {"gpu": n_chain, "cpu": n_chain, **{f"fan{n}": n + 1 for n in fans}}
         best: dict[str, float] = {}
-        for name, (plan, ex) in execs.items():   # warm-up
+        for plan, ex in execs.values():   # warm-up
             assert ex.run(plans[plan]).error is None
         for _ in range(reps):
             for name, (plan, ex) in execs.items():

@@ -291,8 +291,8 @@ def test_the_race_checker_covers_the_issue_order():
 def test_out_of_gpu_memory_names_the_task_device_bytes_and_what_held_memory(cp, gn_executor):
     if getattr(gn_executor, "name", "") == "dask":
         pytest.skip("dask workers are other processes")
-    X, y = _data()
-    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    X, _ = _data()
+    Xs = gn.source(X, name="X")
     first = gn.machine(StandardScaler(), Xs)
     Z = first.transform(Xs)
 

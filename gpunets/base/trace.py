@@ -133,17 +133,17 @@ class Trace:
     def gpu_time(self) -> float:
         """Seconds during which the GPU ran work of this run (the union of the GPU spans)."""
         spans = sorted((r.start, r.end) for r in self.gpu_records())
-        total, cur_lo, cur_hi = 0.0, None, None
-        for lo, hi in spans:
-            if cur_hi is None or lo > cur_hi:
-                if cur_hi is not None:
-                    total += cur_hi - cur_lo
+        if not spans:
+            return 0.0
+        total = 0.0
+        cur_lo, cur_hi = spans[0]
+        for lo, hi in spans[1:]:
+            if lo > cur_hi:
+                total += cur_hi - cur_lo
                 cur_lo, cur_hi = lo, hi
             else:
                 cur_hi = max(cur_hi, hi)
-        if cur_hi is not None:
-            total += cur_hi - cur_lo
-        return total
+        return total + (cur_hi - cur_lo)
 
     @property
     def gpu_busy(self) -> float | None:

@@ -362,7 +362,7 @@ class CudaBackend:
         loc.device = None        # the ordinal made current last (None: not set in this run)
         loc.stream = None        # the stream made current last
         loc.lane = None          # the lane of the last GPU task (None: none yet, or a CPU task since)
-        loc.started: set[int] = set()   # ids of the streams that waited for the start events in this run
+        loc.started = set()      # ids of the streams that waited for the start events in this run
         loc.start_synced = False
         if not loc.issuer and thread[0] is not None:
             # A lane thread serves one GPU for life (pool key): cuML's per-thread handle, made on the GPU

@@ -405,6 +405,7 @@ class StreamsExecutor(Executor):
                     inputs = [vals[d] for d in task.deps]
                     before = before_task(task) if hooks else None
                     fn = task.fn
+                    assert fn is not None   # only source tasks have no function, and they never run
                     start = perf()
                     try:
                         if before is not None:
