@@ -311,3 +311,62 @@ def test_out_of_gpu_memory_names_the_task_device_bytes_and_what_held_memory(cp, 
     assert "greedy" in msg and "cuda:0" in msg and "8,000,000,000 bytes" in msg, msg
     assert "held" in msg and "Hint:" in msg, msg
     assert first._state is not None   # the fit committed before the failure is kept
+
+
+class _GreedyRidge(Ridge):
+    """A Ridge that runs out of GPU memory when it is fitted on device arrays (the fake GPU's OutOfMemoryError)."""
+
+    def fit(self, X, y, sample_weight=None):
+        from gpunets.devices.value_types import is_cupy_array
+
+        if is_cupy_array(X):
+            from gpunets.devices import _gpulibs
+
+            raise _gpulibs.cupy().cuda.memory.OutOfMemoryError(8_000_000_000, 1_234_567)
+        return super().fit(X, y, sample_weight=sample_weight)
+
+
+def oom_fallback_outcome(executor: str) -> dict:
+    """What an out-of-memory array-API fit does on the fake GPU, with and without ``fallback="cpu"``."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    X, y = _data()
+    out: dict = {}
+    with fake_gpu(1):
+        Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+        first = gn.machine(StandardScaler(), Xs)
+        Z = first.transform(Xs)
+        m = gn.machine(_GreedyRidge(solver="svd"), Z, ys)
+        try:
+            m.predict(Z).fit(device="cuda", executor=executor)
+        except MemoryError as e:
+            out["error"], out["kept"] = str(e), first._state is not None and m._state is None
+        with gn.config(fallback="cpu"):
+            report = m.predict(Z).fit(device="cuda", executor=executor)
+        out["path"], out["device"], out["report"] = m._state.path, str(m._state.device), repr(report)
+        pred = m.predict(Z)(executor=executor, output="numpy")
+        ref = Ridge(solver="svd").fit(StandardScaler().fit_transform(X), y).predict(StandardScaler().fit_transform(X))
+        out["same"] = bool(np.allclose(pred, ref, rtol=1e-6, atol=1e-8))
+    return out
+
+
+@pytest.mark.parametrize("executor", _EXECUTORS)
+def test_out_of_gpu_memory_in_a_fit_stops_the_run_or_refits_on_the_cpu_with_fallback_cpu(executor):
+    if _in_process():
+        res = oom_fallback_outcome(executor)
+    else:
+        code = f"import json, tests.test_host_cost as t; print(json.dumps(t.oom_fallback_outcome({executor!r})))"
+        env = dict(os.environ, SCIPY_ARRAY_API="1", CUPY_CUDA_PER_THREAD_DEFAULT_STREAM="1",
+                   PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+        env.pop("GPUNETS_FAKE_GPU", None)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        import json
+
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "_GreedyRidge" in res["error"] and "cuda:0" in res["error"] and "8,000,000,000 bytes" in res["error"]
+    assert res["kept"]   # the scaler fitted before the failure keeps its state, the Ridge has none
+    assert (res["path"], res["device"]) == ("cpu_fallback", "cpu")
+    assert "_GreedyRidge cpu_fallback" in res["report"], res["report"]
+    assert res["same"]
