@@ -165,9 +165,10 @@ def _join(*xs: Any) -> Any:
 def host_cost(quick: bool) -> dict[str, Any]:
     """gpunets' own host time per GPU task, on the fake GPU (its GPU work is nil), as ratios in one run.
 
-    * a chain of identity GPU tasks run by ``StreamsExecutor`` (one issuing thread; and with
-      ``issuer=False``, lane threads), against the same chain on the CPU (serial): microseconds per task
-      of ``executor.run(plan)`` (the plan compiled once), best of several, interleaved;
+    * four chains of identity GPU tasks, joined at the end, run by ``StreamsExecutor(workers=4)`` (one
+      issuing thread onto four streams; and with ``issuer=False``, four lane threads), against the same
+      network on the CPU (serial): microseconds per task of ``executor.run(plan)`` (the plan compiled
+      once), best of several, interleaved;
     * fan-in: N identity GPU tasks joined by one node, N = 400 and 4,000: the cost per task of the two
       (target: within 1.5x: the graveyard of values kept for other streams is swept in O(1) per release).
 
@@ -185,24 +186,30 @@ def host_cost(quick: bool) -> dict[str, Any]:
         X = cp.asarray(np.ones(4))
         with gn.device("cuda"):
             Xs = gn.source(X, name="X")
-            node = Xs
-            for _ in range(n_chain):
-                node = gn.node(_same, node)
-            chain = node
+            ends = []
+            for _ in range(4):   # four chains (four lanes: the issuing thread) joined at the end
+                node = Xs
+                for _ in range(n_chain // 4):
+                    node = gn.node(_same, node)
+                ends.append(node)
+            chain = gn.node(_join, *ends)
             fan_nodes = {n: gn.node(_join, *[gn.node(_same, Xs) for _ in range(n)]) for n in fans}
         with gn.device("cpu"):
             Xc = gn.source(np.ones(4), name="X")
-            node = Xc
-            for _ in range(n_chain):
-                node = gn.node(_same, node)
-            cpu_chain = node
+            ends = []
+            for _ in range(4):
+                node = Xc
+                for _ in range(n_chain // 4):
+                    node = gn.node(_same, node)
+                ends.append(node)
+            cpu_chain = gn.node(_join, *ends)
         plans = {"gpu": compile_call([chain], {}), "cpu": compile_call([cpu_chain], {}),
                  **{f"fan{n}": compile_call([f], {}) for n, f in fan_nodes.items()}}
         execs = {"streams (issuer)": ("gpu", gn.StreamsExecutor(workers=4)),
                  "streams (lane threads)": ("gpu", gn.StreamsExecutor(workers=4, issuer=False)),
                  "cpu serial": ("cpu", gn.SerialExecutor()),
                  **{f"fan-in {n}": (f"fan{n}", gn.StreamsExecutor(workers=4)) for n in fans}}
-        tasks = {"gpu": n_chain, "cpu": n_chain, **{f"fan{n}": n + 1 for n in fans}}
+        tasks = {"gpu": n_chain + 1, "cpu": n_chain + 1, **{f"fan{n}": n + 1 for n in fans}}
         best: dict[str, float] = {}
         for plan, ex in execs.values():   # warm-up
             assert ex.run(plans[plan]).error is None

@@ -370,3 +370,19 @@ def test_out_of_gpu_memory_in_a_fit_stops_the_run_or_refits_on_the_cpu_with_fall
     assert (res["path"], res["device"]) == ("cpu_fallback", "cpu")
     assert "_GreedyRidge cpu_fallback" in res["report"], res["report"]
     assert res["same"]
+
+
+@pytest.mark.parametrize("issuer", [True, None], ids=["issuer", "lane-threads"])
+def test_a_fan_in_waits_once_per_producer_stream_and_the_checker_agrees(issuer):
+    X = gn.source(np.arange(3.0), name="X")
+    parts = [gn.node(_same, X + i) for i in range(40)]
+    out = gn.node(lambda *xs: sum(xs), *parts, name="join")
+    plan = compile_call([out], {}, max_lanes=4)
+    ex = gn.StreamsExecutor(workers=4, emulate=True, issuer=issuer, check=True, delays=(0, 0.0003), seed=2)
+    run = ex.run(plan)
+    assert run.error is None and not ex.last_checker.violations
+    np.testing.assert_array_equal(run.values[plan.outputs[0]], sum(np.arange(3.0) + i for i in range(40)))
+    join = plan.outputs[0]
+    waits = [e for e in ex.last_checker.log if e[0] == "wait" and e[1] == join]
+    assert 1 <= len(waits) <= 3, waits   # one per other lane: stream order covers the other 12-13 each
+    assert sum(ex.last_layout.needs_event) <= 4   # the last task of each other lane, and the join (the output)

@@ -119,6 +119,13 @@ class StreamChecker:
             self.waited.add((consumer, producer))
             self.log.append(("wait", consumer, producer))
 
+    def covered(self, consumer: int, producer: int, by: int) -> None:
+        """``consumer`` waited on ``by``, a later task of ``producer``'s lane: stream order covers ``producer``."""
+        with self.lock:
+            if (consumer, by) in self.waited:
+                self.waited.add((consumer, producer))
+                self.log.append(("covered", consumer, producer))
+
     def read(self, consumer: Any, producer: Any, cross_lane: bool, finished: bool) -> None:
         problem = None
         with self.lock:

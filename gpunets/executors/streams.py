@@ -262,6 +262,8 @@ class StreamsExecutor(Executor):
         thread: list[Any] = [None] * n
         threads: dict[tuple, list[int]] = {}
         workers = self.workers
+        lanes: list[Any] = [None] * n
+        gpu_lanes = set()
         for t in tasks:
             if t.kind == "source":
                 continue
@@ -269,7 +271,16 @@ class StreamsExecutor(Executor):
             lane = t.lane % workers if workers else t.lane
             if dev is not None:
                 lane %= MAX_GPU_LANES
+                gpu_lanes.add((dev, lane))
             t.lane = lane
+            lanes[t.key] = (dev, lane)
+        # one stream per GPU (serial, or a chain) has no lane threads to keep from taking the GIL from each
+        # other: its tasks stay on one lane thread, with no hand-over between the issuer and a fit's thread
+        issue = issue and (len(gpu_lanes) > 1 or backend.name != "cuda")
+        for t in tasks:
+            if t.kind == "source":
+                continue
+            dev, lane = lanes[t.key]
             issued = issue and not backend.blocks(t)
             group[t.key] = (dev, lane, issued)
             thread[t.key] = th = ISSUER if issued else (dev, lane)
@@ -279,22 +290,36 @@ class StreamsExecutor(Executor):
         cross_readers: list[tuple[int, ...]] = [()] * n
         needs_event = [False] * n
         host_ready: dict[int, threading.Event] = {}
+        waits: list[tuple[int, ...]] = [()] * n
+        covered: list[tuple[tuple[int, int], ...]] = [()] * n
+        sources: list[tuple[int, ...]] = [()] * n
         for t in tasks:
             k = t.key
             if t.kind == "source":
                 continue
             g = group[k]
-            xr = tuple(c for c in consumers[k] if group[c] != g)
-            cross_readers[k] = xr
-            if xr or k in outputs:
+            cross_readers[k] = tuple(c for c in consumers[k] if group[c] != g)
+            if k in outputs:
                 needs_event[k] = True
             th = thread[k]
+            latest: dict[Any, int] = {}   # producer stream -> its last task this one reads (stream order covers the rest)
             for d in t.deps:
-                if group[d] is not None and group[d] != g:
-                    needs_event[k] = True   # its inputs from other streams are freed once it completed
-                    if thread[d] != th:
-                        host_ready.setdefault(d, threading.Event())
-        return _Layout(group, thread, threads, cross_readers, needs_event, host_ready)
+                gd = group[d]
+                if gd is None:
+                    sources[k] += (d,)
+                elif gd != g and d > latest.get(gd, -1):
+                    latest[gd] = d
+            if not latest:
+                continue
+            needs_event[k] = True   # its inputs from other streams are freed once it has completed
+            waits[k] = tuple(sorted(latest.values()))
+            for d in waits[k]:
+                needs_event[d] = True
+                if thread[d] != th:
+                    host_ready.setdefault(d, threading.Event())
+            covered[k] = tuple((d, latest[group[d]]) for d in t.deps
+                               if group[d] is not None and group[d] != g and latest[group[d]] != d)
+        return _Layout(group, thread, threads, cross_readers, needs_event, host_ready, waits, covered, sources)
 
     def _run(self, plan: Any, backend: Any, name: str, on_task_done: Any = None) -> Run:
         self.last_checker = backend.checker
@@ -354,6 +379,7 @@ class StreamsExecutor(Executor):
         tasks = run.plan.tasks
         checker = backend.checker
         group, thread, needs_event, host_ready = layout.group, layout.thread, layout.needs_event, layout.host_ready
+        waits, covered, sources = layout.waits, layout.covered, layout.sources
         flags = layout.flags
         events, vals = run.events, run.values
         skip_wait = self.skip_wait
@@ -375,23 +401,23 @@ class StreamsExecutor(Executor):
                     if g != last_g or g[0] is None:   # the task's GPU and stream current: its waits go there
                         enter(task, lane)
                         last_g = g
-                    for d in task.deps:
-                        gd = group[d]
-                        if gd is None:   # a source
-                            backend.wait_source(task, tasks[d])
+                    for d in sources[k]:
+                        backend.wait_source(task, tasks[d])
+                    # the last task this one reads from each other stream: stream order covers the earlier ones
+                    for d in waits[k]:
+                        prod = tasks[d]
+                        if skip_wait is not None and skip_wait(task, prod):
                             continue
-                        if gd != g:
-                            prod = tasks[d]
-                            if skip_wait is not None and skip_wait(task, prod):
-                                continue
-                            if thread[d] != th:
-                                host_ready[d].wait()   # its event is recorded (waiting on an unrecorded one is a no-op)
-                                if run.error is not None:
-                                    break
-                            backend.wait(events[d], task, prod, True)
+                        if thread[d] != th:
+                            host_ready[d].wait()   # its event is recorded (waiting on an unrecorded one is a no-op)
+                            if run.error is not None:
+                                break
+                        backend.wait(events[d], task, prod, True)
                     if run.error is not None:
                         break
                     if checker is not None:
+                        for d, by in covered[k]:
+                            checker.covered(k, d, by)
                         try:
                             for d in task.deps:
                                 if group[d] is not None:
@@ -440,16 +466,21 @@ class StreamsExecutor(Executor):
 class _Layout:
     """Where each task of a run goes: its stream (``group[k] = (ordinal, lane, issued)``), its thread
     (``thread[k]``: :data:`ISSUER` or ``(ordinal, lane)``), each thread's tasks in plan order, each task's
-    consumers on another stream, whether it records an event, and the host flags of the tasks that a
-    task on another thread reads."""
+    consumers on another stream, whether it records an event, the host flags of the tasks that a
+    task on another thread reads, and what each task waits for: from each other stream, only the last
+    task it reads there (``waits``; the earlier ones, ``covered``, are ordered before it on their stream),
+    and its sources (``sources``)."""
 
-    __slots__ = ("group", "thread", "threads", "cross_readers", "needs_event", "host_ready", "flags")
+    __slots__ = ("group", "thread", "threads", "cross_readers", "needs_event", "host_ready", "flags", "waits",
+                 "covered", "sources")
 
     def __init__(self, group: list[Any], thread: list[Any], threads: dict[tuple, list[int]],
                  cross_readers: list[tuple[int, ...]], needs_event: list[bool],
-                 host_ready: dict[int, threading.Event]) -> None:
+                 host_ready: dict[int, threading.Event], waits: list[tuple[int, ...]],
+                 covered: list[tuple[tuple[int, int], ...]], sources: list[tuple[int, ...]]) -> None:
         self.group, self.thread, self.threads = group, thread, threads
         self.cross_readers, self.needs_event, self.host_ready = cross_readers, needs_event, host_ready
+        self.waits, self.covered, self.sources = waits, covered, sources
         self.flags: list[threading.Event | None] = [None] * len(group)   # host_ready as a list, by task key
         for k, ev in host_ready.items():
             self.flags[k] = ev
