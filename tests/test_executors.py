@@ -792,10 +792,14 @@ def test_serial_and_threads_run_gpu_tasks_with_cuda_discipline(fake_cuda, make):
         waited, _, dev, stream = seen[t.key]
         assert dev == int(t.device[-1]), f"{t.label} ran with GPU {dev} current, placed on {t.device}"
         assert stream.ptr != 0, f"{t.label} was issued on the legacy default stream"
+        by_id = {id(ev): x for x, ev in enumerate(run.events) if ev is not None}
         for d in t.deps:
             p = plan.tasks[d]
             if p.kind != "source" and p.device != t.device:
-                assert id(run.events[d]) in waited, f"{t.label} did not wait for {p.label}"
+                # an event of p's stream recorded at or after p (stream order covers the earlier tasks)
+                assert any(by_id.get(w, -1) >= d and plan.tasks[by_id[w]].lane == p.lane
+                           and plan.tasks[by_id[w]].device == p.device for w in waited), \
+                    f"{t.label} did not wait for {p.label}"
 
 
 @pytest.mark.parametrize("fail", [False, True])
