@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -283,7 +284,8 @@ def blocks_host(task: Any) -> bool:
     return path == "cuml" or (path is None and "cuml" in sys.modules)
 
 
-_EVENTS: dict[tuple[int, int], list[Any]] = {}   # (id(cupy), ordinal) -> idle events, reused run after run
+# CuPy module (a test's stand-in gets its own) -> ordinal -> idle events, reused run after run
+_EVENTS: weakref.WeakKeyDictionary[Any, dict[int, list[Any]]] = weakref.WeakKeyDictionary()
 _EVENTS_LOCK = threading.Lock()
 
 
@@ -326,7 +328,7 @@ class CudaBackend:
         self.ordinals: list[int] = []   # the GPUs the plan uses
         self.ordinal: list[int | None] = []   # each task's ordinal
         self.tasks: list[Any] = []
-        self.taken: list[tuple[tuple[int, int], Any]] = []   # pooled events this run took
+        self.taken: list[tuple[tuple[Any, int], Any]] = []   # pooled events this run took: ((cupy, ordinal), event)
         self._local = threading.local()
 
     # --- set-up ---------------------------------------------------------------------------
@@ -410,10 +412,11 @@ class CudaBackend:
         cp = self.cupy
         loc = self._local
         if loc.issuer or self.kind == "new":   # made once per thread, device (and issuer lane), kept for life
-            made = getattr(_THREAD, "streams", None)
-            if made is None:
-                made = _THREAD.streams = {}
-            key = (id(cp), ordinal, lane if loc.issuer else -1)   # per CuPy module: a test's stand-in gets its own
+            by_module = getattr(_THREAD, "streams", None)
+            if by_module is None:
+                by_module = _THREAD.streams = weakref.WeakKeyDictionary()
+            made = by_module.setdefault(cp, {})   # per CuPy module: a test's stand-in gets its own
+            key = (ordinal, lane if loc.issuer else -1)
             s = made.get(key)
             if s is None:
                 s = made[key] = cp.cuda.Stream(non_blocking=True)
@@ -429,9 +432,9 @@ class CudaBackend:
 
     def _event(self, ordinal: int) -> Any:
         """An idle event of GPU ``ordinal`` from the pool (made, blocking and untimed, when none is idle)."""
-        key = (id(self.cupy), ordinal)
+        key = (self.cupy, ordinal)
         with _EVENTS_LOCK:
-            idle = _EVENTS.get(key)
+            idle = _EVENTS.get(self.cupy, {}).get(ordinal)
             ev = idle.pop() if idle else None
         if ev is None:
             # GPU consumers wait for it on the GPU (Stream.wait_event); a CPU consumer waits on the host, and a
@@ -444,8 +447,8 @@ class CudaBackend:
         """After the run (its events complete or never waited on again): the pooled events go back."""
         taken, self.taken = self.taken, []
         with _EVENTS_LOCK:
-            for key, ev in taken:
-                _EVENTS.setdefault(key, []).append(ev)
+            for (cp, ordinal), ev in taken:
+                _EVENTS.setdefault(cp, {}).setdefault(ordinal, []).append(ev)
 
     def done(self, event: Any) -> bool:
         if event is None:  # not recorded yet (cudaEventQuery would say cudaSuccess for it)
