@@ -386,3 +386,43 @@ def test_a_fan_in_waits_once_per_producer_stream_and_the_checker_agrees(issuer):
     waits = [e for e in ex.last_checker.log if e[0] == "wait" and e[1] == join]
     assert 1 <= len(waits) <= 3, waits   # one per other lane: stream order covers the other 12-13 each
     assert sum(ex.last_layout.needs_event) <= 4   # the last task of each other lane, and the join (the output)
+
+
+# ----------------------------------------------------------------- item 1: see the host
+
+
+def test_a_gpu_fit_reports_its_gpu_busy_fraction_routes_and_host_spans(cp, gn_executor):
+    if getattr(gn_executor, "name", "") == "dask":
+        pytest.skip("dask workers are other processes")
+    X, y = _data()
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    with gn.device("cuda"):
+        W = (Xs * 2.0) + 1.0   # GPU tasks whatever the estimators' routes (array API, or the CPU without it)
+        Z = gn.machine(StandardScaler(), W).transform(W)
+        yhat = gn.machine(Ridge(solver="svd"), Z, ys).predict(Z)
+    report = gn.fit(yhat, executor=gn_executor)
+    gpu = report.trace.gpu_records()
+    assert gpu and all(r.issued is not None for r in gpu)   # each GPU task: its host span and its GPU span
+    assert report.gpu_busy is not None and 0 < report.gpu_busy <= 1 + 1e-9
+    assert set(report.routes.values()) <= {"array_api", "cpu_fallback", "cuml", "sklearn"}
+    text = repr(report)
+    assert "GPU busy" in text and "routes:" in text, text
+    ev = gn.evaluate(yhat, executor=gn_executor, trace=True)
+    assert ev.trace.gpu_busy is not None and "GPU busy" in repr(ev.trace)
+    pytest.importorskip("matplotlib")
+    assert "GPU busy" in ev.trace.to_svg()
+
+
+def test_a_host_bound_run_says_so_in_one_line():
+    from gpunets.base.trace import Trace, TraceRecord
+
+    t = Trace(executor="streams")
+    t.records.extend([TraceRecord(0, "eval", "a", 0, "cuda:0", 0.010, 0.011, "w", issued=(0.0, 0.010)),
+                      TraceRecord(1, "eval", "b", 1, "cuda:0", 0.030, 0.031, "w", issued=(0.011, 0.030))])
+    assert round(t.gpu_busy, 3) == round(0.002 / 0.031, 3) and t.host_bound
+    line = t.gpu_summary()
+    assert "\n" not in line and "host-bound" in line
+    busy = Trace(executor="streams")
+    busy.records.append(TraceRecord(0, "eval", "a", 0, "cuda:0", 0.001, 0.1, "w", issued=(0.0, 0.001)))
+    assert not busy.host_bound and "host-bound" not in busy.gpu_summary()
+    assert Trace().gpu_busy is None and Trace().gpu_summary() == ""
