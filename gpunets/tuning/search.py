@@ -121,15 +121,22 @@ class _NetworkSearch(BaseSearchCV):
         raise NotImplementedError
 
     def _run_search(self, evaluate_candidates: Any, *, callback_ctx: Any = None) -> None:
-        candidates = self._candidates()
+        # the candidates drawn once per fit (by _check_candidates): a RandomState object given as random_state
+        # advances with each draw, and scikit-learn draws once
+        candidates = self.__dict__.pop("_gn_candidates", None)
+        if candidates is None:
+            candidates = self._candidates()
         ctx = dropin.subcontext(callback_ctx, "search", max_subtasks=len(candidates) * self.n_splits_,
                                 sequential_subtasks=False).call_on_fit_task_begin(estimator=self)
         evaluate_candidates(candidates, callback_ctx=ctx)
         ctx.call_on_fit_task_end(estimator=self)
 
     def _check_candidates(self) -> None:
-        """Refuse an empty search before anything is built."""
-        if not self._candidates():
+        """Refuse an empty search before anything is built; the candidates are kept for :meth:`_run_search`
+        (drawn once: scikit-learn's search samples a ``RandomState`` object once per fit)."""
+        candidates = self._candidates()
+        self._gn_candidates = candidates
+        if not candidates:
             msg = (f"{type(self).__name__} has no candidate to evaluate: the parameter grid is empty. "
                    "Hint: give at least one value per parameter, e.g. {'alpha': [0.1, 1.0]}.")
             raise ValueError(msg)
@@ -248,6 +255,7 @@ class _NetworkSearch(BaseSearchCV):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.pop("_gn_memory", None)   # the search's memory of fitted results stays in this process
+        state.pop("_gn_candidates", None)   # left by a fit that stopped before evaluating
         return state
 
     def _evaluate(self, candidates: list[dict[str, Any]], splits: list[tuple[np.ndarray, np.ndarray]],
