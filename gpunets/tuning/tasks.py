@@ -75,9 +75,13 @@ class Deferred:
             if self._value is not None:
                 return self._value, ()
             est, fit_params, X, y, same, key, depth = self.args
+            kept = stored.load_output(key) if training_output_differs(est) else None
+            if kept is not None:   # the upstream rows are not needed
+                self._value = kept
+                return kept, (stored.done("output", depth),)
             X, before = materialize(X)
-            out, did = _training_rows(est, fit_params, X, y, same, key, depth)
-            if did and did[-1].what == "again":
+            out, did = _training_rows(est, fit_params, X, y, same, None, depth)
+            if did:   # fitted again: kept where the store keeps outputs
                 stored.keep_output(key, out)
             self._value = out
             return out, before + did
@@ -193,12 +197,13 @@ def _keyed_fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any]
             loaded = (stored.done("loaded", depth),)
             if last:
                 return est, None, time.perf_counter() - start, key, loaded
-            kept = stored.load_output(key) if route is None else None
+            if defer and route is None and stored.outputs_kept():
+                # computed (or read from the store) only if no later step's kept output will do
+                out = Deferred(est, fit_params, X, y, same, key, depth)
+                return est, out, time.perf_counter() - start, key, loaded
+            kept = stored.load_output(key) if route is None and training_output_differs(est) else None
             if kept is not None:   # its fit's output, kept by a store that keeps outputs: the rows are not needed
                 return est, kept, time.perf_counter() - start, key, (*loaded, stored.done("output", depth))
-            if defer and route is None and stored.outputs_kept():
-                out = Deferred(est, fit_params, X, y, same, key, depth)   # a later step's kept output may do
-                return est, out, time.perf_counter() - start, key, loaded
         X, before = materialize(X)
         X = aligned(X)[0]
         with on_device(route):
