@@ -9,13 +9,19 @@ key of the upstream step's fit (carried by the :class:`~gpunets.tuning.tasks.Sta
 search run again, in this process or a new one, loads every step it fitted before, and a grid widened with new
 values of the last step loads the shared upstream steps and fits only the new candidates' last steps.
 
+A loaded step whose ``fit_transform`` may differ from its ``transform`` (:mod:`gpunets.planning.outputs` says
+why) is fitted again on a copy for its training output, unless the store keeps training outputs
+(``gn.Store(path, outputs=True)``: :func:`keep_output`, :func:`load_output`; such entries hold data derived
+from the training rows, so only by this opt-in).
+
 The tasks read the store in force where they run: the caller's ``gn.config(store=...)`` travels with them on
 the serial, threads and streams executors, and on Dask to workers that share the store's folder (the executor
 checks it once per cluster, :mod:`gpunets.executors._dask_store`).  There each step fit is looked up and
 written on the worker that runs it, and each (candidate, fold) result is written by the task that scores it
 (:class:`Keeping`): the client sends keys, never fitted steps, and a search stopped midway (Ctrl-C, a lost
-worker, a timeout) keeps what finished.  The step fits loaded on a worker come back to the client's
-``search_report_.stored`` with the scores (a token per load, ``_stored`` in the task's result).  Where the
+worker, a timeout) keeps what finished.  What the step tasks did with the store comes back to the client's
+``search_report_`` with the scores (a :class:`Done` per step fit loaded, per fit run again for a loaded
+step's training output, per training output read: ``_stored`` in the task's result).  Where the
 workers do not see the folder the store is the client's only: the client looks up each (candidate, fold)
 result before the run and writes the new ones when the run ends; the steps fit on the workers as without a
 store.
