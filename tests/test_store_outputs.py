@@ -177,3 +177,20 @@ def test_a_dataframe_search_stores_and_loads_its_refit(gn_executor, tmp_path):
     assert again.search_report_.refit_stored == 2   # the ColumnTransformer and the Ridge, loaded
     np.testing.assert_array_equal(again.best_estimator_.predict(X), first.best_estimator_.predict(X))
     assert list(again.feature_names_in_) == ["a", "b", "c"]
+
+
+def test_a_halving_search_from_the_store_says_nothing_was_fitted(gn_executor, tmp_path):
+    from sklearn.experimental import enable_halving_search_cv  # noqa: F401
+
+    X, y = _data()
+
+    def halving():
+        return gn.HalvingGridSearchCV(make_pipeline(StandardScaler(), Ridge()),
+                                      {"ridge__alpha": [0.01, 0.1, 1.0, 10.0]}, cv=3, factor=2, random_state=0)
+
+    with gn.config(store=gn.Store(tmp_path / "s")):
+        halving().fit(X, y)
+        again = halving().fit(X, y)
+    text = repr(again.search_report_)
+    assert "0 fits instead of 0" not in text and again.search_report_.fitted == 0
+    assert "rung 0: 4 candidates, nothing fitted: all 12 results loaded from the store" in text

@@ -313,8 +313,12 @@ class SearchReport:
                          f"{self.refit_reused} in the refit")
         for i, r in enumerate(self.rungs):
             done, naive = r.total
-            lines.append(f"  rung {i}: {r.candidates} candidates, {done} fits instead of {naive} "
-                         f"({r.warm} warm, {r.stored} loaded, {r.remembered} results remembered)")
+            if naive:
+                lines.append(f"  rung {i}: {r.candidates} candidates, {done} fits instead of {naive} "
+                             f"({r.warm} warm, {r.stored} loaded, {r.remembered} results remembered)")
+            else:
+                lines.append(f"  rung {i}: {r.candidates} candidates, nothing fitted: all {r.remembered} results "
+                             f"{_whence(r.remembered, r.results_stored)}")
         lines += [f"  candidate {i} {params} failed: {err}" for i, (params, err) in self.errors.items()]
         return "\n".join(lines)
 
