@@ -19,7 +19,9 @@ to :attr:`Memory.budget` bytes (the least recently used dropped first).
 
 New data (or data changed in place), another scoring, another ``error_score`` or another scikit-learn
 configuration (``set_config``) start a new memory.  A ``clone`` starts empty, and the memory is not pickled.
-Results that stop the search (a scorer that returns a non-number) and failed fits are never kept.
+Failures are never kept (:func:`~gpunets.tuning.stored.keepable`): a fit or a score that failed (scored
+``error_score``) or a result that stops the search (a scorer that returns a non-number) is computed again by the
+next ``fit``, as the fault may be gone (a flaky resource, memory).
 ``search.forget()`` empties it.
 
 >>> m = Memory("ctx")
@@ -142,8 +144,9 @@ class Memory:
         return None if hit is None else dict(hit)
 
     def put(self, key: Hashable | None, out: dict[str, Any]) -> None:
-        """Keep a copy of ``out`` (not a result that stops the search; its fitted step apart)."""
-        if key is None or out.get("_raise") is not None:
+        """Keep a copy of ``out`` (its fitted step apart); not a failure (:func:`~gpunets.tuning.stored.keepable`):
+        a fit or score that failed, or a result that stops the search, is computed again next time."""
+        if key is None or not stored.keepable(out):
             return
         out = stored.entry(out)
         with self._lock:
