@@ -78,3 +78,61 @@ def test_a_failure_is_not_stored(tmp_path, executor, where):
     theirs = skms.GridSearchCV(Flaky(fault=str(fault), where=where), grid, cv=3).fit(X, y)
     np.testing.assert_array_equal(again.cv_results_["mean_test_score"], theirs.cv_results_["mean_test_score"])
     assert again.search_report_.remembered == 3   # the candidate that succeeded, from the store
+
+
+# --- item 3: a warm-started result is keyed as one ------------------------------------------------------
+
+def _net():
+    from sklearn.neural_network import MLPRegressor
+
+    # a warm continuation restarts the optimiser (Adam's moments) from the previous weights: its scores differ
+    return MLPRegressor(hidden_layer_sizes=(4,), random_state=0, learning_rate_init=0.05)
+
+
+def _halving(cls, executor=None, **kw):
+    params = dict(resource="max_iter", min_resources=2, max_resources=18, factor=3, cv=3, random_state=0,
+                  return_train_score=False)
+    if executor is not None:
+        params["executor"] = executor
+    return cls(_net(), {"alpha": [1e-4, 1e-2, 1.0, 3.0, 10.0]}, **params, **kw)
+
+
+def _sk_halving():
+    from sklearn.experimental import enable_halving_search_cv  # noqa: F401
+
+    return _halving(skms.HalvingGridSearchCV).fit(*_data())
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_a_warm_result_is_not_served_to_the_same_search_set_cold(executor):
+    X, y = _data()
+    search = _halving(gn.HalvingGridSearchCV, executor).fit(X, y)
+    assert search.search_report_.warm > 0
+    warm_scores = search.cv_results_["mean_test_score"].copy()
+    again = search.fit(X, y)   # warm again: the warm results from memory
+    np.testing.assert_array_equal(again.cv_results_["mean_test_score"], warm_scores)
+    assert again.search_report_.fitted == 0
+    cold = search.set_params(warm_start=False).fit(X, y)
+    theirs = _sk_halving()
+    assert not np.array_equal(warm_scores, theirs.cv_results_["mean_test_score"])   # the warm start is inexact
+    np.testing.assert_array_equal(cold.cv_results_["mean_test_score"], theirs.cv_results_["mean_test_score"])
+    assert cold.best_params_ == theirs.best_params_
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_a_warm_result_is_not_served_from_the_store_to_a_cold_search(tmp_path, executor):
+    X, y = _data()
+    with gn.config(store=gn.Store(tmp_path / "store")):
+        warm = _halving(gn.HalvingGridSearchCV, executor).fit(X, y)
+        assert warm.search_report_.warm > 0
+        res = warm.cv_results_
+        rung = [p["alpha"] for p, it in zip(res["params"], res["iter"]) if it == 1]
+        grid = {"alpha": rung, "max_iter": [6]}   # the second rung's candidates, fitted cold
+        ours = gn.GridSearchCV(_net(), grid, cv=3, executor=executor).fit(X, y)
+        cold = _halving(gn.HalvingGridSearchCV, executor, warm_start=False).fit(X, y)
+        rerun = _halving(gn.HalvingGridSearchCV, executor).fit(X, y)   # warm again: its own results, stored
+    theirs = skms.GridSearchCV(_net(), grid, cv=3).fit(X, y)
+    np.testing.assert_array_equal(ours.cv_results_["mean_test_score"], theirs.cv_results_["mean_test_score"])
+    np.testing.assert_array_equal(cold.cv_results_["mean_test_score"], _sk_halving().cv_results_["mean_test_score"])
+    np.testing.assert_array_equal(rerun.cv_results_["mean_test_score"], res["mean_test_score"])
+    assert rerun.search_report_.fitted == 0   # a new search object: every rung, the warm ones too, from the store

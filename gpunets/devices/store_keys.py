@@ -87,7 +87,7 @@ def _is_estimator(v: Any) -> bool:
     return not isinstance(v, type) and callable(getattr(v, "get_params", None))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _library_roots() -> tuple[str, ...]:
     import site
     import sysconfig

@@ -59,8 +59,13 @@ class Memory:
     def __init__(self, context: Hashable) -> None:
         self.context = context
         self.results: dict[Hashable, dict[str, Any]] = {}
-        # an iteration budget warm-started: (candidate without its resource, fold) -> (resource, fitted step)
-        self.fitted: dict[Hashable, tuple[Any, Any]] = {}
+        # an iteration budget warm-started: (candidate without its resource, fold) -> (resource, fitted step,
+        # the budgets its fit grew through)
+        self.fitted: dict[Hashable, tuple[Any, ...]] = {}
+        # (candidate without its resource, fold) -> (resource, budgets grown through) of its last result; the
+        # plan of the rung that runs (gpunets.tuning.warm.WarmPlan)
+        self.grown: dict[Hashable, tuple[Any, tuple[Any, ...]]] = {}
+        self.plan: Any = None
         # fitted shared steps: (steps up to it, fold key or "all") -> (value, bytes), least recently used first
         self.steps: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self.steps_bytes = 0
@@ -153,15 +158,17 @@ class Memory:
             self.results[key] = out
 
     def lookup(self, specs: list[Any], splits: list[tuple[np.ndarray, np.ndarray]],
-               extra: Any = None) -> tuple[list[Hashable | None], list[list[int]]]:
+               tags: list[Hashable | None] | None = None) -> tuple[list[Hashable | None], list[list[int]]]:
         """The key of every (candidate, fold), candidate-major, and per fold the candidates to run.
 
-        ``extra`` (a list, one per candidate) is added to each candidate's key."""
+        ``tags`` (one per (candidate, fold), candidate-major; None: a plain fit) tells a result that is not a plain
+        fit of the candidate on the fold: a warm-started one (:meth:`~gpunets.tuning.warm.WarmPlan.tags`)."""
         folds = self.fold_keys(splits)
         cands = [self.key_of(s) for s in specs]
-        if extra is not None:
-            cands = [None if c is None else (c, e) for c, e in zip(cands, extra)]
-        keys: list[Hashable | None] = [None if c is None else (c, f) for c in cands for f in folds]
+        pairs = [(c, f) for c in cands for f in folds]
+        if tags is not None:
+            pairs = [(c if t is None or c is None else (c, t), f) for (c, f), t in zip(pairs, tags)]
+        keys: list[Hashable | None] = [None if c is None else (c, f) for c, f in pairs]
         todo = [[c for c in range(len(specs)) if keys[c * len(splits) + f] not in self.results]
                 for f in range(len(splits))]
         return keys, todo

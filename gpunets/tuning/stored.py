@@ -221,12 +221,14 @@ def keep_in(score_node: Any, key: bytes | None) -> None:
 
 
 def result_keys(search: Any, specs: list[Any], splits: list[Any], X: Any, y: Any, fit_params: dict[str, Any],
-                score_params: dict[str, Any]) -> list[bytes | None] | None:
+                score_params: dict[str, Any], tags: list[Any] | None = None) -> list[bytes | None] | None:
     """The store key of every (candidate, fold) result of ``search``, candidate-major (None: no store).
 
     A result (scikit-learn's ``_fit_and_score`` output: scores and times) is keyed by the candidate (class and
     hyperparameters), the fold's rows, and the search's context: the data's content, the fit and score
-    parameters, the scoring, ``return_train_score``, ``error_score``, the search's device and the versions.
+    parameters, the scoring, ``return_train_score``, ``error_score``, the search's device and the versions;
+    ``tags`` (per (candidate, fold); None: a plain fit) by how it was fitted otherwise: a warm-started fit by
+    the budgets it grew through (:meth:`~gpunets.tuning.warm.WarmPlan.tags`).
     """
     if _store.current_store() is None:
         return None
@@ -247,4 +249,6 @@ def result_keys(search: Any, specs: list[Any], splits: list[Any], X: Any, y: Any
         cand = stable_key(spec, own)
         versions = library_versions(own - {"gpunets"})
         out += [None if cand is None or f is None else digest(b"gnresult", context, cand, f, versions) for f in folds]
+    if tags is not None:
+        out = [k if k is None or t is None else digest(b"gnwarm", k, repr(t).encode()) for k, t in zip(out, tags)]
     return out
