@@ -3,17 +3,22 @@
 The in-memory cache names functions by objects that live as long as the process (:func:`~gpunets.devices.cache.token`);
 a store outlives the process, so its keys name everything by content, the same in every session:
 
-* an estimator by its class (module and qualified name) and its ``get_params(deep=False)``, estimator-valued
-  parameters (a pipeline's steps, a meta-estimator's ``estimator``) recursively;
-* a function by ``module:qualname`` where that name holds it and its library has a version (``np.log``),
-  else (the user's own functions) by its code (bytecode,
-  constants, names) and defaults, and the values its closure holds, as the cache names functions by code and
-  defaults; a ``functools.partial`` by its function and arguments;
-* arrays and frames by their content :func:`~gpunets.devices.fingerprint.fingerprint`; numbers, strings and
-  ``None`` by type and value; other objects by a hash of their pickle.
+* an estimator by its class and its ``get_params(deep=False)``, estimator-valued parameters (a pipeline's steps, a
+  meta-estimator's ``estimator``) recursively;
+* a library's class or function (the standard library, what is installed in site-packages, gpunets) by
+  ``module:qualname``, its library's version being in the key (:func:`library_versions`);
+* the user's own function by its code (bytecode, constants, names), defaults and closure, and by what it reads
+  from its module (:func:`_feed_function`): the constants it names by value, the functions and classes it
+  names recursively, a mutable object by its type only (what it holds at run time cannot be known here);
+* the user's own class by its body: its methods (as functions) and class attributes, and its bases'
+  (:func:`_feed_type`);
+* a ``functools.partial`` by its function and arguments; arrays and frames by their content
+  :func:`~gpunets.devices.fingerprint.fingerprint`; numbers, strings and ``None`` by type and value;
+* any other object (a scorer, a splitter) by a hash of its pickle in which every function and class of the
+  user's code is replaced by its key as above: a ``make_scorer`` metric is keyed by its code wherever it sits.
 
-:func:`stable_key` returns None for what it cannot name the same way twice (an object that does not pickle):
-nothing depending on it is stored.  :func:`library_versions` gives the versions of the libraries whose classes
+:func:`stable_key` returns None for what it cannot name the same way twice (an object that does not pickle) and
+for what :func:`no_store` marks: nothing depending on it is stored.  :func:`library_versions` gives the versions of the libraries whose classes
 a key named, so that an upgrade gives other keys.
 
 >>> from sklearn.linear_model import Ridge
