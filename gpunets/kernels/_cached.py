@@ -1,0 +1,240 @@
+"""Cached launches of the CUDA combine kernels: numba's PTX, loaded once per signature, launched through CuPy.
+
+numba-cuda's dispatcher prepares every launch on the host: it types each argument, wraps each array through
+its CUDA array interface into a device array, and converts each parameter to ctypes (hundreds of
+microseconds for eight arrays). The kernels stay numba's: for each (kernel, dtype, K) this module compiles
+the kernel's Python function once with ``numba.cuda.compile_ptx`` for the current GPU's compute capability,
+loads the PTX with CuPy (``cupy.RawModule(path=...)``) and keeps the kernel's ``cupy.cuda.Function``. A
+launch then packs the parameters into one preallocated buffer with a precompiled ``struct`` format and calls
+the function with pointers into that buffer (``cupy.cuda.function.CPointer``): the same PTX as the
+dispatcher's, the same parameters, so the same bits.
+
+numba's kernel ABI (``numba/cuda/dispatcher.py``, ``_Kernel._prepare_args`` in numba-cuda 0.30): the
+arguments are flattened in order; an array becomes ``meminfo`` (0), ``parent`` (0), ``nitems``, ``itemsize``,
+``data`` (its device pointer), then its ``shape`` and its ``strides`` (bytes), one parameter each; a tuple is
+its elements in turn; an integer, a float or a bool is one parameter of its own width. The PTX entry's
+parameter list is checked against this layout (count and width) before a kernel is used, so a numba-cuda
+with another ABI falls back to the dispatcher instead of launching garbage.
+
+Every parameter here takes one 8-byte slot of the buffer (a narrower one in the slot's low bytes: the GPUs
+are little-endian, and the driver copies each parameter's declared width from its pointer).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import struct
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["param_format", "param_values", "ptx_entry", "ptx_param_sizes", "check_abi", "CachedKernel",
+           "AbiMismatch"]
+
+SLOT = 8   # bytes per parameter in the buffer
+
+
+class AbiMismatch(RuntimeError):
+    """The PTX entry's parameters do not match numba's kernel ABI as this module packs it."""
+
+
+# ---- the layout, from numba types ---------------------------------------------------------------------------
+
+#: struct codes of the scalars, each padded to one slot
+_INT = {(8, True): "q", (8, False): "Q", (4, True): "i4x", (4, False): "I4x", (2, True): "h6x",
+        (2, False): "H6x", (1, True): "b7x", (1, False): "B7x"}
+
+
+def _scalar_code(ty: Any) -> str:
+    from numba.core import types
+
+    if ty == types.float64:
+        return "d"
+    if ty == types.float32:
+        return "f4x"
+    if ty == types.boolean:
+        return "?7x"
+    if isinstance(ty, types.Integer):
+        return _INT[(ty.bitwidth // 8, bool(ty.signed))]
+    msg = f"cached kernel launch: parameters of numba type {ty} are not packed here (use the dispatcher)"
+    raise NotImplementedError(msg)
+
+
+def param_format(sig: Sequence[Any]) -> str:
+    """The ``struct`` format (little-endian, one 8-byte slot per parameter) of numba types ``sig``, flattened
+    as numba-cuda's dispatcher flattens kernel arguments.
+
+    >>> from numba.core import types
+    >>> param_format((types.float64[::1], types.UniTuple(types.int64, 2), types.float32))
+    '<QQqqQqqqqf4x'
+    """
+    from numba.core import types
+
+    def codes(ty: Any) -> str:
+        if isinstance(ty, types.Array):
+            return "QQqqQ" + "q" * (2 * ty.ndim)   # meminfo, parent, nitems, itemsize, data, shape..., strides...
+        if isinstance(ty, types.BaseTuple):
+            return "".join(codes(t) for t in ty)
+        return _scalar_code(ty)
+
+    return "<" + "".join(codes(t) for t in sig)
+
+
+def data_pointer(a: Any) -> int:
+    """The device address of array ``a``: CuPy's ``a.data.ptr``, else its CUDA (or, for tests, host) array
+    interface."""
+    data = getattr(a, "data", None)
+    ptr = getattr(data, "ptr", None)
+    if ptr is not None:
+        return int(ptr)
+    iface = getattr(a, "__cuda_array_interface__", None) or a.__array_interface__
+    return int(iface["data"][0])
+
+
+def param_values(sig: Sequence[Any], args: Sequence[Any]) -> list:
+    """The values of arguments ``args`` (of numba types ``sig``) in :func:`param_format`'s order.
+
+    >>> import numpy as np
+    >>> from numba.core import types
+    >>> a = np.zeros(3, np.float32)
+    >>> v = param_values((types.float32[::1], types.float64), (a, 2.5))
+    >>> v[:4], v[5:]
+    ([0, 0, 3, 4], [3, 4, 2.5])
+    """
+    from numba.core import types
+
+    out: list = []
+
+    def add(ty: Any, val: Any) -> None:
+        if isinstance(ty, types.Array):
+            if len(val.shape) != ty.ndim:
+                msg = f"cached kernel launch: an array of {len(val.shape)} dimensions where {ty} was compiled"
+                raise ValueError(msg)
+            out.extend((0, 0, int(val.size), int(np.dtype(val.dtype).itemsize), data_pointer(val)))
+            out.extend(val.shape)
+            out.extend(val.strides)
+        elif isinstance(ty, types.BaseTuple):
+            if len(ty) != len(val):
+                msg = f"cached kernel launch: a tuple of {len(val)} where {ty} was compiled"
+                raise ValueError(msg)
+            for t, v in zip(ty, val):
+                add(t, v)
+        else:
+            out.append(val)
+
+    for t, v in zip(sig, args, strict=True):
+        add(t, v)
+    return out
+
+
+# ---- the PTX side -------------------------------------------------------------------------------------------
+
+_ENTRY = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)\s*\(([^)]*)\)", re.S)
+_PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.([a-z]+)(\d+)\s+[\w$]+(?:\[(\d+)\])?")
+
+
+def ptx_entry(ptx: str) -> tuple[str, str]:
+    """(name, parameter list) of the single kernel entry of ``ptx``."""
+    found = _ENTRY.findall(ptx)
+    if len(found) != 1:
+        msg = f"expected one kernel entry in numba's PTX, found {len(found)}"
+        raise AbiMismatch(msg)
+    return found[0]
+
+
+def ptx_param_sizes(params: str) -> list[int]:
+    """The byte width of each parameter of a PTX entry's parameter list (``.param .u64 x`` is 8).
+
+    >>> ptx_param_sizes(".param .u64 a_param_0, .param .f64 a_param_1, .param .u32 a_param_2")
+    [8, 8, 4]
+    """
+    sizes = []
+    for _kind, bits, count in _PARAM.findall(params):
+        sizes.append(int(bits) // 8 * (int(count) if count else 1))
+    return sizes
+
+
+def check_abi(fmt: str, sizes: Sequence[int]) -> None:
+    """Raise :class:`AbiMismatch` unless format ``fmt`` packs exactly ``sizes`` (the PTX entry's parameters)."""
+    packed = [struct.calcsize("<" + code[0]) for code in _codes(fmt)]
+    if list(packed) != list(sizes):
+        msg = (f"numba's PTX entry takes {len(sizes)} parameters of widths {list(sizes)}, but numba's kernel ABI "
+               f"as packed here gives {len(packed)} of widths {packed}: this numba-cuda lays kernel arguments out "
+               "differently, so its own dispatcher launches the kernel")
+        raise AbiMismatch(msg)
+
+
+def _codes(fmt: str) -> list[str]:
+    """One struct code per parameter (with its padding) of a :func:`param_format` string."""
+    return re.findall(r"[qQdf?bBhHiI](?:\dx)?", fmt.lstrip("<"))
+
+
+# ---- one compiled kernel ------------------------------------------------------------------------------------
+
+class CachedKernel:
+    """A kernel loaded once, launched with its parameters packed into one preallocated buffer.
+
+    Parameters
+    ----------
+    name : str
+        For messages.
+    sig : tuple of numba types
+        The signature it was compiled for.
+    function : callable
+        ``function(grid, block, args, shared_mem, stream)``: a ``cupy.cuda.Function``.
+    pointer : callable
+        ``pointer(address)``: a ``cupy.cuda.function.CPointer`` (the kernel's arguments point into the buffer).
+    """
+
+    def __init__(self, name: str, sig: tuple, function: Callable[..., Any], pointer: Callable[[int], Any]) -> None:
+        fmt = param_format(sig)
+        self.name, self.sig, self.function = name, sig, function
+        self.layout = struct.Struct(fmt)
+        n = len(_codes(fmt))
+        assert self.layout.size == n * SLOT, (fmt, self.layout.size)
+        self.buffer = ctypes.create_string_buffer(max(1, n) * SLOT)   # a fixed address for the kernel's pointers
+        base = ctypes.addressof(self.buffer)
+        self.args = tuple(pointer(base + SLOT * i) for i in range(n))
+        self.launches = 0
+        # the driver copies the parameters when the launch is issued: the buffer is free again once the call
+        # returns, and the lock keeps two threads from packing into it at once
+        self._lock = threading.Lock()
+
+    def launch(self, blocks: int, threads: int, stream: Any, args: Sequence[Any]) -> None:
+        """Launch on ``stream`` (a CuPy stream) with the kernel's arguments ``args`` (arrays, tuples, scalars)."""
+        values = param_values(self.sig, args)
+        with self._lock:
+            self.layout.pack_into(self.buffer, 0, *values)
+            self.function((blocks,), (threads,), self.args, 0, stream)
+            self.launches += 1
+
+
+def compile_kernel(name: str, py_func: Any, sig: tuple, cc: tuple[int, int], cupy: Any) -> CachedKernel:
+    """Compile ``py_func`` for ``sig`` with numba (PTX for ``cc``), check the entry's ABI, load it with CuPy."""
+    from numba import cuda
+
+    ptx, _ = cuda.compile_ptx(py_func, sig, cc=cc)
+    entry, params = ptx_entry(ptx)
+    check_abi(param_format(sig), ptx_param_sizes(params))
+    path = os.path.join(_ptx_dir(), f"{name}-{abs(hash((entry, cc))):x}.ptx")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(ptx)
+    module = cupy.RawModule(path=path)
+    function = module.get_function(entry).kernel   # the cupy.cuda.Function of the current device
+    from cupy.cuda.function import CPointer
+
+    return CachedKernel(name, sig, function, CPointer)
+
+
+_DIR: list[str] = []
+
+
+def _ptx_dir() -> str:
+    if not _DIR:
+        _DIR.append(tempfile.mkdtemp(prefix="gpunets-ptx-"))
+    return _DIR[0]
