@@ -160,7 +160,14 @@ def describe(section: str, r: dict[str, Any]) -> str:
     if section == "kernels_gpu":
         bw = r.get("bandwidth_GBps", {}).get("gpunets_mean", "?")
         ratio = r.get("ratios", {}).get("bandwidth_vs_copy", {})
-        return f"mean at {bw} GB/s, {_x(ratio.get('value'))} of a copy's bandwidth{_target(ratio)}{fake}"
+        text = f"mean at {bw} GB/s, {_x(ratio.get('value'))} of a copy's bandwidth{_target(ratio)}"
+        host = r.get("host", {}).get("host_us_per_launch", {})
+        if host:
+            per = ", ".join(f"{path} {us:.1f} us" for path, us in host.items())
+            text += f"; host per launch {per}{_target(r.get('ratios', {}).get('host_us_per_launch'))}"
+            if r["host"].get("paths_bitwise_equal") is False:
+                text += "; the launch paths DIFFER"
+        return text + fake
     if section == "tuning_gpu":
         ratio = r.get("ratio_streams_vs_serial", {}).get("value")
         sp = 1 / ratio if isinstance(ratio, (int, float)) and ratio > 0 else None

@@ -438,6 +438,7 @@ class _Launch:
             with self.cupy_stream:  # type: ignore[union-attr]  # set whenever the fake GPU is on
                 _cupy().launch(lambda bufs: self._simulate(kernel, blocks, threads, bufs), (arrays, args),
                                what=f"kernel {name}")
+            LAUNCHES["dispatcher"] += 1
             return
         # sync=False: no host-side synchronisation of the exported stream (ordered on the GPU instead, above)
         dev = tuple(numba.cuda.as_cuda_array(a, sync=False) for a in arrays)
