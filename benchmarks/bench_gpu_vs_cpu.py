@@ -91,10 +91,11 @@ def _routes(report: Any) -> dict[str, int]:
 
 
 def run_gpu_part(X: Any, y: Any, device: str, executor: str) -> tuple[Any, dict[str, Any]]:
-    import gpunets as gn
     from sklearn.decomposition import PCA
     from sklearn.linear_model import Ridge
     from sklearn.preprocessing import StandardScaler
+
+    import gpunets as gn
 
     with gn.device(device):
         Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
@@ -107,9 +108,9 @@ def run_gpu_part(X: Any, y: Any, device: str, executor: str) -> tuple[Any, dict[
 
 
 def run_search(X: Any, y: Any, device: str, executor: str) -> tuple[Any, dict[str, Any]]:
-    import gpunets as gn
     from sklearn.model_selection import KFold
 
+    import gpunets as gn
     from benchmarks.bench_tuning import grids, pipeline
 
     est = pipeline().set_params(ridge__solver="svd")
@@ -257,7 +258,7 @@ def cold(workloads: Sequence[str], modes: Sequence[str], rows: int, dtype: str, 
                 p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
                 lines = p.stdout.strip().splitlines()
                 res = json.loads(lines[-1]) if p.returncode == 0 and lines else {
-                    "error": (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1][:300]}
+                    "error": (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1][:300]}
             except subprocess.TimeoutExpired:
                 res = {"error": f"over {timeout:.0f} s"}
             out[f"{workload}/{mode}"] = res

@@ -226,9 +226,7 @@ def compile_kernel(name: str, py_func: Any, sig: tuple, cc: tuple[int, int], cup
         f.write(ptx)
     module = cupy.RawModule(path=path)
     function = module.get_function(entry).kernel   # the cupy.cuda.Function of the current device
-    from cupy.cuda.function import CPointer
-
-    return CachedKernel(name, sig, function, CPointer)
+    return CachedKernel(name, sig, function, cupy.cuda.function.CPointer)
 
 
 _DIR: list[str] = []

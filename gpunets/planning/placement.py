@@ -15,6 +15,7 @@ from gpunets.base.config import get_config
 from gpunets.base.exceptions import NetworkError
 from gpunets.compute.estimators import is_frozen_estimator
 from gpunets.compute.models import is_cuml_estimator, resolve_estimator
+from gpunets.core.graph import machine_sources
 from gpunets.core.machines import Machine
 from gpunets.core.nodes import AbstractNode, Node, Source, data_not_saved, is_node
 from gpunets.core.weights import check_weight_rows, keywords_fallback
@@ -30,6 +31,7 @@ from gpunets.devices.placement import (
     same_device,
 )
 from gpunets.devices.value_types import host_only
+from gpunets.planning import crossover
 from gpunets.planning.tasks import _move
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,9 +47,21 @@ def _resolve_fit(b: _Builder, m: Machine, pending: Any, deps: Sequence[int] = ()
     """
     what = f"machine {m.label}"
     dev = b.placed(m.device, what, owner=m)
+    why = b.__dict__.setdefault("placed_why", {})   # machine -> why it went where it did (the fit report's "placed")
+    asked = _asked(m.device)
     if dev.is_cuda and _placed_by_default(m.device) and (
             any(host_only(s._data) for s in _raw_sources(m)) or is_frozen_estimator(pending.estimator)):
         dev = CPU   # host-only data, or a FrozenEstimator: its fitted state is the host object it wraps
+        why[m] = ("auto: a FrozenEstimator (its state is a host object)" if is_frozen_estimator(pending.estimator)
+                  else "auto: data no GPU array holds (sparse, strings)")
+    elif dev.is_cuda and asked == "auto":
+        on_gpu, why[m] = _crossover(b, m, pending.estimator)
+        if not on_gpu:
+            dev = CPU
+    elif asked == "auto":
+        why[m] = "auto: no GPU here" if not device_exists("cuda") else "auto"
+    else:
+        why[m] = f"asked for {asked}" + ("" if dev.is_cuda or asked == "cpu" else ", no GPU here")
     if dev.is_cpu and not is_cuml_estimator(pending.estimator):
         return None, dev, "sklearn"
     r = keywords_fallback(resolve_estimator(pending.estimator, dev, what=what), pending.estimator,
@@ -61,6 +75,34 @@ def _resolve_fit(b: _Builder, m: Machine, pending: Any, deps: Sequence[int] = ()
 
         r = dataclasses.replace(r, estimator=pending.estimator)
     return r, r.device, r.path
+
+
+def _crossover(b: _Builder, m: Machine, estimator: Any) -> tuple[bool, str]:
+    """(on the GPU?, why) for machine ``m`` placed by default where a GPU is: its training rows against the
+    crossover of its kind (:mod:`gpunets.planning.crossover`)."""
+    table = crossover.table()
+    kind = type(estimator).__name__
+    if not table or crossover.threshold(kind, table)[0] is None:
+        return crossover.decide(kind, None, table)
+    return crossover.decide(kind, _training_rows(b, m), table)
+
+
+def _training_rows(b: _Builder, m: Machine) -> int | None:
+    """The rows ``m`` trains on: the fit's ``rows=``, else its sources' (the most of them); None if unknown."""
+    if b.rows is not None:
+        try:
+            return len(b.rows) if not isinstance(b.rows, slice) else None
+        except TypeError:
+            return None
+    counts = []
+    for s in machine_sources(m):
+        data = b.bindings.get(s._uid, s.data)
+        if data is not None:
+            try:
+                counts.append(n_rows(data))
+            except TypeError:
+                continue
+    return max(counts) if counts else None
 
 
 def _raw_sources(m: Machine) -> list[Source]:
