@@ -277,10 +277,6 @@ def gpu_here() -> tuple[Any, bool, str]:
         return None, False, "CuPy is not installed"
     if not cp.cuda.is_available():
         return None, False, "cupy.cuda.is_available() is False: no CUDA GPU here"
-    from gpunets.compute.models import scipy_array_api_enabled
-
-    if not scipy_array_api_enabled():
-        return None, False, "SCIPY_ARRAY_API=1 was not set before scipy was imported: no array-API twins"
     return cp, bool(_gpulibs.fake_gpu_count()), ""
 
 
@@ -301,6 +297,11 @@ def run(quick: bool = False, budget: float | None = None, png: str | None = None
                            "repeat": repeat, "budget_seconds": budget, "cpu_cores": os.cpu_count(),
                            "rapids": _has("cuml"),
                            "cpu_best": "executor='threads', workers = every core; BLAS/OpenMP capped per worker"}
+    from gpunets.compute.models import scipy_array_api_enabled
+
+    if cp is not None and not scipy_array_api_enabled():
+        res["note_array_api"] = ("SCIPY_ARRAY_API=1 was not set before scipy was imported: no array-API twins, so "
+                                 "the GPU modes' machines fall back to the CPU (routes say cpu_fallback)")
     if not res["rapids"]:
         res["note_rapids"] = ("no cuML here: the network's KNN and forests run on the CPU in the GPU modes "
                               "(routes say so); gpu_part is the part of the network that runs on the GPU")

@@ -168,6 +168,13 @@ def describe(section: str, r: dict[str, Any]) -> str:
             if r["host"].get("paths_bitwise_equal") is False:
                 text += "; the launch paths DIFFER"
         return text + fake
+    if section == "gpu_vs_cpu":
+        from benchmarks.bench_gpu_vs_cpu import one_line   # the section's own headline
+
+        text = one_line(r)
+        if r.get("real_gpu") and r.get("crossover_table"):
+            text += f"; table {r['crossover_table']}"
+        return text + fake
     if section == "tuning_gpu":
         ratio = r.get("ratio_streams_vs_serial", {}).get("value")
         sp = 1 / ratio if isinstance(ratio, (int, float)) and ratio > 0 else None
