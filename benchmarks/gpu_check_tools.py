@@ -141,9 +141,11 @@ def describe(section: str, r: dict[str, Any]) -> str:
     fake = " [fake GPU: harness check only]" if r.get("fake_gpu") else ""
     if section == "environment":
         probe = str(r.get("nvvm_probe", "?"))
-        parts = [str(r.get("gpu", "?")), f"CuPy {r.get('cupy', '?')}",
-                 f"numba-cuda {r.get('numba_cuda', '?')}" + (" (simulator)" if r.get("simulator") else ""),
-                 "NVVM ok" if probe.startswith("ok") else f"NVVM {probe}"]
+        parts = [str(r.get("gpu", "?")), f"CuPy {r.get('cupy', '?')}"]
+        if r.get("numpy"):
+            parts.append(f"NumPy {r['numpy']}")
+        parts += [f"numba-cuda {r.get('numba_cuda', '?')}" + (" (simulator)" if r.get("simulator") else ""),
+                  "NVVM ok" if probe.startswith("ok") else f"NVVM {probe}"]
         if r.get("absent"):
             parts.append("without " + ", ".join(r["absent"]))
         return ", ".join(parts)

@@ -161,7 +161,7 @@ HIDE = ("dask", "distributed", "dask_cuda", "dask_ml", "cudf", "cuml", "rmm")
 SITECUSTOMIZE = f"import sys\nfor _n in {HIDE!r}:\n    sys.modules[_n] = None\n"
 
 
-@pytest.mark.slow   # 45-75 s on 2 shared cores
+@pytest.mark.slow   # 2-4 minutes on 2 shared cores
 def test_gpu_check_script_in_fake_mode_without_rapids_or_dask(tmp_path):
     """``bash benchmarks/gpu_check.sh --fake`` runs every section on the CPU: one line each, all ok, the JSON."""
     hide = tmp_path / "hide"
@@ -175,7 +175,7 @@ def test_gpu_check_script_in_fake_mode_without_rapids_or_dask(tmp_path):
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     sections = ["environment", "warm", "gpu_tests_legacy_stream", "gpu_tests_per_thread_stream", "executors_gpu",
-                "kernels_gpu", "tuning_gpu", "multi_gpu_dask"]
+                "kernels_gpu", "tuning_gpu", "gpu_vs_cpu", "multi_gpu_dask"]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("[")]
     assert [line.split("]")[0][1:] for line in lines] == sections, proc.stdout
     assert all(" ok: " in line for line in lines[:-1]) and "skipped: 1 GPU(s)" in lines[-1], proc.stdout
@@ -185,6 +185,10 @@ def test_gpu_check_script_in_fake_mode_without_rapids_or_dask(tmp_path):
     assert set(HIDE[:2]) | {"cudf", "cuml"} <= set(res["environment"]["absent"]), res["environment"]
     assert res["gpu_tests_per_thread_stream"]["skipped"] == res["gpu_tests_per_thread_stream"]["tests"] > 0
     assert "could not import 'distributed'" in (out / "gpu_tests_legacy_stream.log").read_text()  # skipped cleanly
+    assert "crossover_rows" not in res["gpu_vs_cpu"] and res["gpu_vs_cpu"]["fake_gpu"]
+    assert set(res["gpu_vs_cpu"]["warm"]) == {"gpu_part/float64", "search/float64"}
+    assert "error" not in res["gpu_vs_cpu"]["cold"]["gpu_part/gpu_streams"], res["gpu_vs_cpu"]["cold"]
+    assert "host per launch dispatcher" in lines[5] and "[fake GPU: harness check only]" in lines[7], lines
     for workload in ("midsize", "gemm"):
         assert res["executors_gpu"][workload]["max_abs_diff_vs_serial"] == 0.0
         assert "target" not in res["executors_gpu"][workload]["speedup_streams"]
