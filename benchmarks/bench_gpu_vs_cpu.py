@@ -372,7 +372,8 @@ def one_line(res: dict[str, Any]) -> str:
         parts = [f"{k} {'never' if v is None else f'{v:,} rows'}" for k, v in cross.items()]
         return "GPU beats CPU best from: " + ", ".join(parts)
     n = sum(1 for by in res.get("warm", {}).values() for c in by.values() if "skipped" not in c and "error" not in c)
-    return f"{n} cells run on {', '.join(res.get('modes', []))} ({res.get('note', '')})"
+    why = "" if res.get("fake_gpu") else f" ({res.get('gpu')})"
+    return f"{n} cells run on {', '.join(res.get('modes', []))}, no crossover claimed{why}"
 
 
 OPTIONS = [
