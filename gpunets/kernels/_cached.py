@@ -176,6 +176,62 @@ def _codes(fmt: str) -> list[str]:
 
 # ---- one compiled kernel ------------------------------------------------------------------------------------
 
+_ARRAY, _ARRAYS, _TUPLE, _SCALAR = range(4)
+
+
+def _itemsize(dtype: Any) -> int:
+    from numba.np.numpy_support import as_dtype
+
+    return int(as_dtype(dtype).itemsize)
+
+
+def _plan(sig: Sequence[Any]) -> tuple:
+    """How to flatten each argument of ``sig`` fast: (kind, ndim, itemsize, count) per argument."""
+    from numba.core import types
+
+    def one(ty: Any) -> tuple:
+        if isinstance(ty, types.Array):
+            return (_ARRAY, ty.ndim, _itemsize(ty.dtype), 1)
+        if isinstance(ty, types.UniTuple) and isinstance(ty.dtype, types.Array):
+            return (_ARRAYS, ty.dtype.ndim, _itemsize(ty.dtype.dtype), ty.count)
+        if isinstance(ty, types.BaseTuple) and not any(isinstance(t, (types.Array, types.BaseTuple)) for t in ty):
+            return (_TUPLE, 0, 0, len(ty))
+        if isinstance(ty, types.BaseTuple):
+            raise NotImplementedError(f"cached kernel launch: a tuple of {ty} is not packed here (use the dispatcher)")
+        return (_SCALAR, 0, 0, 1)
+
+    return tuple(one(t) for t in sig)
+
+
+def _flatten(plan: tuple, args: Sequence[Any]) -> list:
+    """:func:`param_values` on a precomputed plan (one call per launch: this is the host's cost per launch)."""
+    out: list = []
+    ext = out.extend
+    for (kind, ndim, itemsize, count), a in zip(plan, args, strict=True):
+        if kind == _SCALAR:
+            out.append(a)
+        elif kind == _TUPLE:
+            if len(a) != count:
+                raise ValueError(f"cached kernel launch: a tuple of {len(a)} where {count} were compiled")
+            ext(a)
+        else:
+            for x in ((a,) if kind == _ARRAY else a):
+                shape = x.shape
+                if len(shape) != ndim:
+                    raise ValueError(f"cached kernel launch: an array of {len(shape)} dimensions where {ndim} "
+                                     "were compiled")
+                try:
+                    ptr = x.data.ptr   # CuPy
+                except AttributeError:
+                    ptr = data_pointer(x)
+                ext((0, 0, x.size, itemsize, ptr))
+                ext(shape)
+                ext(x.strides)
+            if kind == _ARRAYS and len(a) != count:
+                raise ValueError(f"cached kernel launch: a tuple of {len(a)} where {count} were compiled")
+    return out
+
+
 class CachedKernel:
     """A kernel loaded once, launched with its parameters packed into one preallocated buffer.
 
@@ -194,6 +250,7 @@ class CachedKernel:
     def __init__(self, name: str, sig: tuple, function: Callable[..., Any], pointer: Callable[[int], Any]) -> None:
         fmt = param_format(sig)
         self.name, self.sig, self.function = name, sig, function
+        self.plan = _plan(sig)
         self.layout = struct.Struct(fmt)
         n = len(_codes(fmt))
         assert self.layout.size == n * SLOT, (fmt, self.layout.size)
@@ -207,7 +264,7 @@ class CachedKernel:
 
     def launch(self, blocks: int, threads: int, stream: Any, args: Sequence[Any]) -> None:
         """Launch on ``stream`` (a CuPy stream) with the kernel's arguments ``args`` (arrays, tuples, scalars)."""
-        values = param_values(self.sig, args)
+        values = _flatten(self.plan, args)
         with self._lock:
             self.layout.pack_into(self.buffer, 0, *values)
             self.function((blocks,), (threads,), self.args, 0, stream)

@@ -79,7 +79,15 @@ def _host_path() -> bool:
 def accept(a: Any) -> bool:
     if SIMULATOR:
         return isinstance(a, np.ndarray) or (bool(_gpulibs.fake_gpu_count()) and isinstance(a, _cupy().ndarray))
-    return hasattr(a, "__cuda_array_interface__")
+    # a CuPy array by its type first: CuPy builds its __cuda_array_interface__ dict at every access
+    return type(a) is _cupy_ndarray() or hasattr(a, "__cuda_array_interface__")
+
+
+def _cupy_ndarray() -> Any:
+    try:
+        return getattr(_cupy(), "ndarray", None)
+    except ImportError:   # numba-cuda without CuPy: device arrays are numba's (or any __cuda_array_interface__)
+        return None
 
 
 def _load_numpy_support() -> None:
@@ -371,7 +379,8 @@ class _Launch:
     """
 
     def __init__(self, stream: Any) -> None:
-        self.stream = None
+        self._stream: Any = None
+        self._given: Any = None
         self.cupy_stream = None
         if _host_path():
             return
@@ -379,12 +388,22 @@ class _Launch:
         current = cp.cuda.get_current_stream()
         if stream is None:
             stream = current
-        self.stream = numba_stream(stream)
-        self.cupy_stream = stream if _is_cupy_stream(stream) else _cupy_stream_for(cp, self.stream)
+        self._given = stream
+        if _is_cupy_stream(stream):
+            self.cupy_stream = stream   # numba's stream is made only if numba's dispatcher launches (see stream)
+        else:
+            self.cupy_stream = _cupy_stream_for(cp, self.stream)
         if int(self.cupy_stream.ptr) != int(current.ptr):
             ev = cp.cuda.Event(disable_timing=True)
             ev.record(current)
             self.cupy_stream.wait_event(ev)
+
+    @property
+    def stream(self) -> Any:
+        """numba's stream for the kernel's (None on the simulator's host path), made at its first use."""
+        if self._stream is None and self._given is not None:
+            self._stream = numba_stream(self._given)
+        return self._stream
 
     def _on_stream(self, make: Any) -> Any:
         if self.cupy_stream is None:
