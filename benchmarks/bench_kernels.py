@@ -120,8 +120,8 @@ def gpu_section(quick: bool) -> dict:
       back between two CUDA events, against 20 device copies moving the same bytes (target >= 0.8 of the
       copy's bandwidth); the host's preparation of each launch overlaps the previous kernel, so the window
       holds GPU time only;
-    - the host per launch: ``kernels.mean`` of 8 float32 arrays of 10^5 elements, 200 calls without a sync,
-      timed on the host, for each launch path (the cached handle of ``gpunets.kernels._cached`` and numba's
+    - the host per launch: ``kernels.mean`` of 8 float32 arrays of 10^5 elements, 200 calls without a sync
+      inside ``with stream:`` (as the executors issue), timed on the host, for each launch path (the cached handle of ``gpunets.kernels._cached`` and numba's
       dispatcher; target <= 30 us for the cached path), and the two paths' outputs compared bit for bit.
 
     On the fake GPU of ``GPUNETS_FAKE_GPU`` (the kernel on numba's simulator, which launches through the
@@ -228,15 +228,17 @@ def host_per_launch(cp: Any, kernels: Any, _cuda: Any, stream: Any, fake: bool) 
     bits = {}
     for path in paths:
         _cuda.set_launch_path(path)
-        res = kernels.mean(small, target="cuda", stream=stream)   # warm: compiled, loaded
+        with stream:   # as the executors issue: the lane's stream is the thread's current one (no event per call)
+            res = kernels.mean(small, target="cuda")   # warm: compiled, loaded
         stream.synchronize()   # asnumpy reads on the current stream, which does not follow `stream`
         bits[path] = cp.asnumpy(res)
         best = float("inf")
         for _ in range(3):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                kernels.mean(small, target="cuda", stream=stream)
-            best = min(best, (time.perf_counter() - t0) / calls)
+            with stream:
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    kernels.mean(small, target="cuda")
+                best = min(best, (time.perf_counter() - t0) / calls)
             stream.synchronize()
         out["host_us_per_launch"][path] = round(best * 1e6, 2)
     if len(bits) == 2:
