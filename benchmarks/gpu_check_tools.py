@@ -171,7 +171,7 @@ def describe(section: str, r: dict[str, Any]) -> str:
                 text += "; the launch paths DIFFER"
         return text + fake
     if section == "gpu_vs_cpu":
-        from benchmarks.bench_gpu_vs_cpu import one_line   # the section's own headline
+        from benchmarks.bench_gpu_vs_cpu import one_line  # the section's own headline
 
         text = one_line(r)
         if r.get("real_gpu") and r.get("crossover_table"):
