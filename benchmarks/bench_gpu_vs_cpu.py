@@ -195,13 +195,15 @@ def crossover(cells: dict[str, Any], rows: Sequence[int]) -> dict[str, Any]:
     return out
 
 
-def crossover_table(cross: dict[str, Any]) -> dict[str, int | None]:
-    """The rows at which each machine kind is worth the GPU, from ``gpu_part``'s crossover (float64 and float32:
-    the larger), in the form of ``gn.config(gpu_crossover=...)``."""
-    values = [cross.get(f"gpu_part/{dt}") for dt in DTYPES]
-    known = [v for v in values if v is not None]
-    rows = max(known) if known else None
-    return {kind: rows for kind in KINDS["gpu_part"]}
+def crossover_table(cross: dict[str, Any], rows: Sequence[int] = ROWS) -> dict[str, int]:
+    """The rows from which each machine kind is worth the GPU, from ``gpu_part``'s crossovers (over the dtypes
+    measured: the largest), in the form of ``gn.config(gpu_crossover=...)``; empty when ``gpu_part`` was not run.
+    Where the GPU won at no measured size, the GPU is kept for sizes beyond the largest measured: ``max(rows) + 1``."""
+    values = [v for k, v in cross.items() if k.startswith("gpu_part/")]
+    if not values:
+        return {}
+    limit = max(rows) + 1 if any(v is None for v in values) else max(values)
+    return {kind: int(limit) for kind in KINDS["gpu_part"]}
 
 
 def plot(cells: dict[str, Any], rows: Sequence[int], path: str, title: str) -> str | None:
@@ -334,7 +336,7 @@ def run(quick: bool = False, budget: float | None = None, png: str | None = None
     if real:
         cross = crossover(cells, rows)
         res["crossover_rows"] = cross
-        res["crossover_table"] = crossover_table(cross)
+        res["crossover_table"] = crossover_table(cross, rows)
         res["plot"] = plot(cells, rows, png or os.path.join(ROOT, "docs", "img", "gpu_vs_cpu.png"),
                            f"gpunets: GPU ({res['gpu']}) against CPU ({os.cpu_count()} cores), end to end")
     else:
