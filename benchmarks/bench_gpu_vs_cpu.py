@@ -58,6 +58,9 @@ DTYPES = ("float64", "float32")
 COLUMNS = 50
 #: time growth per 10x rows, to estimate a cell before running it (KNN's predictions grow with rows^2)
 GROWTH = {"gpu_part": 10.0, "search": 10.0, "network": 60.0}
+#: seconds the first (smallest) cell of a workload is expected to take on a GPU machine: below that much budget
+#: left it is skipped (the demo's network fits 2 forests 6 times and predicts with KNN, for each mode and round)
+FIRST_CELL = {"network": 40.0}
 #: the machine kinds of each workload (for the crossover table of ``gpunets.planning.crossover``)
 KINDS = {"gpu_part": ("StandardScaler", "PCA", "Ridge"), "search": ("StandardScaler", "PCA", "Ridge")}
 
@@ -195,15 +198,25 @@ def crossover(cells: dict[str, Any], rows: Sequence[int]) -> dict[str, Any]:
     return out
 
 
-def crossover_table(cross: dict[str, Any], rows: Sequence[int] = ROWS) -> dict[str, int]:
+def measured_up_to(cells: dict[str, Any]) -> dict[str, int | None]:
+    """Per workload and dtype: the largest row count whose cell was measured (None: none was)."""
+    return {key: max((int(n) for n, c in by_rows.items() if "cpu_best" in c), default=None)
+            for key, by_rows in cells.items()}
+
+
+def crossover_table(cross: dict[str, Any], upto: dict[str, int | None]) -> dict[str, int]:
     """The rows from which each machine kind is worth the GPU, from ``gpu_part``'s crossovers (over the dtypes
-    measured: the largest), in the form of ``gn.config(gpu_crossover=...)``; empty when ``gpu_part`` was not run.
-    Where the GPU won at no measured size, the GPU is kept for sizes beyond the largest measured: ``max(rows) + 1``."""
-    values = [v for k, v in cross.items() if k.startswith("gpu_part/")]
-    if not values:
+    measured: the largest), in the form of ``gn.config(gpu_crossover=...)``; empty when ``gpu_part`` was not
+    measured. Where the GPU won at no measured size, it is kept for sizes beyond the largest measured
+    (that size + 1): nothing is claimed where nothing was measured."""
+    limits = []
+    for key, found in cross.items():
+        if not key.startswith("gpu_part/") or upto.get(key) is None:
+            continue
+        limits.append(found if found is not None else upto[key] + 1)   # type: ignore[operator]
+    if not limits:
         return {}
-    limit = max(rows) + 1 if any(v is None for v in values) else max(values)
-    return {kind: int(limit) for kind in KINDS["gpu_part"]}
+    return {kind: int(max(limits)) for kind in KINDS["gpu_part"]}
 
 
 def plot(cells: dict[str, Any], rows: Sequence[int], path: str, title: str) -> str | None:
@@ -310,20 +323,25 @@ def run(quick: bool = False, budget: float | None = None, png: str | None = None
                               "(routes say so); gpu_part is the part of the network that runs on the GPU")
     cells: dict[str, Any] = {}
     spent: dict[str, float] = {}
-    for n in rows:
-        for workload in workloads:
-            for dtype in dtypes:
+    # workload by workload, the cheap ones first: the crossover of gpu_part (the placement table's source) and of
+    # the search are measured at every size before the network, the slowest, takes what is left of the budget
+    for workload in workloads:
+        wdtypes = dtypes[:1] if workload == "network" and quick and real else dtypes   # quick: the network in float64
+        for n in rows:
+            for dtype in wdtypes:
                 key = f"{workload}/{dtype}"
                 cells.setdefault(key, {})
                 left = budget - (time.perf_counter() - t_start)
                 prev = spent.get(key)
-                estimate = prev * GROWTH[workload] * (n / rows[rows.index(n) - 1]) / 10 if prev else None
-                if estimate is not None and estimate > left:
+                estimate = (prev * GROWTH[workload] * (n / rows[rows.index(n) - 1]) / 10 if prev
+                            else FIRST_CELL.get(workload, 0.0) if real else 0.0)
+                if estimate > left:
                     cells[key][str(n)] = {"skipped": f"estimated {estimate:.0f} s, {left:.0f} s of the budget left"}
                     continue
                 t = time.perf_counter()
                 try:
-                    cells[key][str(n)] = warm_cell(workload, n, dtype, modes, repeat, cp)
+                    cells[key][str(n)] = warm_cell(workload, n, dtype, modes,
+                                                   1 if workload == "network" and quick else repeat, cp)
                 except Exception as e:  # noqa: BLE001 - one cell failing is reported, the others still run
                     cells[key][str(n)] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
                 spent[key] = time.perf_counter() - t
@@ -332,11 +350,12 @@ def run(quick: bool = False, budget: float | None = None, png: str | None = None
                 ), flush=True)
     res["warm"] = cells
     if with_cold:
-        res["cold"] = cold([w for w in cold_workloads if w in workloads], modes, rows[0], "float64", timeout=120.0)
+        res["cold"] = cold([w for w in cold_workloads if w in workloads], modes, rows[0], "float64", timeout=60.0)
     if real:
         cross = crossover(cells, rows)
         res["crossover_rows"] = cross
-        res["crossover_table"] = crossover_table(cross, rows)
+        res["measured_up_to_rows"] = upto = measured_up_to(cells)
+        res["crossover_table"] = crossover_table(cross, upto)
         res["plot"] = plot(cells, rows, png or os.path.join(ROOT, "docs", "img", "gpu_vs_cpu.png"),
                            f"gpunets: GPU ({res['gpu']}) against CPU ({os.cpu_count()} cores), end to end")
     else:

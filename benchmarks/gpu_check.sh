@@ -199,10 +199,10 @@ run_tests gpu_tests_legacy_stream -u CUPY_CUDA_PER_THREAD_DEFAULT_STREAM -u CUDF
 run_tests gpu_tests_per_thread_stream CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1 || status=1
 
 # 4. the GPU benchmark sections, in the launch environment (each skips itself without a GPU: here a skip is a
-#    failure); quick sizes on the fake GPU. gpu_vs_cpu: 10^4 to 10^6 rows within a 100 s budget for its warm cells
+#    failure); quick sizes on the fake GPU. gpu_vs_cpu: 10^4 to 10^6 rows within a 90 s budget for its warm cells
 #    (a cell that would pass it is skipped and says so), then each mode's cold run (gpu_part, 10^4 rows)
 for section in executors_gpu kernels_gpu tuning_gpu gpu_vs_cpu; do
-  limit=90; [ "$section" = gpu_vs_cpu ] && limit=200
+  limit=90; [ "$section" = gpu_vs_cpu ] && limit=180
   timeout $limit $py - "$out" "$section" > "$out/$section.out" 2> "$out/$section.log" <<'PY'
 import contextlib, json, os, sys, time, traceback
 out, section = sys.argv[1], sys.argv[2]
@@ -215,7 +215,7 @@ run = {"executors_gpu": lambda: bench_executors.gpu_streams(quick=fake, png=f"{o
        "tuning_gpu": lambda: bench_tuning.gpu_search(rows=600 if fake else 50_000, quick=fake),
        # GPU against CPU end to end: CPU serial, CPU best, GPU auto, GPU streams; the crossover and its plot
        "gpu_vs_cpu": lambda: bench_gpu_vs_cpu.run(
-           quick=True, budget=20 if fake else 100, png=f"{out}/gpu_vs_cpu.png", cold_workloads=("gpu_part",),
+           quick=True, budget=20 if fake else 90, png=f"{out}/gpu_vs_cpu.png", cold_workloads=("gpu_part",),
            **(dict(rows=(150,), workloads=("gpu_part", "search"), dtypes=("float64",), repeat=1) if fake else {}))}[section]
 t0 = time.perf_counter()
 try:

@@ -250,13 +250,17 @@ def test_gpu_vs_cpu_crossover_table_and_plot_from_measured_cells(tmp_path):
              "network/float64": {"10000": cell(1.0, 2.0, 3.0), "100000": {"skipped": "estimated 900 s"}}}
     cross = b.crossover(cells, b.ROWS)
     assert cross == {"gpu_part/float64": 100_000, "gpu_part/float32": 1_000_000, "network/float64": None}
-    table = b.crossover_table(cross)
+    upto = b.measured_up_to(cells)
+    assert upto == {"gpu_part/float64": 1_000_000, "gpu_part/float32": 1_000_000, "network/float64": 10_000}
+    table = b.crossover_table(cross, upto)
     assert table == {"StandardScaler": 1_000_000, "PCA": 1_000_000, "Ridge": 1_000_000}
     with gn.config(gpu_crossover=table):   # what device="auto" reads (gpunets.planning.crossover)
         assert gn.get_config()["gpu_crossover"] == table
-    never = b.crossover_table({"gpu_part/float64": 10_000, "gpu_part/float32": None})
-    assert never == dict.fromkeys(("StandardScaler", "PCA", "Ridge"), 1_000_001)   # the GPU never won: not below 10^6
-    assert b.crossover_table({"search/float64": 10_000}) == {}   # gpu_part not run: no table
+    # the GPU never won up to the largest size measured: kept beyond it, nothing claimed where nothing was measured
+    never = b.crossover_table({"gpu_part/float64": 10_000, "gpu_part/float32": None},
+                              {"gpu_part/float64": 1_000_000, "gpu_part/float32": 100_000})
+    assert never == dict.fromkeys(("StandardScaler", "PCA", "Ridge"), 100_001)
+    assert b.crossover_table({"search/float64": 10_000}, {"search/float64": 10_000}) == {}   # no gpu_part: no table
     line = b.one_line({"real_gpu": True, "crossover_rows": cross})
     assert line == ("GPU beats CPU best from: gpu_part/float64 100,000 rows, gpu_part/float32 1,000,000 rows, "
                     "network/float64 never")
