@@ -293,3 +293,69 @@ def _ptx_dir() -> str:
     if not _DIR:
         _DIR.append(tempfile.mkdtemp(prefix="gpunets-ptx-"))
     return _DIR[0]
+
+
+# ---- the launch path and the registry of cached kernels -------------------------------------------------------
+
+#: ``LAUNCH["path"]``: ``"auto"`` (the cached handle where the kernel compiles and loads, else the dispatcher),
+#: ``"cached"`` (the cached handle, or an error naming why not) or ``"dispatcher"`` (numba's dispatcher always).
+#: Set it with :func:`set_launch_path` or the ``GPUNETS_KERNEL_LAUNCH`` environment variable.
+LAUNCH_PATHS = ("auto", "cached", "dispatcher")
+LAUNCH: dict[str, str] = {"path": "auto"}
+#: launches per path in this process (for tests and benchmarks)
+LAUNCHES: dict[str, int] = {"cached": 0, "dispatcher": 0}
+#: (kernel, dtype, K, device) -> its CachedKernel, or the reason it has none (then the dispatcher launches it)
+_REGISTRY: dict[tuple, Any] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def set_launch_path(path: str) -> str:
+    """Choose how the CUDA kernels are launched (``"auto"``, ``"cached"`` or ``"dispatcher"``); returns the old.
+
+    Process-wide. ``"auto"`` (the default) launches numba's PTX through a handle cached per (kernel, dtype, K,
+    device), and falls back to numba's dispatcher for a kernel whose PTX cannot be loaded that way (the
+    reason is kept: :func:`launch_info`).
+
+    >>> old = set_launch_path("dispatcher"); set_launch_path(old)
+    'dispatcher'
+    """
+    if path not in LAUNCH_PATHS:
+        msg = f"launch path {path!r} is not one of {list(LAUNCH_PATHS)} (see docs/kernels.md, 'Launch path')"
+        raise ValueError(msg)
+    old, LAUNCH["path"] = LAUNCH["path"], path
+    return old
+
+
+def launch_info() -> dict[str, Any]:
+    """The launch path, the launches per path, and each cached signature's state ("ok" or why it fell back)."""
+    return {"path": LAUNCH["path"], "launches": dict(LAUNCHES),
+            "kernels": {f"{k[0]}[{k[1]}, K={k[2]}, device {k[3]}]": ("ok" if not isinstance(v, str) else v)
+                        for k, v in list(_REGISTRY.items())}}
+
+
+def cached_kernel(name: str, dtype: Any, k: int, cupy: Any, compile: Callable[..., Any]) -> CachedKernel | None:
+    """Kernel ``name``'s launcher for K arrays of ``dtype`` on CuPy's current device: ``compile(name, dtype, k,
+    cupy)`` at its first use (a CachedKernel, or why there is none), then the same one; None where there is
+    none (the dispatcher launches), an error naming why under ``LAUNCH["path"] == "cached"``."""
+    dtype = np.dtype(dtype)
+    key = (name, dtype.str, k, int(cupy.cuda.runtime.getDevice()))
+    got = _REGISTRY.get(key)
+    if got is None:
+        with _REGISTRY_LOCK:
+            got = _REGISTRY.get(key)
+            if got is None:
+                got = _REGISTRY[key] = compile(name, dtype, k, cupy)
+    if isinstance(got, str):
+        if LAUNCH["path"] == "cached":
+            raise RuntimeError(f"kernel {name} ({dtype}, K={k}) has no cached launch: {got}")
+        return None
+    return got
+
+
+def _launch_from_env() -> None:
+    path = os.environ.get("GPUNETS_KERNEL_LAUNCH", "").strip().lower()
+    if path:
+        set_launch_path(path)
+
+
+_launch_from_env()

@@ -18,7 +18,6 @@ from __future__ import annotations
 import builtins
 import functools
 import math
-import os
 import threading
 from typing import Any
 
@@ -28,8 +27,9 @@ from numba import cuda
 
 from gpunets.base.exceptions import DeviceUnavailableError
 from gpunets.devices import _gpulibs
-from gpunets.kernels import _labels
+from gpunets.kernels import _cached, _labels
 from gpunets.kernels import _validate as V
+from gpunets.kernels._cached import LAUNCH, LAUNCHES, launch_info, set_launch_path  # noqa: F401 - the path's API
 
 SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
 # Host code below reaches the CUDA API as ``numba.cuda``, never through the global ``cuda``: numba's simulator
@@ -443,11 +443,11 @@ class _Launch:
             return
         blocks, threads = launch_config(n)
         kernel = _KERNELS[name]
-        if not SIMULATOR and LAUNCH["path"] != "dispatcher":
+        if not SIMULATOR and _cached.LAUNCH["path"] != "dispatcher":
             cached = cached_kernel(name, arrays[0].dtype, len(arrays))
             if cached is not None:   # numba's PTX through CuPy: no dispatcher on the host (see _cached)
                 cached.launch(blocks, threads, self.cupy_stream, (arrays, *args))
-                LAUNCHES["cached"] += 1
+                _cached.LAUNCHES["cached"] += 1
                 return
         if _host_path():
             with _SIMULATOR_LAUNCH:
@@ -457,56 +457,17 @@ class _Launch:
             with self.cupy_stream:  # type: ignore[union-attr]  # set whenever the fake GPU is on
                 _cupy().launch(lambda bufs: self._simulate(kernel, blocks, threads, bufs), (arrays, args),
                                what=f"kernel {name}")
-            LAUNCHES["dispatcher"] += 1
+            _cached.LAUNCHES["dispatcher"] += 1
             return
         # sync=False: no host-side synchronisation of the exported stream (ordered on the GPU instead, above)
         dev = tuple(numba.cuda.as_cuda_array(a, sync=False) for a in arrays)
         rest = tuple(numba.cuda.as_cuda_array(x, sync=False) if hasattr(x, "__cuda_array_interface__") else x
                      for x in args)
         kernel[blocks, threads, self.stream](dev, *rest)
-        LAUNCHES["dispatcher"] += 1
+        _cached.LAUNCHES["dispatcher"] += 1
 
 
-# ---- the launch path: numba's dispatcher, or numba's PTX through a cached CuPy handle --------------------------
-
-#: ``LAUNCH["path"]``: ``"auto"`` (the cached handle where the kernel compiles and loads, else the dispatcher),
-#: ``"cached"`` (the cached handle, or an error naming why not) or ``"dispatcher"`` (numba's dispatcher always).
-#: Set it with :func:`set_launch_path` or the ``GPUNETS_KERNEL_LAUNCH`` environment variable.
-LAUNCH_PATHS = ("auto", "cached", "dispatcher")
-LAUNCH: dict[str, str] = {"path": "auto"}
-#: launches per path in this process (for tests and benchmarks)
-LAUNCHES: dict[str, int] = {"cached": 0, "dispatcher": 0}
-#: (kernel, dtype, K, device) -> its CachedKernel, or the reason it has none (then the dispatcher launches it)
-_CACHED: dict[tuple, Any] = {}
-_CACHED_LOCK = threading.Lock()
-
-
-def set_launch_path(path: str) -> str:
-    """Choose how the CUDA kernels are launched (``"auto"``, ``"cached"`` or ``"dispatcher"``); returns the old.
-
-    Process-wide. ``"auto"`` (the default) launches numba's PTX through a handle cached per (kernel, dtype, K,
-    device), and falls back to numba's dispatcher for a kernel whose PTX cannot be loaded that way (the
-    reason is kept: :func:`launch_info`).
-    """
-    if path not in LAUNCH_PATHS:
-        msg = f"launch path {path!r} is not one of {list(LAUNCH_PATHS)} (see docs/kernels.md, 'Launch path')"
-        raise ValueError(msg)
-    old, LAUNCH["path"] = LAUNCH["path"], path
-    return old
-
-
-def _launch_from_env() -> None:
-    path = os.environ.get("GPUNETS_KERNEL_LAUNCH", "").strip().lower()
-    if path:
-        set_launch_path(path)
-
-
-def launch_info() -> dict[str, Any]:
-    """The launch path, the launches per path, and each cached signature's state ("ok" or why it fell back)."""
-    return {"path": LAUNCH["path"], "launches": dict(LAUNCHES),
-            "kernels": {f"{k[0]}[{k[1]}, K={k[2]}, device {k[3]}]": ("ok" if not isinstance(v, str) else v)
-                        for k, v in list(_CACHED.items())}}
-
+# ---- the launch path: numba's dispatcher, or numba's PTX through a cached CuPy handle (see _cached) ---------
 
 def _device_cc(cp: Any) -> tuple[int, tuple[int, int]]:
     dev = int(cp.cuda.runtime.getDevice())
@@ -517,34 +478,17 @@ def _device_cc(cp: Any) -> tuple[int, tuple[int, int]]:
 def cached_kernel(name: str, dtype: Any, k: int) -> Any:
     """The cached launcher of kernel ``name`` for K arrays of ``dtype`` on the current device, compiled and
     loaded at its first use; None where it cannot be (then the dispatcher launches, and the reason is kept)."""
-    cp = _cupy()
-    dev = int(cp.cuda.runtime.getDevice())
-    key = (name, np.dtype(dtype).str, k, dev)
-    got = _CACHED.get(key)
-    if got is None:
-        with _CACHED_LOCK:
-            got = _CACHED.get(key)
-            if got is None:
-                got = _CACHED[key] = _compile_cached(name, np.dtype(dtype), k, cp)
-    if isinstance(got, str):
-        if LAUNCH["path"] == "cached":
-            raise RuntimeError(f"kernel {name} ({np.dtype(dtype)}, K={k}) has no cached launch: {got}")
-        return None
-    return got
+    return _cached.cached_kernel(name, dtype, k, _cupy(), _compile_cached)
 
 
 def _compile_cached(name: str, dtype: np.dtype, k: int, cp: Any) -> Any:
-    from gpunets.kernels import _cached
-
+    """A kernel's CachedKernel, or why it has none (NVVM, the loader or an ABI mismatch: the dispatcher runs it)."""
     try:
         _, cc = _device_cc(cp)
         return _cached.compile_kernel(name, _KERNELS[name].py_func, launch_types(name, dtype, k), cc, cp)
-    except Exception as exc:   # noqa: BLE001 - NVVM, the loader or an ABI mismatch: the dispatcher launches it
+    except Exception as exc:   # noqa: BLE001 - reported by launch_info(); numba's dispatcher launches it
         text = str(exc).strip()
         return f"{type(exc).__name__}: {text.splitlines()[0] if text else repr(exc)}"
-
-
-_launch_from_env()
 
 
 def _elementwise(name: str, arrays: tuple, out_dtype: Any, stream: Any, *args) -> Any:

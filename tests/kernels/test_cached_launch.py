@@ -312,9 +312,10 @@ def standin_gpu(monkeypatch):
     monkeypatch.setattr(_cuda, "_cupy", lambda: cp)
     monkeypatch.setattr(_cuda, "numba_stream", lambda s: ("numba", s))
     monkeypatch.setattr(_cuda, "_compile_cached", compile_cached)
-    monkeypatch.setattr(_cuda, "_CACHED", {})
-    monkeypatch.setattr(_cuda, "LAUNCHES", {"cached": 0, "dispatcher": 0})
-    monkeypatch.setitem(_cuda.LAUNCH, "path", "auto")
+    monkeypatch.setattr(_cached, "_REGISTRY", {})
+    monkeypatch.setitem(_cached.LAUNCHES, "cached", 0)
+    monkeypatch.setitem(_cached.LAUNCHES, "dispatcher", 0)
+    monkeypatch.setitem(_cached.LAUNCH, "path", "auto")
 
     def to_dev(a):
         x = np.ascontiguousarray(a).view(_Dev)
