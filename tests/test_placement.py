@@ -10,6 +10,7 @@ from sklearn.preprocessing import StandardScaler
 import gpunets as gn
 from gpunets.devices._gpulibs import fake_gpu_count as gn_fake_gpus
 from gpunets.devices.placement import gpu_available
+from gpunets.planning.placement import placed_reason
 from gpunets.planning.plan import compile_call, compile_fit
 
 no_gpu = pytest.mark.skipif(gpu_available(), reason="checks the behaviour where no GPU exists")
@@ -190,6 +191,11 @@ def test_a_cpu_search_with_fit_parameters_stays_on_the_cpu_where_a_gpu_is(data, 
 
 # ---- device="auto" follows the measured crossover (issue 36 item 7) ---------------------------------------------
 
+def _placed_after(out, m, **fit):
+    compile_fit([out], **fit)
+    return placed_reason(m)
+
+
 def _scaled_ridge(X, y, **ridge):
     Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
     scale = gn.machine(StandardScaler(), Xs)
@@ -218,7 +224,7 @@ def test_auto_placement_keeps_a_machine_below_its_crossover_on_the_cpu(data, exe
             scale, ridge_m, out = _scaled_ridge(X, y)
             with gn.config(gpu_crossover=table):
                 plan = compile_fit([out])
-                assert plan.placed[ridge_m] == why and plan.placed[scale] == scale_why
+                assert placed_reason(ridge_m) == why and placed_reason(scale) == scale_why
                 fit_dev = {str(t.device) for t in plan.tasks if t.kind == "fit" and t.machine is ridge_m}
                 assert fit_dev == ({"cuda:0"} if on_gpu and lane else {"cuda:0", "cpu"} & fit_dev if on_gpu
                                    else {"cpu"}), fit_dev
@@ -235,30 +241,32 @@ def test_a_placement_asked_for_ignores_the_crossover(data, executor):
     X, y = data
     with gn.testing.fake_gpu(1), gn.config(gpu_crossover={"default": 10**9}):
         _, ridge_m, out = _scaled_ridge(X, y, device="cuda")
-        plan = compile_fit([out])
-        assert plan.placed[ridge_m] == "asked for cuda:0"   # 10^9 rows not reached: the GPU all the same
+        compile_fit([out])
+        assert placed_reason(ridge_m) == "asked for cuda:0"   # 10^9 rows not reached: the GPU all the same
         with gn.device("cuda"):
             scale, ridge_m, out = _scaled_ridge(X, y)
-        plan = compile_fit([out])
-        assert plan.placed[scale] == plan.placed[ridge_m] == "asked for cuda:0"
+        compile_fit([out])
+        assert placed_reason(scale) == placed_reason(ridge_m) == "asked for cuda:0"
         with gn.config(device="cpu"):
-            plan = compile_fit([_scaled_ridge(X, y)[2]])
-        assert set(plan.placed.values()) == {"asked for cpu"}
+            scale, ridge_m, out = _scaled_ridge(X, y)
+            compile_fit([out])
+        assert placed_reason(scale) == placed_reason(ridge_m) == "asked for cpu"
 
 
 def test_the_crossover_counts_the_rows_a_fit_takes(data):
     X, y = data
     with gn.testing.fake_gpu(1), gn.config(gpu_crossover={"Ridge": 30}):
         _, ridge_m, out = _scaled_ridge(X, y)
-        assert compile_fit([out], rows=np.arange(20)).placed[ridge_m] == "auto: 20 rows < 30, the GPU crossover for Ridge"
-        assert compile_fit([out], rows=np.arange(40)).placed[ridge_m].startswith("auto: 40 rows >= 30")
+        assert _placed_after(out, ridge_m, rows=np.arange(20)) == "auto: 20 rows < 30, the GPU crossover for Ridge"
+        assert _placed_after(out, ridge_m, rows=np.arange(40)).startswith("auto: 40 rows >= 30")
 
 
 def test_without_a_gpu_auto_says_so(data):
     X, y = data
     with gn.testing.no_gpu():
         _, ridge_m, out = _scaled_ridge(X, y)
-        assert compile_fit([out]).placed[ridge_m] == "auto: no GPU here"
+        compile_fit([out])
+        assert placed_reason(ridge_m) == "auto: no GPU here"
         report = out.fit()
         assert report.placed["Ridge"] == "auto: no GPU here" and report.where(ridge_m) == "cpu"
 

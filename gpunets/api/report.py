@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gpunets.core.graph import machine_parents, machine_sources, upstream_machines
 from gpunets.core.machines import WARM_UPDATE, Machine, _equal, _same_rows, labels, snapshot_params
 from gpunets.core.nodes import is_node
+from gpunets.planning.placement import placed_reason
 from gpunets.planning.plan import _n_rows_of, _rows_key
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -172,7 +173,7 @@ class FitReport:
         self.trace = trace
         self.executor = executor
         self.executor_reason = getattr(plan, "executor_reason", "")
-        self.placed_why = dict(getattr(plan, "placed", {}))
+        self.placed_why = {m: placed_reason(m) for m in machines}   # as the plan that ran decided
         lanes: dict[Any, Any] = {}
         times: dict[Any, float] = {}
         self._fit_tasks: dict[int, Machine] = {}

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpunets.base.config import check_crossover, get_config
+from gpunets.devices import _gpulibs
 
 __all__ = ["MEASURED", "table", "decide", "check_crossover"]
 
@@ -37,8 +38,6 @@ MEASURED: dict[str, int] = {}
 
 def table() -> dict[str, int]:
     """The crossover table in force here: the shipped one (on a real GPU), updated by ``gn.config(gpu_crossover=)``."""
-    from gpunets.devices import _gpulibs
-
     out = {} if _gpulibs.fake_gpu_count() else dict(MEASURED)
     override = get_config().get("gpu_crossover")
     if override:

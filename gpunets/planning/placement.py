@@ -7,6 +7,7 @@ functions decide a fit's route (GPU twin, array API or CPU fallback) and report 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -47,7 +48,7 @@ def _resolve_fit(b: _Builder, m: Machine, pending: Any, deps: Sequence[int] = ()
     """
     what = f"machine {m.label}"
     dev = b.placed(m.device, what, owner=m)
-    why = b.__dict__.setdefault("placed_why", {})   # machine -> why it went where it did (the fit report's "placed")
+    why = _PLACED   # machine -> why it went where it did at its last fit plan (the fit report's "placed")
     asked = _asked(m.device)
     if dev.is_cuda and _placed_by_default(m.device) and (
             any(host_only(s._data) for s in _raw_sources(m)) or is_frozen_estimator(pending.estimator)):
@@ -75,6 +76,16 @@ def _resolve_fit(b: _Builder, m: Machine, pending: Any, deps: Sequence[int] = ()
 
         r = dataclasses.replace(r, estimator=pending.estimator)
     return r, r.device, r.path
+
+
+_PLACED: weakref.WeakKeyDictionary[Machine, str] = weakref.WeakKeyDictionary()
+
+
+def placed_reason(m: Machine) -> str:
+    """Why machine ``m`` trains where it does, as decided by its last fit plan ("" before any):
+    ``"asked for cuda:0"``, or ``device="auto"``'s reason (``"auto: 5,000 rows < 50,000, the GPU crossover for
+    Ridge"``, ``"auto: no GPU here"``...)."""
+    return _PLACED.get(m, "")
 
 
 def _crossover(b: _Builder, m: Machine, estimator: Any) -> tuple[bool, str]:

@@ -122,7 +122,6 @@ class Plan:
     # the executors run the tasks under it, as scikit-learn's Parallel does (its configuration is per thread)
     sklearn_config: dict[str, Any] | None = None
     stored_from: dict[Any, str] = field(default_factory=dict)   # machine -> a loaded GPU state's origin
-    placed: dict[Any, str] = field(default_factory=dict)   # machine -> why it runs where it does (device="auto")
 
     @property
     def n_lanes(self) -> int:
@@ -569,7 +568,7 @@ def _compile_fit(targets: Sequence[Any], *, rows: Any, force: bool, max_lanes: i
         b.fit_key = {u: remap[k] for u, k in b.fit_key.items()}
         out_keys = tuple(remap[k] for k in out_keys)
     return Plan("fit", b.tasks, tuple(b.fit_key.values()) + out_keys, actions, max_lanes, sklearn_config=sklearn_config_delta(),
-                stored_from={m: n for m, n in notes.items() if n}, placed=b.__dict__.get("placed_why", {}))
+                stored_from={m: n for m, n in notes.items() if n})
 
 
 def _rows_bytes(rows_key: Any) -> bytes:
