@@ -353,8 +353,13 @@ def cached_kernel(name: str, dtype: Any, k: int, cupy: Any, compile: Callable[..
 
 
 def _launch_from_env() -> None:
-    path = os.environ.get("GPUNETS_KERNEL_LAUNCH", "").strip().lower()
+    raw = os.environ.get("GPUNETS_KERNEL_LAUNCH", "")
+    path = raw.strip().lower()
     if path:
+        if path not in LAUNCH_PATHS:
+            msg = (f"GPUNETS_KERNEL_LAUNCH={raw!r} is not a launch path: set it to one of {list(LAUNCH_PATHS)}, "
+                   "or unset it (the default, 'auto')")
+            raise ValueError(msg)
         set_launch_path(path)
 
 

@@ -396,6 +396,19 @@ def test_a_kernel_that_cannot_be_cached_falls_back_to_the_dispatcher(standin_gpu
         _cuda.set_launch_path("fast")
 
 
+def test_the_launch_path_comes_from_the_environment(monkeypatch):
+    from gpunets.kernels import _cached
+
+    monkeypatch.setitem(_cached.LAUNCH, "path", "auto")
+    monkeypatch.setenv("GPUNETS_KERNEL_LAUNCH", " Dispatcher ")
+    _cached._launch_from_env()
+    assert _cached.LAUNCH["path"] == "dispatcher"
+    monkeypatch.setenv("GPUNETS_KERNEL_LAUNCH", "fast")
+    with pytest.raises(ValueError, match=r"GPUNETS_KERNEL_LAUNCH='fast' is not a launch path: set it to one of"):
+        _cached._launch_from_env()
+    assert _cached.LAUNCH["path"] == "dispatcher"
+
+
 def test_concurrent_launches_never_share_a_half_packed_buffer(standin_gpu):
     """Threads launching one cached kernel at once: each launch reads its own arguments (the buffer is packed
     and launched under the kernel's lock)."""
