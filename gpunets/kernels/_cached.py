@@ -4,9 +4,9 @@ numba-cuda's dispatcher prepares every launch on the host: it types each argumen
 its CUDA array interface into a device array, and converts each parameter to ctypes (hundreds of
 microseconds for eight arrays). The kernels stay numba's: for each (kernel, dtype, K) this module compiles
 the kernel's Python function once with ``numba.cuda.compile_ptx`` for the current GPU's compute capability,
-loads the PTX with CuPy (``cupy.RawModule(path=...)``) and keeps the kernel's ``cupy.cuda.Function``. A
+loads the PTX with CuPy (``cupy.RawModule(path=...)``) and keeps the kernel's CuPy ``Function``. A
 launch then packs the parameters into one preallocated buffer with a precompiled ``struct`` format and calls
-the function with pointers into that buffer (``cupy.cuda.function.CPointer``): the same PTX as the
+the function with pointers into that buffer (CuPy's ``CPointer``, ``cupy/cuda/function.pyx``): the same PTX as the
 dispatcher's, the same parameters, so the same bits.
 
 numba's kernel ABI (``numba/cuda/dispatcher.py``, ``_Kernel._prepare_args`` in numba-cuda 0.30): the
@@ -242,9 +242,9 @@ class CachedKernel:
     sig : tuple of numba types
         The signature it was compiled for.
     function : callable
-        ``function(grid, block, args, shared_mem, stream)``: a ``cupy.cuda.Function``.
+        ``function(grid, block, args, shared_mem, stream)``: a CuPy ``Function`` (``cupy/cuda/function.pyx``).
     pointer : callable
-        ``pointer(address)``: a ``cupy.cuda.function.CPointer`` (the kernel's arguments point into the buffer).
+        ``pointer(address)``: CuPy's ``CPointer`` (the kernel's arguments point into the buffer).
     """
 
     def __init__(self, name: str, sig: tuple, function: Callable[..., Any], pointer: Callable[[int], Any]) -> None:
@@ -271,28 +271,23 @@ class CachedKernel:
             self.launches += 1
 
 
-def compile_kernel(name: str, py_func: Any, sig: tuple, cc: tuple[int, int], cupy: Any) -> CachedKernel:
+def compile_kernel(name: str, py_func: Any, sig: tuple, cc: tuple[int, int], cupy_module: Any) -> CachedKernel:
     """Compile ``py_func`` for ``sig`` with numba (PTX for ``cc``), check the entry's ABI, load it with CuPy."""
     from numba import cuda
 
     ptx, _ = cuda.compile_ptx(py_func, sig, cc=cc)
     entry, params = ptx_entry(ptx)
     check_abi(param_format(sig), ptx_param_sizes(params))
-    path = os.path.join(_ptx_dir(), f"{name}-{abs(hash((entry, cc))):x}.ptx")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(ptx)
-    module = cupy.RawModule(path=path)
-    function = module.get_function(entry).kernel   # the cupy.cuda.Function of the current device
-    return CachedKernel(name, sig, function, cupy.cuda.function.CPointer)
-
-
-_DIR: list[str] = []
-
-
-def _ptx_dir() -> str:
-    if not _DIR:
-        _DIR.append(tempfile.mkdtemp(prefix="gpunets-ptx-"))
-    return _DIR[0]
+    fd, path = tempfile.mkstemp(prefix=f"gpunets-{name}-", suffix=".ptx")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(ptx)
+        module = cupy_module.RawModule(path=path)
+        function = module.get_function(entry).kernel   # CuPy's Function on the current device: loaded now
+    finally:
+        os.remove(path)   # the module is loaded (cuModuleLoad): the file is no longer needed
+    # Real CuPy only: on the fake GPU the kernels run on numba's simulator, through its dispatcher
+    return CachedKernel(name, sig, function, cupy_module.cuda.function.CPointer)
 
 
 # ---- the launch path and the registry of cached kernels -------------------------------------------------------

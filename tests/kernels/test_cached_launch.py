@@ -105,7 +105,28 @@ for name in _cuda._KERNELS:
                     for x in _cached.param_values(sig, args)]
             theirs = [float(x) if isinstance(x, (float, np.floating)) else int(x) for x in numba_values(sig, args)]
             rows.append([name, dt, k, abi, mine == theirs, len(mine), len(_cached.ptx_param_sizes(params))])
-print(json.dumps({"rows": rows}))
+
+# compile_kernel end to end but for the GPU: numba's PTX written, "loaded" by a stand-in for CuPy, the file removed
+import os, types
+seen = {}
+
+
+class RawModule:
+    def __init__(self, path):
+        seen["path"], seen["ptx"] = path, open(path).read()
+
+    def get_function(self, name):
+        seen["entry"] = name
+        return types.SimpleNamespace(kernel=lambda *a: seen.setdefault("launches", []).append(a))
+
+
+standin = types.SimpleNamespace(RawModule=RawModule,
+                                cuda=types.SimpleNamespace(function=types.SimpleNamespace(CPointer=lambda a: a)))
+ck = _cached.compile_kernel("mean", _cuda._KERNELS["mean"].py_func, _cuda.launch_types("mean", "float32", 2), (9, 0),
+                            standin)
+loaded = {"entry_in_ptx": ".entry " + seen["entry"] in seen["ptx"], "file_removed": not os.path.exists(seen["path"]),
+          "params": len(ck.args), "entry": seen["entry"][:30]}
+print(json.dumps({"rows": rows, "loaded": loaded}))
 """
 
 
@@ -126,6 +147,8 @@ def test_the_packed_layout_is_numbas_ptx_and_dispatcher_layout():
     bad = [r for r in rows if r[3] != "ok" or not r[4] or r[5] != r[6]]
     assert not bad, bad
     assert len(rows) >= 80
+    assert res["loaded"] == {"entry_in_ptx": True, "file_removed": True, "params": 2 * 7 + 1 + 7,
+                             "entry": "_ZN7gpunets7kernels5_cuda7_k_m"}, res["loaded"]
 
 
 # ---- packing, read back through the kernel's pointers ---------------------------------------------------------
