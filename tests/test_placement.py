@@ -259,6 +259,7 @@ def test_the_crossover_counts_the_rows_a_fit_takes(data):
         _, ridge_m, out = _scaled_ridge(X, y)
         assert _placed_after(out, ridge_m, rows=np.arange(20)) == "auto: 20 rows < 30, the GPU crossover for Ridge"
         assert _placed_after(out, ridge_m, rows=np.arange(40)).startswith("auto: 40 rows >= 30")
+        assert _placed_after(out, ridge_m, rows=slice(10, None, 2)).startswith("auto: 20 rows < 30")
 
 
 def test_without_a_gpu_auto_says_so(data):

@@ -100,9 +100,10 @@ def _crossover(b: _Builder, m: Machine, estimator: Any) -> tuple[bool, str]:
 
 def _training_rows(b: _Builder, m: Machine) -> int | None:
     """The rows ``m`` trains on: the fit's ``rows=``, else its sources' (the most of them); None if unknown."""
-    if b.rows is not None:
+    rows = b.rows
+    if rows is not None and not isinstance(rows, slice):
         try:
-            return len(b.rows) if not isinstance(b.rows, slice) else None
+            return len(rows)
         except TypeError:
             return None
     counts = []
@@ -113,7 +114,9 @@ def _training_rows(b: _Builder, m: Machine) -> int | None:
                 counts.append(n_rows(data))
             except TypeError:
                 continue
-    return max(counts) if counts else None
+    if not counts:
+        return None
+    return len(range(*rows.indices(max(counts)))) if isinstance(rows, slice) else max(counts)
 
 
 def _raw_sources(m: Machine) -> list[Source]:
