@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The prepared GPU check, in under 8 minutes on one GPU: the environment and an NVVM probe, a warm-up of the
 # kernel caches, the GPU tests twice (without and with CuPy's per-thread default stream) and the GPU benchmark
-# sections (the executors on a GPU, the combine kernel alone and its host cost per launch, the search on a GPU,
+# sections (gpunets' own host time per GPU task and its fan-in scaling, the executors on a GPU, the combine kernel alone and its host cost per launch, the search on a GPU,
 # GPU against CPU end to end with the crossover), each timed part after its own warm-up run; the targets are
 # printed as verdicts ("target ...: met" / "NOT met").
 # numba-cuda 0.30 cannot run with NumPy 2.5: where the image's NumPy is 2.5 or newer, a NumPy < 2.5 wheel carried in
@@ -201,14 +201,16 @@ run_tests gpu_tests_per_thread_stream CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1 || s
 # 4. the GPU benchmark sections, in the launch environment (each skips itself without a GPU: here a skip is a
 #    failure); quick sizes on the fake GPU. gpu_vs_cpu: 10^4 to 10^6 rows within a 90 s budget for its warm cells
 #    (a cell that would pass it is skipped and says so), then each mode's cold run (gpu_part, 10^4 rows)
-for section in executors_gpu kernels_gpu tuning_gpu gpu_vs_cpu; do
+for section in host_cost executors_gpu kernels_gpu tuning_gpu gpu_vs_cpu; do
   limit=90; [ "$section" = gpu_vs_cpu ] && limit=180
   timeout $limit $py - "$out" "$section" > "$out/$section.out" 2> "$out/$section.log" <<'PY'
 import contextlib, json, os, sys, time, traceback
 out, section = sys.argv[1], sys.argv[2]
 fake = os.environ.get("GPU_CHECK_FAKE") == "1"
 from benchmarks import bench_executors, bench_gpu_vs_cpu, bench_kernels, bench_tuning
-run = {"executors_gpu": lambda: bench_executors.gpu_streams(quick=fake, png=f"{out}/executors_gpu_timeline.png"),
+run = {# gpunets' own host time per GPU task (the fake GPU in process: its GPU work is nil), fan-in 4000 vs 400
+       "host_cost": lambda: bench_executors.host_cost(quick=True),
+       "executors_gpu": lambda: bench_executors.gpu_streams(quick=fake, png=f"{out}/executors_gpu_timeline.png"),
        # the mean kernel alone (20 launches between events) against a device copy; the host per launch per path
        "kernels_gpu": lambda: bench_kernels.gpu_section(quick=True),
        # the one-stage search on CuPy data, device="cuda": streams vs serial, scores against the CPU (< 40 s)

@@ -154,6 +154,11 @@ def describe(section: str, r: dict[str, Any]) -> str:
                 f"{fake}")
     if section.startswith("gpu_tests"):
         return _tests(r) + (f" ({r['note']})" if r.get("note") else "")
+    if section == "host_cost":
+        per, fan = r.get("host_us_per_gpu_task", {}), r.get("fan_in_4000_over_400", {})
+        value = per.get("value")
+        text = f"{value:.1f} us of gpunets' host time per GPU task" if isinstance(value, float) else "? us per task"
+        return f"{text}{_target(per)}, fan-in 4000/400 per task {_x(fan.get('value'))}{_target(fan)}"
     if section == "executors_gpu":
         mid, gemm = r.get("midsize", {}), r.get("gemm", {})
         ms, gs = mid.get("speedup_streams", {}), gemm.get("speedup_streams", {})

@@ -79,7 +79,12 @@ def test_gpu_check_summary_lines(tmp_path):
                                     "error": "pytest exited with 1 (124: the timeout; 5: no GPU test collected)"},
         "gpu_tests_per_thread_stream": {"tests": 40, "failures": 0, "errors": 0, "skipped": 3},
         "multi_gpu_dask": {"skipped": "1 GPU(s): the multi-GPU section needs 2 or more real ones"},
+        "host_cost": {"host_us_per_gpu_task": {"value": 4.4, "target": "<= 10.0 us (fake GPU included)", "met": True},
+                      "fan_in_4000_over_400": {"value": 1.7, "target": "<= 1.5", "met": False}},
     }))
+    assert tools.summary(str(path), "host_cost") == (
+        "[host_cost] ok: 4.4 us of gpunets' host time per GPU task (target <= 10.0 us: met), "
+        "fan-in 4000/400 per task 1.70x (target <= 1.5: NOT met)")
     assert tools.summary(str(path), "environment") == (
         "[environment] ok: NVIDIA H200, CuPy 14.0.1, numba-cuda 0.30.4, NVVM ok, without cudf, cuml, dask")
     assert tools.summary(str(path), "executors_gpu") == (
@@ -176,8 +181,8 @@ def test_gpu_check_script_in_fake_mode_without_rapids_or_dask(tmp_path):
     proc = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--fake", str(out)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    sections = ["environment", "warm", "gpu_tests_legacy_stream", "gpu_tests_per_thread_stream", "executors_gpu",
-                "kernels_gpu", "tuning_gpu", "gpu_vs_cpu", "multi_gpu_dask"]
+    sections = ["environment", "warm", "gpu_tests_legacy_stream", "gpu_tests_per_thread_stream", "host_cost",
+                "executors_gpu", "kernels_gpu", "tuning_gpu", "gpu_vs_cpu", "multi_gpu_dask"]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("[")]
     assert [line.split("]")[0][1:] for line in lines] == sections, proc.stdout
     assert all(" ok: " in line for line in lines[:-1]) and "skipped: 1 GPU(s)" in lines[-1], proc.stdout
@@ -190,7 +195,8 @@ def test_gpu_check_script_in_fake_mode_without_rapids_or_dask(tmp_path):
     assert "crossover_rows" not in res["gpu_vs_cpu"] and res["gpu_vs_cpu"]["fake_gpu"]
     assert set(res["gpu_vs_cpu"]["warm"]) == {"gpu_part/float64", "search/float64"}
     assert "error" not in res["gpu_vs_cpu"]["cold"]["gpu_part/gpu_streams"], res["gpu_vs_cpu"]["cold"]
-    assert "host per launch dispatcher" in lines[5] and "[fake GPU: harness check only]" in lines[7], lines
+    assert "host per launch dispatcher" in lines[6] and "[fake GPU: harness check only]" in lines[8], lines
+    assert "us of gpunets' host time per GPU task" in lines[4] and "fan-in 4000/400" in lines[4], lines
     for workload in ("midsize", "gemm"):
         assert res["executors_gpu"][workload]["max_abs_diff_vs_serial"] == 0.0
         assert "target" not in res["executors_gpu"][workload]["speedup_streams"]
