@@ -17,9 +17,11 @@ from typing import Any
 from sklearn.base import clone
 from sklearn.utils.validation import check_is_fitted
 
-from gpunets.compute.models import call_context, fit_context
+from gpunets.base.config import get_config
+from gpunets.compute.models import Resolved, call_context, fit_context, prepare_inputs
 from gpunets.compute.threadsafety import serialized, unsafe_groups
 from gpunets.devices.data import device_of
+from gpunets.devices.placement import CPU
 
 logger = logging.getLogger("gpunets")
 
@@ -113,9 +115,6 @@ def _rerun_on_cpu(est: Any, resolved: Any, exc: BaseException, values: tuple[Any
     Returns ``(estimator, result, info)`` with the route ``"cpu_fallback"`` and the reason, or None where
     the policy, the route or the device does not allow it (the error then stops the run as any failure).
     """
-    from gpunets.base.config import get_config
-    from gpunets.compute.models import Resolved, prepare_inputs
-    from gpunets.devices.placement import CPU
 
     if get_config()["fallback"] != "cpu" or resolved.path != "array_api" or not resolved.device.is_cuda:
         return None

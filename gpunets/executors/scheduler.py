@@ -40,7 +40,9 @@ from typing import Any
 from gpunets.base.exceptions import EvaluationError, FitError, GpunetsError, wrap_exception
 from gpunets.base.trace import Trace
 from gpunets.compute.estimators import sklearn_config
+from gpunets.devices import _gpulibs
 from gpunets.devices.finite import run_config
+from gpunets.devices.value_types import is_cupy_array
 from gpunets.planning.plan import Plan, Task
 
 __all__ = ["Run", "out_of_memory_detail"]
@@ -348,8 +350,6 @@ def out_of_memory_detail(run: Run, task: Task, exc: BaseException) -> str:
     The bytes come from CuPy's message (``Out of memory allocating N bytes``); the memory held, from the
     run's own values on that GPU (the largest three named by task) and CuPy's pool where it is loaded.
     """
-    from gpunets.devices import _gpulibs
-    from gpunets.devices.value_types import is_cupy_array
 
     m = _OOM_BYTES.search(str(exc))
     asked = f"asked for {int(m.group(1).replace(',', '')):,} bytes" if m else "the size asked for is unknown"

@@ -80,6 +80,8 @@ NEVER: dict[str, str] = {
     "gpunets.tuning.stored": "it writes results into the store of fitted states in force, under keys it holds",
     "gpunets.tuning.tasks.Stage": "it carries the store key its values are written under (a search's value "
                                   "between tasks, never saved: a file could forge the key)",
+    "gpunets.tuning.tasks.Deferred": "it reads the store under a key it carries and fits an estimator when "
+                                     "computed (a search's value between tasks, never saved)",
     "gpunets.persistence.persist": "gn.save and gn.load write and read files",
     "gpunets.__main__": "the command line", "gpunets.testing": "test helpers",
     "gpunets.kernels._ptx": "it runs a subprocess", "gpunets.api.display": "it runs a program (dot)",

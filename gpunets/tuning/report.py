@@ -7,6 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpunets.base.trace import TraceRecord
+
 __all__ = ["SearchReport", "batch_fit_name", "fit_name"]
 
 _BATCH = re.compile(r"fit (\d+)× ")   # batch_fit_name's head
@@ -206,8 +208,7 @@ class SearchReport:
         >>> r.fits, r.loaded, r.again, r.stored, r.ran
         ({'pca': 2, 'ridge': 6}, {'pca': 2}, {'pca': 1}, 2, {'pca': 2, 'ridge': 6})
         """
-        from gpunets.base.trace import TraceRecord
-
+    
         for step, d in done:
             what = getattr(d, "what", "loaded")
             if what == "output":
