@@ -80,6 +80,10 @@ class SearchReport:
         :attr:`fitted` gives the fits that ran.
     rungs : list of SearchReport
         Successive halving: the report of each rung (one network each); these totals are their sums.
+    one_pass : OnePass or None
+        Which path the search's steps took and why (:mod:`gpunets.tuning.onepass_search`): the one-pass path
+        (every step fitted from the folds' moments) or the network, with the reason the one-pass path declined;
+        a successive-halving search: the last rung's.
     trace : Trace or None
         The :class:`~gpunets.base.trace.Trace` of the network run (``trace.plot()`` draws its timeline);
         a successive-halving search has one per rung, in ``rungs[i].trace``.
@@ -102,6 +106,7 @@ class SearchReport:
     batched: int = 0
     stored: int = 0
     rungs: list[SearchReport] = field(default_factory=list, repr=False)
+    one_pass: Any = field(default=None, repr=False)
     trace: Any = field(default=None, repr=False)
 
     @property
@@ -149,6 +154,7 @@ class SearchReport:
                         out.where.setdefault(k, {})
                         out.where[k][lane] = out.where[k].get(lane, 0) + n
         out.refit_route = reports[-1].refit_route if reports else None
+        out.one_pass = reports[-1].one_pass if reports else None
         return out
 
     @property
@@ -211,6 +217,8 @@ class SearchReport:
             lines.append(line)
         if self.batched:
             lines.append(f"  {self.batched} last-step fits done in batches (gpunets.tuning.batched)")
+        if self.one_pass is not None:
+            lines.extend("  " + line for line in str(self.one_pass).splitlines())
         if self.remembered or self.warm:
             lines.append(f"  {self.remembered} (candidate, fold) results remembered, {self.warm} warm-started fits")
         if self.stored or self.refit_stored:
