@@ -121,6 +121,8 @@ class ScalerRule:
             return "not a StandardScaler"
         if not isinstance(est.with_mean, bool) or not isinstance(est.with_std, bool):
             return "with_mean/with_std not booleans"
+        if est.copy is not True:
+            return "copy=False (scikit-learn then scores the rows its fit scaled in place)"
         return None
 
     @staticmethod
@@ -169,6 +171,8 @@ class PCARule:
             return f"n_components={k!r} (an int, a float in (0, 1) or None qualify)"
         if not isinstance(est.whiten, bool):
             return "whiten not a boolean"
+        if est.copy is not True:
+            return "copy=False (scikit-learn then centres the rows in place)"
         return None
 
     @staticmethod
@@ -253,6 +257,8 @@ class LinearRule:
             return "not a Ridge or LinearRegression"
         if not isinstance(est.fit_intercept, bool):
             return "fit_intercept not a boolean"
+        if est.copy_X is not True:
+            return "copy_X=False (scikit-learn then scores the rows its fit centred in place)"
         return None
 
     @staticmethod
@@ -274,7 +280,10 @@ class LinearRule:
             u_mean = np.zeros(k)
         Uu = (Uu + Uu.T) / 2
         M = Uu + alpha * np.eye(k)
-        ev = np.linalg.eigvalsh(M)
+        # an input column that is exactly 0 (a constant column, scaled) decouples: its coefficient is 0 in any
+        # rounding, so it does not count in the condition number
+        live = np.any(Uu != 0, axis=1) | np.any(Uy != 0, axis=1)
+        ev = np.linalg.eigvalsh(M[np.ix_(live, live)]) if live.any() else np.ones(1)
         if ev[0] <= 0:
             raise Decline(f"{type(est).__name__.lower()}: singular system (scikit-learn's lstsq/SVD fallback)")
         cond = ev[-1] / ev[0]

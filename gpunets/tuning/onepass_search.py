@@ -311,6 +311,8 @@ def _close(a: Any, b: Any, floor: float = 1e-300) -> bool:
     """``a`` equals ``b`` to TOL relative to ``b``'s largest entry (or ``floor``, where ``b`` is ~0 by
     construction: the mean of centred columns)."""
     a, b = np.ravel(np.asarray(a, dtype=np.float64)), np.ravel(np.asarray(b, dtype=np.float64))
+    if b.size == 1 and a.size > 1:   # fit_intercept=False: scikit-learn's intercept_ is 0.0 for every output
+        b = np.broadcast_to(b, a.shape)
     if a.shape != b.shape:
         return False
     scale = max(float(np.max(np.abs(b), initial=0.0)), floor)
@@ -340,11 +342,24 @@ def _self_check(spec: Any, state: Any, score: float, train_score: float | None, 
     steps = est.steps if hasattr(est, "steps") else [("", est)]
     for (_, fitted), mine in zip([s for s in steps if s[1] not in (None, "passthrough")], state.fitted):
         for attr, value in mine.items():
-            if value is None or attr in ("var_",):
+            if value is None or getattr(fitted, attr, None) is None:   # StandardScaler(False, False): no mean_
                 continue
             if not _close(value, getattr(fitted, attr), 1.0 if attr == "mean_" else 1e-300):
                 return f"{type(fitted).__name__}.{attr} differs from scikit-learn's"
     return None
+
+
+def _refit_route(X: Any, plan: list[tuple[Any, Any, Any]], labels: list[str]) -> Any:
+    """The refit's route as the network path gives it: on a GPU, the array-API twins where every step has one."""
+    from gpunets.compute.models import resolve_estimator
+    from gpunets.devices.data import device_of
+
+    dev = device_of(X)
+    if not dev.is_cuda:
+        return None
+    routes = {resolve_estimator(est, dev, what=f"search step {name!r}", fallback="silent").path
+              for name, (_, est, _) in zip(labels, plan)}
+    return ("array_api", dev) if routes == {"array_api"} else ("cpu", None)
 
 
 def run(search: Any, specs: list[Any], X: Any, y: Any, splits: list[tuple[np.ndarray, np.ndarray]], scorers: Any,
@@ -363,6 +378,8 @@ def run(search: Any, specs: list[Any], X: Any, y: Any, splits: list[tuple[np.nda
     if isinstance(got, str):
         return _no(got)
     Xa, Y, flat, xp = got
+    if any(len(train) < 2 or len(test) < 2 for train, test in splits):
+        return _no("a training or test set of fewer than 2 rows (scikit-learn's own failures and warnings)")
     n, d, t = Xa.shape[0], Xa.shape[1], Y.shape[1]
     if d + t > MAX_COLUMNS or len(splits) * (d + t) > n:
         return _no(f"{d} columns: the moments (O(K·d²) = {len(splits)}·{d + t}²) would cost more than the rows")
@@ -416,6 +433,7 @@ def run(search: Any, specs: list[Any], X: Any, y: Any, splits: list[tuple[np.nda
             out["train_scores"] = trained
         outs[c, f] = out
     report = SearchReport(fits=fits, naive={name: pairs for name in labels})
+    report.refit_route = _refit_route(X, plans[0], labels)
     report.ran = dict(fits)
     report.where = {name: {"one-pass": v} for name, v in fits.items()}
     report.batched = pairs if len(specs) > 1 else 0
