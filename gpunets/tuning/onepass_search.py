@@ -254,7 +254,8 @@ def _partition(splits: list[tuple[np.ndarray, np.ndarray]], n: int) -> bool:
     used = int(np.count_nonzero(label >= 0))
     for f, (train, test) in enumerate(splits):
         lt = label[train]
-        if len(train) + len(test) != used or np.any(lt < 0) or np.any(lt == f) or len(np.unique(train)) != len(train):
+        if len(train) + len(test) != used or np.any(lt < 0) or np.any(lt == f) \
+                or np.bincount(train, minlength=n).max(initial=0) > 1:
             return False
     return True
 
@@ -287,10 +288,32 @@ def _folds(X: Any, Y: Any, xp: Any, splits: list[tuple[np.ndarray, np.ndarray]],
 
 # --- the run ---------------------------------------------------------------------------------------------------
 
+_NAMES: dict[type, list[str]] = {}
+_POOLS: list[Any] = []   # threadpoolctl's controller, made once (it lists the loaded libraries when made)
+
+
+def _one_thread() -> Any:
+    """BLAS and OpenMP capped at one thread for the block."""
+    if not _POOLS:
+        from threadpoolctl import ThreadpoolController
+
+        _POOLS.append(ThreadpoolController())
+    return _POOLS[0].limit(limits=1)
+
+
+def _params(est: Any) -> dict[str, Any]:
+    """``est.get_params(deep=False)``, its parameter names read once per class (``get_params`` inspects the
+    signature at each call)."""
+    names = _NAMES.get(type(est))
+    if names is None:
+        names = _NAMES[type(est)] = type(est)._get_param_names()
+    return {k: getattr(est, k) for k in names}
+
+
 def _prefix_keys(plan: list[tuple[Any, Any, Any]]) -> list[Any]:
     keys, prev = [], None
     for rule, est, wkey in plan:
-        params = est.get_params(deep=False)
+        params = _params(est)
         prev = (prev, rule.name, type(est).__name__, wkey, repr(sorted(params.items())))
         keys.append(prev)
     return keys
@@ -301,7 +324,7 @@ def _kind(plan: list[tuple[Any, Any, Any]], metric: str, score_key: Any, xp: Any
     metric, the weights' presence, the versions, the namespace."""
     parts = []
     for rule, est, wkey in plan:
-        params = {k: v for k, v in est.get_params(deep=False).items() if k not in ("alpha", "n_components")}
+        params = {k: v for k, v in _params(est).items() if k not in ("alpha", "n_components")}
         k = getattr(est, "n_components", None)
         parts.append((type(est).__name__, repr(sorted(params.items())), type(k).__name__, wkey is not None))
     return (tuple(parts), metric, score_key is not None, sklearn.__version__, np.__version__, xp.__name__, t, flat)
@@ -396,22 +419,23 @@ def run(search: Any, specs: list[Any], X: Any, y: Any, splits: list[tuple[np.nda
     results: dict[tuple[int, int], tuple[float, float | None]] = {}
     fits = {name: 0 for name in labels}
     prefix = [_prefix_keys(plan) for plan in plans]
+    kinds = [_kind(plan, metric, score_key, xp, t, flat) for plan in plans]
     to_check: dict[Any, tuple[int, int]] = {}
     states: dict[tuple[int, int], Any] = {}
     try:
-        for f, fold in enumerate(folds):
-            for c in todo[f]:
-                state = onepass.fit_chain(plans[c], fold, prefix[c])
-                test = onepass.fold_scores(state, fold.test[score_key], d, fold.y0, metric)
-                trained = onepass.fold_scores(state, fold.train[score_key], d, fold.y0, metric) if train_score \
-                    else None
-                results[c, f] = (test, trained)
-                kind = _kind(plans[c], metric, score_key, xp, t, flat)
-                if kind not in _CHECKED and kind not in to_check:
-                    to_check[kind] = (c, f)
-                    states[c, f] = state
-            for i, name in enumerate(labels):
-                fits[name] += len({prefix[c][i] for c in todo[f]})
+        with _one_thread():   # d×d work: one BLAS thread is fastest, and leaves the other cores alone
+            for f, fold in enumerate(folds):
+                for c in todo[f]:
+                    state = onepass.fit_chain(plans[c], fold, prefix[c])
+                    test = onepass.fold_scores(state, fold.test[score_key], d, fold.y0, metric)
+                    trained = onepass.fold_scores(state, fold.train[score_key], d, fold.y0, metric) \
+                        if train_score else None
+                    results[c, f] = (test, trained)
+                    if kinds[c] not in _CHECKED and kinds[c] not in to_check:
+                        to_check[kinds[c]] = (c, f)
+                        states[c, f] = state
+                for i, name in enumerate(labels):
+                    fits[name] += len({prefix[c][i] for c in todo[f]})
     except Decline as exc:
         return _no(str(exc))
     fit_s = time.perf_counter() - start - moments_s
