@@ -165,6 +165,15 @@ def test_a_constant_column_is_scaled_by_one(executor, data):
     _taken(ours)
 
 
+def test_pandas_rows_and_target(executor, data):
+    pd = pytest.importorskip("pandas")
+    X, y = data
+    frame = pd.DataFrame(X, columns=[f"c{i}" for i in range(X.shape[1])])
+    ours, theirs = _both(*PIPES["pca int"], frame, pd.Series(y), cv=4)
+    _taken(ours)
+    assert list(ours.best_estimator_.feature_names_in_) == list(theirs.best_estimator_.feature_names_in_)
+
+
 def test_halving_searches_take_it_in_every_rung(executor, data):
     X, y = data
     est, _ = PIPES["pca int"]

@@ -165,8 +165,6 @@ def _static(search: Any, warm: Any) -> str | None:
         return "a store of fitted states is in force (each fit is kept there)"
     if _routing_enabled():
         return "metadata routing is on"
-    if search.error_score == "raise":
-        return "error_score='raise' (each fit's own errors)"
     return None
 
 
@@ -176,6 +174,9 @@ def _arrays(X: Any, y: Any) -> Any:
 
     if type(y).__name__ == "Series" and type(y).__module__.startswith("pandas"):
         y = y.to_numpy()
+    if type(X).__name__ == "DataFrame" and type(X).__module__.startswith("pandas") \
+            and all(str(t) == "float64" for t in X.dtypes):
+        X = X.to_numpy()   # the steps' feature names do not change a score
     host = type(X) is np.ndarray
     if not host and not (is_cupy_array(X) or type(X).__module__.startswith("gpunets.devices.fakegpu")):
         return "rows not a NumPy or CuPy array"
@@ -265,8 +266,9 @@ def _folds(X: Any, Y: Any, xp: Any, splits: list[tuple[np.ndarray, np.ndarray]],
     n, d, t = X.shape[0], X.shape[1], Y.shape[1]
     if _partition(splits, n):
         per, x0, y0 = _moments(X, Y, xp, [np.asarray(test) for _, test in splits], weights, keys)
-        total = {k: Moments(sum(g[k].n for g in per), sum(g[k].s for g in per), sum(g[k].G for g in per),
-                            np.empty(0), np.empty(0), sum(g[k].rows for g in per)) for k in keys}
+        total = {k: Moments(sum(g[k].n for g in per), np.sum([g[k].s for g in per], axis=0),
+                            np.sum([g[k].G for g in per], axis=0), np.empty(0), np.empty(0),
+                            sum(g[k].rows for g in per)) for k in keys}
         folds = []
         for f, g in enumerate(per):
             others = [h for j, h in enumerate(per) if j != f]
@@ -311,7 +313,8 @@ def _params(est: Any) -> dict[str, Any]:
 
 
 def _prefix_keys(plan: list[tuple[Any, Any, Any]]) -> list[Any]:
-    keys, prev = [], None
+    keys: list[Any] = []
+    prev: Any = None
     for rule, est, wkey in plan:
         params = _params(est)
         prev = (prev, rule.name, type(est).__name__, wkey, repr(sorted(params.items())))
@@ -323,7 +326,7 @@ def _kind(plan: list[tuple[Any, Any, Any]], metric: str, score_key: Any, xp: Any
     """What a candidate's self-check covers: its steps and options (not alpha nor an int n_components), the
     metric, the weights' presence, the versions, the namespace."""
     parts = []
-    for rule, est, wkey in plan:
+    for _rule, est, wkey in plan:
         params = {k: v for k, v in _params(est).items() if k not in ("alpha", "n_components")}
         k = getattr(est, "n_components", None)
         parts.append((type(est).__name__, repr(sorted(params.items())), type(k).__name__, wkey is not None))
