@@ -165,6 +165,14 @@ def test_a_constant_column_is_scaled_by_one(executor, data):
     _taken(ours)
 
 
+def test_a_column_constant_in_one_training_set_only_declines(executor, data):
+    X, y = data
+    X = X.copy()
+    X[60:, 2] = 1.5   # constant in fold 0's training rows (KFold(4)), not in all rows: scale 1 there
+    ours, _ = _both(*PIPES["scaler ridge"], X, y, cv=KFold(4))
+    _declined(ours, "nearly constant")
+
+
 def test_pandas_rows_and_target(executor, data):
     pd = pytest.importorskip("pandas")
     X, y = data
@@ -324,15 +332,19 @@ def test_the_self_check_declines_a_rule_that_differs(executor, data, monkeypatch
     _declined(ours, "self-check")
 
 
-def test_on_the_fake_gpu_the_moments_are_formed_on_the_device(data):
+@pytest.mark.parametrize("cv", ["kfold", "shuffled", "shuffle split"])
+def test_on_the_fake_gpu_the_moments_are_formed_on_the_device(data, cv):
     X, y = data
     est, grid = PIPES["pca int"]
-    theirs = GridSearchCV(est, grid, cv=4, return_train_score=True).fit(X, y)
+    splitter = {"kfold": KFold(4), "shuffled": KFold(4, shuffle=True, random_state=0),
+                "shuffle split": ShuffleSplit(3, random_state=0)}[cv]
+    w = np.random.default_rng(5).uniform(0.5, 2.0, size=len(y))
+    theirs = GridSearchCV(est, grid, cv=splitter, return_train_score=True).fit(X, y, ridge__sample_weight=w)
     with fake_gpu(1) as cp:
         Xd, yd = cp.asarray(X), cp.asarray(y)
-        ours = gn.GridSearchCV(est, grid, cv=4, return_train_score=True).fit(Xd, yd)
+        ours = gn.GridSearchCV(est, grid, cv=splitter, return_train_score=True).fit(Xd, yd, ridge__sample_weight=w)
         note = _taken(ours)
-    assert "per-fold sums" in note.splits
+    assert ("per-fold sums" in note.splits) == (cv != "shuffle split")
     for k in ("mean_test_score", "mean_train_score"):
         np.testing.assert_allclose(ours.cv_results_[k], theirs.cv_results_[k], rtol=1e-9, atol=1e-12)
     assert ours.best_params_ == theirs.best_params_

@@ -69,9 +69,12 @@ class Moments:
 
     @property
     def centered(self) -> np.ndarray:
-        """``Σ w (z - z̄)(z - z̄)ᵀ``."""
-        C = self.G - np.outer(self.s, self.s) / self.n
-        return (C + C.T) / 2
+        """``Σ w (z - z̄)(z - z̄)ᵀ`` (computed once)."""
+        C = self.__dict__.get("_centered")
+        if C is None:
+            C = self.G - np.outer(self.s, self.s) / self.n
+            C = self.__dict__["_centered"] = (C + C.T) / 2
+        return C
 
 
 @dataclass

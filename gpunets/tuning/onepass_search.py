@@ -196,53 +196,54 @@ def _arrays(X: Any, y: Any) -> Any:
 
 def _moments(X: Any, Y: Any, xp: Any, groups: list[np.ndarray], weights: dict[Any, np.ndarray],
              keys: set[Any]) -> tuple[list[dict[Any, Moments]], np.ndarray, np.ndarray]:
-    """Per group of rows, per weight key, the moments of ``[X - x0, Y - y0]``; one copy to the host."""
+    """Per group of rows, per weight key, the moments of ``[X - x0, Y - y0]`` (``x0``, ``y0``: the column means,
+    a shift that keeps the sums well-conditioned), one GEMM per chunk of rows; the columns' least and greatest
+    values over all rows (a column constant there is constant in every fold); one copy to the host."""
     from gpunets.devices.data import to_device
 
     d, t = X.shape[1], Y.shape[1]
     p = d + t
     x0, y0 = xp.mean(X, axis=0), xp.mean(Y, axis=0)
+    z0 = xp.concat([x0, y0])
     dev_w = {k: xp.asarray(weights[k]) for k in keys if k is not None}
     parts = []
     for rows in groups:
         acc: dict[Any, list[Any]] = {}
-        lo = hi = None
         for start in range(0, len(rows), CHUNK_ROWS):
-            idx = xp.asarray(rows[start:start + CHUNK_ROWS])
-            Xc = xp.take(X, idx, axis=0) - x0
-            Z = xp.concat([Xc, xp.take(Y, idx, axis=0) - y0], axis=1)
-            cmin, cmax = xp.min(Xc, axis=0), xp.max(Xc, axis=0)
-            lo = cmin if lo is None else xp.minimum(lo, cmin)
-            hi = cmax if hi is None else xp.maximum(hi, cmax)
+            chunk = rows[start:start + CHUNK_ROWS]
+            if chunk[-1] - chunk[0] == len(chunk) - 1 and np.all(np.diff(chunk) == 1):   # a range: a slice
+                a, b = int(chunk[0]), int(chunk[-1]) + 1
+                Z = xp.concat([X[a:b, ...], Y[a:b, ...]], axis=1) - z0
+                idx = None
+            else:
+                idx = xp.asarray(chunk)
+                Z = xp.concat([xp.take(X, idx, axis=0), xp.take(Y, idx, axis=0)], axis=1) - z0
             for k in keys:
                 if k is None:
                     G, s = Z.T @ Z, xp.sum(Z, axis=0)
-                    nw = xp.asarray([float(int(idx.shape[0]))], dtype=xp.float64)
+                    nw = xp.asarray([float(len(chunk))], dtype=xp.float64)
                 else:
-                    wk = xp.take(dev_w[k], idx, axis=0)
+                    wk = dev_w[k][a:b] if idx is None else xp.take(dev_w[k], idx, axis=0)
                     Zw = Z * xp.reshape(wk, (-1, 1))
                     G, s, nw = Zw.T @ Z, xp.sum(Zw, axis=0), xp.reshape(xp.sum(wk), (1,))
-                a = acc.get(k)
-                acc[k] = [nw, s, G] if a is None else [a[0] + nw, a[1] + s, a[2] + G]
+                acc_k = acc.get(k)
+                acc[k] = [nw, s, G] if acc_k is None else [acc_k[0] + nw, acc_k[1] + s, acc_k[2] + G]
         for k in keys:
             nw, s, G = acc[k]
             parts.extend([nw, s, xp.reshape(G, (-1,))])
-        parts.extend([lo, hi])
-    parts.extend([x0, y0])
+    parts.extend([xp.min(X, axis=0), xp.max(X, axis=0), x0, y0])
     flat = np.asarray(to_device(xp.concat(parts), "cpu"), dtype=np.float64)   # the one copy
+    end = len(flat) - t - 3 * d   # the tail: lo (d), hi (d), x0 (d), y0 (t)
+    lo, hi, x0h, y0h = flat[end:end + d], flat[end + d:end + 2 * d], flat[end + 2 * d:end + 3 * d], flat[end + 3 * d:]
     out, at = [], 0
     for rows in groups:
         got = {}
         for k in keys:
             nw, s, G = flat[at], flat[at + 1:at + 1 + p], flat[at + 1 + p:at + 1 + p + p * p].reshape(p, p)
             at += 1 + p + p * p
-            got[k] = Moments(float(nw), s, (G + G.T) / 2, np.empty(0), np.empty(0), len(rows))
-        lo_, hi_ = flat[at:at + d], flat[at + d:at + 2 * d]
-        at += 2 * d
-        for m in got.values():
-            m.lo, m.hi = lo_, hi_
+            got[k] = Moments(float(nw), s, (G + G.T) / 2, lo, hi, len(rows))
         out.append(got)
-    return out, flat[at:at + d], flat[at + d:at + d + t]
+    return out, x0h, y0h
 
 
 def _partition(splits: list[tuple[np.ndarray, np.ndarray]], n: int) -> bool:
@@ -267,19 +268,9 @@ def _folds(X: Any, Y: Any, xp: Any, splits: list[tuple[np.ndarray, np.ndarray]],
     if _partition(splits, n):
         per, x0, y0 = _moments(X, Y, xp, [np.asarray(test) for _, test in splits], weights, keys)
         total = {k: Moments(sum(g[k].n for g in per), np.sum([g[k].s for g in per], axis=0),
-                            np.sum([g[k].G for g in per], axis=0), np.empty(0), np.empty(0),
+                            np.sum([g[k].G for g in per], axis=0), per[0][k].lo, per[0][k].hi,
                             sum(g[k].rows for g in per)) for k in keys}
-        folds = []
-        for f, g in enumerate(per):
-            others = [h for j, h in enumerate(per) if j != f]
-            lo = np.min([next(iter(h.values())).lo for h in others], axis=0)
-            hi = np.max([next(iter(h.values())).hi for h in others], axis=0)
-            train = {}
-            for k in keys:
-                m = total[k] - g[k]
-                m.lo, m.hi = lo, hi
-                train[k] = m
-            folds.append(Fold(d, t, x0, y0, train, g))
+        folds = [Fold(d, t, x0, y0, {k: total[k] - g[k] for k in keys}, g) for g in per]
         how = f"{len(splits)} test folds partition {total[next(iter(keys))].rows} rows: per-fold sums, one pass"
         return folds, how
     groups = [np.asarray(a) for pair in splits for a in pair]
