@@ -350,6 +350,18 @@ def test_on_the_fake_gpu_the_moments_are_formed_on_the_device(data, cv):
     assert ours.best_params_ == theirs.best_params_
 
 
+def test_device_cuda_with_host_rows_refits_as_the_network_path_would(data):
+    X, y = data
+    est, grid = PIPES["pca int"]
+    theirs = GridSearchCV(est, grid, cv=3).fit(X, y)
+    with fake_gpu(1):
+        ours = gn.GridSearchCV(est, grid, cv=3, device="cuda").fit(X, y)
+        _taken(ours)
+        assert ours.search_report_.refit_route is not None   # the refit's route on the search's GPU
+        np.testing.assert_allclose(ours.cv_results_["mean_test_score"], theirs.cv_results_["mean_test_score"],
+                                   rtol=1e-9)
+
+
 def test_report_names_the_path_of_every_step(data):
     X, y = data
     est = Pipeline([("scale", StandardScaler()), ("pca", PCA(4)), ("ridge", Ridge())])

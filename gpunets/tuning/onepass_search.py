@@ -366,12 +366,14 @@ def _self_check(spec: Any, state: Any, score: float, train_score: float | None, 
     return None
 
 
-def _refit_route(X: Any, plan: list[tuple[Any, Any, Any]], labels: list[str]) -> Any:
-    """The refit's route as the network path gives it: on a GPU, the array-API twins where every step has one."""
+def _refit_route(search: Any, X: Any, plan: list[tuple[Any, Any, Any]], labels: list[str]) -> Any:
+    """The refit's route as the network path gives it: on the search's GPU (its ``device``, else the rows'), the
+    array-API twins where every step has one."""
     from gpunets.compute.models import resolve_estimator
     from gpunets.devices.data import device_of
+    from gpunets.devices.placement import Device
 
-    dev = device_of(X)
+    dev = device_of(X) if search.device in (None, "auto") else Device.parse(search.device)
     if not dev.is_cuda:
         return None
     routes = {resolve_estimator(est, dev, what=f"search step {name!r}", fallback="silent").path
@@ -451,7 +453,7 @@ def run(search: Any, specs: list[Any], X: Any, y: Any, splits: list[tuple[np.nda
             out["train_scores"] = trained
         outs[c, f] = out
     report = SearchReport(fits=fits, naive={name: pairs for name in labels})
-    report.refit_route = _refit_route(X, plans[0], labels)
+    report.refit_route = _refit_route(search, X, plans[0], labels)
     report.ran = dict(fits)
     report.where = {name: {"one-pass": v} for name, v in fits.items()}
     report.batched = pairs if len(specs) > 1 else 0
