@@ -173,6 +173,15 @@ def test_a_column_constant_in_one_training_set_only_declines(executor, data):
     _declined(ours, "nearly constant")
 
 
+def test_one_column_and_no_column(executor, data):
+    X, y = data
+    ours, _ = _both(make_pipeline(StandardScaler(), PCA(), Ridge()), {"ridge__alpha": [0.1, 1.0]}, X[:, :1], y, cv=3)
+    _taken(ours)
+    with pytest.raises(ValueError, match="0 feature"), warnings.catch_warnings():   # scikit-learn's own error
+        warnings.simplefilter("ignore")
+        gn.GridSearchCV(Ridge(), {"alpha": [0.1, 1.0]}, cv=3, error_score="raise").fit(X[:, :0], y)
+
+
 def test_pandas_rows_and_target(executor, data):
     pd = pytest.importorskip("pandas")
     X, y = data

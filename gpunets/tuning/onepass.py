@@ -220,7 +220,7 @@ class PCARule:
         if kept.size and kept.min() <= 0:
             raise Decline("pca: equal eigenvalues (the components are not unique)")
         err = state.err + (GROWTH * EPS * top_val / kept.min() if kept.size else GROWTH * EPS)
-        if k > 0 and np.any(order[:k, -1] - order[:k, -2] <= 1e-7 * order[:k, -1]):
+        if k > 0 and k_in > 1 and np.any(order[:k, -1] - order[:k, -2] <= 1e-7 * order[:k, -1]):
             raise Decline("pca: a component's two largest entries are nearly equal (svd_flip's sign is ambiguous)")
         W = Vt[:k]
         ev = vals[:k]

@@ -400,6 +400,8 @@ def run(search: Any, specs: list[Any], X: Any, y: Any, splits: list[tuple[np.nda
     if any(len(train) < 2 or len(test) < 2 for train, test in splits):
         return _no("a training or test set of fewer than 2 rows (scikit-learn's own failures and warnings)")
     n, d, t = Xa.shape[0], Xa.shape[1], Y.shape[1]
+    if d == 0 or t == 0:
+        return _no("no columns (scikit-learn's own error)")
     if d + t > MAX_COLUMNS or len(splits) * (d + t) > n:
         return _no(f"{d} columns: the moments (O(K·d²) = {len(splits)}·{d + t}²) would cost more than the rows")
     planned = _plan(specs, params, score_params, n)
