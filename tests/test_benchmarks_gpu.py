@@ -162,6 +162,7 @@ SITECUSTOMIZE = f"import sys\nfor _n in {HIDE!r}:\n    sys.modules[_n] = None\n"
 
 
 @pytest.mark.slow   # 45-75 s on 2 shared cores
+@pytest.mark.long   # the sections it runs have their own fast tests above; CI and the lane still run it
 def test_gpu_check_script_in_fake_mode_without_rapids_or_dask(tmp_path):
     """``bash benchmarks/gpu_check.sh --fake`` runs every section on the CPU: one line each, all ok, the JSON."""
     hide = tmp_path / "hide"

@@ -230,6 +230,17 @@ class FitReport:
         return (f"FitReport ({self.executor}, {_plural(len(self.actions), 'machine')}, "
                 f"{self.trace.wall_time * 1e3:.1f} ms)")
 
+    @property
+    def gpu_busy(self) -> float | None:
+        """The fit's GPU-busy fraction (GPU time over wall time; None: no task ran on a GPU)."""
+        return self.trace.gpu_busy
+
+    @property
+    def routes(self) -> dict[str, str]:
+        """Label -> the route of the machine's last fit: ``"cuml"``, ``"array_api"``, ``"cpu_fallback"``
+        (a GPU placement run on the CPU) or ``"sklearn"`` (on the CPU as asked)."""
+        return {self.labels[m]: (m._state.path if m._state is not None else "-") for m in self.actions}
+
     @staticmethod
     def _device_text(r: dict[str, Any]) -> str:
         asked = r["asked"]
@@ -243,6 +254,12 @@ class FitReport:
         for r in rows:
             lines.append(f"  {r['machine']:<24} {r['action']:<{a}} {self._device_text(r):<{w}} {str(r['lane']):<5} "
                          f"{r['seconds'] * 1e3:>9.2f}  {r['why']}")
+        gpu = [r for r in rows if r["path"] in ("cuml", "array_api", "cpu_fallback")]
+        if gpu:
+            lines.append("  routes: " + ", ".join(f"{r['machine']} {r['path']}" for r in gpu))
+        summary = self.trace.gpu_summary()
+        if summary:
+            lines.append("  " + summary)
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:

@@ -21,13 +21,14 @@ from gpunets.base import verbs
 
 __all__ = ["config", "get_config", "set_config", "check_run_options", "check_warm_params", "FALLBACK_POLICIES"]
 
-FALLBACK_POLICIES = ("warn", "raise", "silent")
+FALLBACK_POLICIES = ("warn", "raise", "silent", "cpu")
 
 _DEFAULTS: dict[str, Any] = {
     "executor": "auto",   # "auto" | "serial" | "threads" | "streams" | "dask" | an Executor
     "workers": None,      # worker threads for "threads" / lanes for "streams"; None: the cores
     "device": "auto",     # default placement of machines and nodes
-    "fallback": "warn",   # what a GPU->CPU fallback does: "warn", "raise" or "silent"
+    "fallback": "warn",   # what a GPU->CPU fallback does: "warn", "raise", "silent" or "cpu" ("warn", and a GPU fit
+                          # that runs out of memory is fitted again on the CPU)
     "progress": False,    # show a tqdm progress bar while fitting
     "gpu_memory": "auto",  # GPU memory resource, process-wide, set once: "auto", "default", "async" or "pool"
     "thread_unsafe": (),  # estimator classes (or dotted names) fitted and called one at a time
@@ -171,8 +172,10 @@ class config:
         Worker threads (``threads``) or lanes (``streams``).
     device : str, optional
         Default placement, e.g. ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"auto"``.
-    fallback : {"warn", "raise", "silent"}, optional
-        What happens when work placed on a GPU has to run on the CPU.
+    fallback : {"warn", "raise", "silent", "cpu"}, optional
+        What happens when work placed on a GPU has to run on the CPU; ``"cpu"`` is ``"warn"``, and
+        also fits again on the CPU an array-API fit that runs out of GPU memory (its report shows the
+        route ``cpu_fallback`` and why).
     thread_unsafe : list of classes or dotted names, optional
         Estimators that are not thread-safe (beyond the built-in registry of
         :mod:`gpunets.compute.threadsafety`): their fits and calls run one at a time.

@@ -121,11 +121,19 @@ class Store:
         The folder (made if missing).  Several threads and processes may share it.
     max_bytes : int or str, default 8 GiB
         The size bound: a positive number of bytes, or a size such as ``"500MB"`` or ``"2GiB"``.
+    outputs : bool, default False
+        Also keep the training outputs of the steps whose ``fit_transform`` may differ from their
+        ``transform`` (``PCA``, ``TargetEncoder``...: what ``Pipeline(memory=)`` keeps), so that a search that
+        loads such a step passes on its fit's output without fitting it again (docs/store.md, "Training
+        outputs").  **These entries hold data derived from the training rows** (the rows transformed);
+        without this opt-in the store holds fitted states and scores only.
 
     Raises
     ------
     ValueError
         ``max_bytes`` is not a positive size, or ``path`` is a file or a folder this process cannot write.
+    TypeError
+        ``outputs`` is not a bool.
 
     Examples
     --------
@@ -135,7 +143,13 @@ class Store:
     10485760
     """
 
-    def __init__(self, path: str | os.PathLike[str], max_bytes: int | str = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, path: str | os.PathLike[str], max_bytes: int | str = DEFAULT_MAX_BYTES,
+                 outputs: bool = False) -> None:
+        if not isinstance(outputs, bool):
+            msg = (f"store: outputs={outputs!r} of type {type(outputs).__name__} is not a bool: expected True (keep "
+                   "the training outputs of steps whose fit_transform differs from transform) or False. Hint: "
+                   "gn.Store(path, outputs=True).")
+            raise TypeError(msg)
         size = _size(max_bytes)
         if size is None or size <= 0:
             msg = (f"store: max_bytes={max_bytes!r} is not a positive size: expected a number of bytes > 0 or a "
@@ -148,6 +162,7 @@ class Store:
             raise TypeError(msg)
         self.path = os.path.abspath(os.path.expanduser(os.fspath(path)))
         self.max_bytes = size
+        self.outputs = outputs
         _check_folder(self.path)
         self._lock = threading.Lock()
         self.hits = self.misses = self.writes = self.corrupt = self.evictions = self.failed = 0
@@ -155,10 +170,10 @@ class Store:
         self._approx: int | None = None   # bytes held, as of the last scan plus what this process wrote since
 
     def __repr__(self) -> str:
-        return f"Store({self.path!r}, max_bytes={self.max_bytes})"
+        return f"Store({self.path!r}, max_bytes={self.max_bytes}" + (", outputs=True)" if self.outputs else ")")
 
     def __reduce__(self) -> Any:   # a Dask worker or a subprocess opens the same folder
-        return (Store, (self.path, self.max_bytes))
+        return (Store, (self.path, self.max_bytes, self.outputs) if self.outputs else (self.path, self.max_bytes))
 
     # --- entries ---------------------------------------------------------------------------------
     def _file(self, key: bytes) -> str:

@@ -121,15 +121,22 @@ class _NetworkSearch(BaseSearchCV):
         raise NotImplementedError
 
     def _run_search(self, evaluate_candidates: Any, *, callback_ctx: Any = None) -> None:
-        candidates = self._candidates()
+        # the candidates drawn once per fit (by _check_candidates): a RandomState object given as random_state
+        # advances with each draw, and scikit-learn draws once
+        candidates = self.__dict__.pop("_gn_candidates", None)
+        if candidates is None:
+            candidates = self._candidates()
         ctx = dropin.subcontext(callback_ctx, "search", max_subtasks=len(candidates) * self.n_splits_,
                                 sequential_subtasks=False).call_on_fit_task_begin(estimator=self)
         evaluate_candidates(candidates, callback_ctx=ctx)
         ctx.call_on_fit_task_end(estimator=self)
 
     def _check_candidates(self) -> None:
-        """Refuse an empty search before anything is built."""
-        if not self._candidates():
+        """Refuse an empty search before anything is built; the candidates are kept for :meth:`_run_search`
+        (drawn once: scikit-learn's search samples a ``RandomState`` object once per fit)."""
+        candidates = self._candidates()
+        self._gn_candidates = candidates
+        if not candidates:
             msg = (f"{type(self).__name__} has no candidate to evaluate: the parameter grid is empty. "
                    "Hint: give at least one value per parameter, e.g. {'alpha': [0.1, 1.0]}.")
             raise ValueError(msg)
@@ -213,7 +220,7 @@ class _NetworkSearch(BaseSearchCV):
                     Xf, yf = Xr(X, y)   # upstream steps kept from an earlier refit on the same data, else fit
                     kept = memory.refit_kept(self, self.best_estimator_, Xf, yf, fit_params)
                     if kept is not None:
-                        report.refit_reused, report.refit_stored = kept
+                        report.refit_reused, report.refit_stored, report.refit_again = kept
                     else:   # one task: a forest grows its trees on the search's lanes
                         with warm.threaded_trees(self.best_estimator_, warm.lanes(self.executor, workers)):
                             if y is not None:
@@ -248,6 +255,7 @@ class _NetworkSearch(BaseSearchCV):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.pop("_gn_memory", None)   # the search's memory of fitted results stays in this process
+        state.pop("_gn_candidates", None)   # left by a fit that stopped before evaluating
         return state
 
     def _evaluate(self, candidates: list[dict[str, Any]], splits: list[tuple[np.ndarray, np.ndarray]],
@@ -265,6 +273,7 @@ class _NetworkSearch(BaseSearchCV):
             todo = [list(range(len(specs))) for _ in splits]
         # results kept in the store of fitted states (docs/store.md): a search run again in a new process
         skeys = stored.result_keys(self, specs, splits, X, y, fit_params, score_params) if extra is None else None
+        from_store = 0
         if skeys is not None:
             for f, cands in enumerate(todo):
                 for c in list(cands):
@@ -273,6 +282,9 @@ class _NetworkSearch(BaseSearchCV):
                     if isinstance(hit, dict):
                         mem.put(keys[i], hit)
                         cands.remove(c)
+                        from_store += 1
+        if self.verbose > 0:   # scikit-learn's line, saying what is left to fit
+            print(dropin.fitting_line(len(splits), len(candidates), sum(len(t) for t in todo), from_store))
         warm = self._warm_plan(candidates, splits, mem)
         outs: list[Any] = [mem.get(k) for k in keys]
         if any(todo):
@@ -303,6 +315,7 @@ class _NetworkSearch(BaseSearchCV):
         else:
             report = SearchReport(fits={}, naive={})
         report.remembered = sum(len(splits) - len(t) for t in _by_candidate(todo, len(specs)))
+        report.results_stored = from_store
         report.candidates = len(specs)
         self._gn_reports.append(report)
         self._after_run(candidates, splits, outs, mem)
@@ -414,12 +427,20 @@ class _NetworkSearch(BaseSearchCV):
         start = time.perf_counter()
         outs = evaluate(target, output="device", executor=executor, workers=workers)
         report.seconds = time.perf_counter() - start
-        # step fits loaded (a token per load, also from Dask workers), last steps fitted in a batch (tuning.batched)
-        report.stored = len({t for o in outs for t in o.pop("_stored", ())})
+        # last steps fitted in a batch (tuning.batched); what the step tasks did with the store (also on Dask
+        # workers): each stored.Done once, named by the step of the candidate whose result carried it
         report.batched = sum(bool(o.pop("_batched", False)) for o in outs)
+        done: dict[Any, str] = {}
+        for (c, _), o in zip(pairs_done, outs):
+            for d in o.pop("_stored", ()):
+                if d not in done:
+                    depth = getattr(d, "depth", 0)
+                    own = steps[c] if steps is not None else []
+                    done[d] = own[depth][0] if depth < len(own) else (names[-1] if names else "?")
         trace = last_trace()
-        report.read_trace(() if trace is None else trace.records)   # the fits that ran, and where
         report.trace = trace
+        report.read_trace(() if trace is None else trace.records)   # the fit tasks that ran, and where
+        report.count_done((step, d) for d, step in done.items())
         return dict(zip(pairs_done, outs)), report
 
     def _fold_nodes(self, X: Any, y: Any, splits: list[tuple[np.ndarray, np.ndarray]], specs: list[Any],

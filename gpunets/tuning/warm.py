@@ -28,7 +28,7 @@ from gpunets.base.saved import saved_operation
 from gpunets.compute.estimators import own_inputs
 from gpunets.executors.base import default_workers
 from gpunets.tuning.networks import is_composite, pipeline_steps
-from gpunets.tuning.tasks import Failed, Stage, aligned, moved, on_device, score_fit
+from gpunets.tuning.tasks import Failed, Stage, aligned, materialize, moved, on_device, score_fit
 
 __all__ = ["WarmPlan", "check_warm", "inner_jobs", "lanes", "threaded_trees", "warm_fit_and_score", "warm_target"]
 
@@ -197,16 +197,17 @@ def _continuable_copy(fitted: Any) -> Any:
     return copy.deepcopy(fitted)
 
 
-@saved_operation
+@saved_operation(checked={2: "parameter"})
 def warm_fit_and_score(est: Any, previous: Any, param: str, route: Any, fit_params: dict[str, Any], X: Any, y: Any,
                        users: tuple[int, ...], head: tuple[Any, ...], X_test: Any, y_test: Any, X_train: Any,
                        y_train: Any, jobs: int = 1) -> dict[str, Any]:
     """Fit a candidate's last step, continuing ``previous`` (its fit on this fold in the previous rung) when
     there is one, and score it: scikit-learn's ``_fit_and_score`` output, the fitted step under ``_fitted``.
     A forest grows its trees on ``jobs`` threads (:func:`threaded_trees`)."""
+    computed: tuple[Any, ...] = ()
     if isinstance(X, Stage):
         X_stage: Any = X
-        X = X.train
+        X, computed = materialize(X.train)   # a loaded step's output, computed now (gpunets.tuning.tasks.Deferred)
     else:
         X_stage = None
     start = time.perf_counter()
@@ -228,6 +229,8 @@ def warm_fit_and_score(est: Any, previous: Any, param: str, route: Any, fit_para
     if X_stage is not None:
         X_test = X_stage
     out = score_fit(route, users, head, step, X_test, y_test, X_train, y_train)
+    if computed:
+        out["_stored"] = (*out.get("_stored", ()), *computed)
     if not isinstance(step[0], Failed):
         out["_fitted"] = step[0]
     return out
