@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gpunets.core.graph import machine_parents, machine_sources, upstream_machines
 from gpunets.core.machines import WARM_UPDATE, Machine, _equal, _same_rows, labels, snapshot_params
 from gpunets.core.nodes import is_node
+from gpunets.planning.placement import placed_reason
 from gpunets.planning.plan import _n_rows_of, _rows_key
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -172,6 +173,7 @@ class FitReport:
         self.trace = trace
         self.executor = executor
         self.executor_reason = getattr(plan, "executor_reason", "")
+        self.placed_why = {m: placed_reason(m) for m in machines}   # as the plan that ran decided
         lanes: dict[Any, Any] = {}
         times: dict[Any, float] = {}
         self._fit_tasks: dict[int, Machine] = {}
@@ -204,19 +206,26 @@ class FitReport:
         return {self.labels[m]: self.where(m) for m in self.actions}
 
     @property
+    def placed(self) -> dict[str, str]:
+        """Label -> why the machine runs where it does: ``"asked for cuda:0"``, or ``device="auto"``'s reason
+        (``"auto: 5,000 rows < 50,000, the GPU crossover for Ridge"``, ``"auto: no GPU here"``...)."""
+        return {self.labels[m]: self.placed_why.get(m, "") for m in self.actions}
+
+    @property
     def why(self) -> dict[str, str]:
         """Label -> the retraining rule that fired ("never trained", "hyperparameter alpha changed", ...)."""
         return {self.labels[m]: self.reasons.get(m, "") for m in self.actions}
 
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per machine: machine, action, why, asked (placement), device (used), path, lane, seconds."""
+        """One dict per machine: machine, action, why, asked (placement), device (used), path, lane, seconds, and
+        placed (why it runs on that device)."""
         out = []
         for m, action in self.actions.items():
             st = m._state
             out.append({"machine": self.labels[m], "action": action, "why": self.reasons.get(m, ""),
                         "asked": asked_device(m), "device": self.where(m),
                         "path": st.path if st is not None else "-", "lane": self.lanes.get(m, "-"),
-                        "seconds": self.times.get(m, 0.0)})
+                        "seconds": self.times.get(m, 0.0), "placed": self.placed_why.get(m, "")})
         return out
 
     def to_frame(self) -> Any:

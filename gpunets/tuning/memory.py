@@ -19,7 +19,9 @@ to :attr:`Memory.budget` bytes (the least recently used dropped first).
 
 New data (or data changed in place), another scoring, another ``error_score`` or another scikit-learn
 configuration (``set_config``) start a new memory.  A ``clone`` starts empty, and the memory is not pickled.
-Results that stop the search (a scorer that returns a non-number) and failed fits are never kept.
+Failures are never kept (:func:`~gpunets.tuning.stored.keepable`): a fit or a score that failed (scored
+``error_score``) or a result that stops the search (a scorer that returns a non-number) is computed again by the
+next ``fit``, as the fault may be gone (a flaky resource, memory).
 ``search.forget()`` empties it.
 
 >>> m = Memory("ctx")
@@ -57,8 +59,13 @@ class Memory:
     def __init__(self, context: Hashable) -> None:
         self.context = context
         self.results: dict[Hashable, dict[str, Any]] = {}
-        # an iteration budget warm-started: (candidate without its resource, fold) -> (resource, fitted step)
-        self.fitted: dict[Hashable, tuple[Any, Any]] = {}
+        # an iteration budget warm-started: (candidate without its resource, fold) -> (resource, fitted step,
+        # the budgets its fit grew through)
+        self.fitted: dict[Hashable, tuple[Any, ...]] = {}
+        # (candidate without its resource, fold) -> (resource, budgets grown through) of its last result; the
+        # plan of the rung that runs (gpunets.tuning.warm.WarmPlan)
+        self.grown: dict[Hashable, tuple[Any, tuple[Any, ...]]] = {}
+        self.plan: Any = None
         # fitted shared steps: (steps up to it, fold key or "all") -> (value, bytes), least recently used first
         self.steps: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self.steps_bytes = 0
@@ -142,23 +149,26 @@ class Memory:
         return None if hit is None else dict(hit)
 
     def put(self, key: Hashable | None, out: dict[str, Any]) -> None:
-        """Keep a copy of ``out`` (not a result that stops the search; its fitted step apart)."""
-        if key is None or out.get("_raise") is not None:
+        """Keep a copy of ``out`` (its fitted step apart); not a failure (:func:`~gpunets.tuning.stored.keepable`):
+        a fit or score that failed, or a result that stops the search, is computed again next time."""
+        if key is None or not stored.keepable(out):
             return
         out = stored.entry(out)
         with self._lock:
             self.results[key] = out
 
     def lookup(self, specs: list[Any], splits: list[tuple[np.ndarray, np.ndarray]],
-               extra: Any = None) -> tuple[list[Hashable | None], list[list[int]]]:
+               tags: list[Hashable | None] | None = None) -> tuple[list[Hashable | None], list[list[int]]]:
         """The key of every (candidate, fold), candidate-major, and per fold the candidates to run.
 
-        ``extra`` (a list, one per candidate) is added to each candidate's key."""
+        ``tags`` (one per (candidate, fold), candidate-major; None: a plain fit) tells a result that is not a plain
+        fit of the candidate on the fold: a warm-started one (:meth:`~gpunets.tuning.warm.WarmPlan.tags`)."""
         folds = self.fold_keys(splits)
         cands = [self.key_of(s) for s in specs]
-        if extra is not None:
-            cands = [None if c is None else (c, e) for c, e in zip(cands, extra)]
-        keys: list[Hashable | None] = [None if c is None else (c, f) for c in cands for f in folds]
+        pairs = [(c, f) for c in cands for f in folds]
+        if tags is not None:
+            pairs = [(c if t is None or c is None else (c, t), f) for (c, f), t in zip(pairs, tags)]
+        keys: list[Hashable | None] = [None if c is None else (c, f) for c, f in pairs]
         todo = [[c for c in range(len(specs)) if keys[c * len(splits) + f] not in self.results]
                 for f in range(len(splits))]
         return keys, todo

@@ -267,25 +267,31 @@ class _NetworkSearch(BaseSearchCV):
         if mem is None or self.__dict__.get("_gn_memory") is not mem:   # the data fingerprinted once per fit
             mem = shared["memory"] = memory.of(self, X, y, fit_params, score_params, scorers)
         specs = mem.specs(base, candidates, cache=not is_composite(base))   # unknown names raise here
-        extra = self._warm_keys(candidates)
-        keys, todo = mem.lookup(specs, splits, extra)
+        # a warm-started iteration budget: each (candidate, fold) continued from a previous fit is another result,
+        # keyed with the budgets it grew through (never served to a cold search, nor a cold one to it)
+        warm = self._warm_plan(candidates, splits, mem)
+        tags = None if warm is None else warm.tags()
+        keys, todo = mem.lookup(specs, splits, tags)
         if self._watched() is not None:   # callbacks watch every evaluation's fit: none from the memory
             todo = [list(range(len(specs))) for _ in splits]
         # results kept in the store of fitted states (docs/store.md): a search run again in a new process
-        skeys = stored.result_keys(self, specs, splits, X, y, fit_params, score_params) if extra is None else None
-        from_store = 0
-        if skeys is not None:
+        skeys = stored.result_keys(self, specs, splits, X, y, fit_params, score_params, tags)
+        from_store = _load_stored(mem, keys, skeys, todo, len(splits))
+        if warm is not None and any(todo):   # a warm result neither kept nor continuable (its previous fit is not
+            cold_keys, _ = mem.lookup(specs, splits)   # in memory: loaded, or another process's): a cold fit
+            cold_skeys = stored.result_keys(self, specs, splits, X, y, fit_params, score_params)
             for f, cands in enumerate(todo):
                 for c in list(cands):
                     i = c * len(splits) + f
-                    hit = stored.load_result(skeys[i]) if keys[i] is not None else None
-                    if isinstance(hit, dict):
-                        mem.put(keys[i], hit)
-                        cands.remove(c)
-                        from_store += 1
+                    if warm.go_cold(c, f):
+                        keys[i] = cold_keys[i]
+                        if skeys is not None and cold_skeys is not None:
+                            skeys[i] = cold_skeys[i]
+                        if keys[i] is not None and keys[i] in mem.results:
+                            cands.remove(c)
+            from_store += _load_stored(mem, keys, skeys, todo, len(splits))
         if self.verbose > 0:   # scikit-learn's line, saying what is left to fit
             print(dropin.fitting_line(len(splits), len(candidates), sum(len(t) for t in todo), from_store))
-        warm = self._warm_plan(candidates, splits, mem)
         outs: list[Any] = [mem.get(k) for k in keys]
         if any(todo):
             def record(c: int, f: int, out: dict[str, Any]) -> None:
@@ -333,9 +339,6 @@ class _NetworkSearch(BaseSearchCV):
         if gpu is not None or composite or self._gn_record is None or memory.is_dask(executor):
             return None
         return self.__dict__.get("_gn_memory")
-
-    def _warm_keys(self, candidates: list[dict[str, Any]]) -> Any:
-        return None
 
     def _warm_plan(self, candidates: list[dict[str, Any]], splits: Any, mem: Any) -> Any:
         return None
@@ -492,6 +495,24 @@ class _NetworkSearch(BaseSearchCV):
                 fold.candidate(steps[c], warm=None if warm is None else warm.step(c, f), keys=keys[c])
             score_nodes.append(dict(zip(run, fold.scores())))
         return score_nodes
+
+
+def _load_stored(mem: Any, keys: list[Any], skeys: list[bytes | None] | None, todo: list[list[int]],
+                 n_splits: int) -> int:
+    """Take from the store the results of ``todo`` it holds under ``skeys`` into the memory (under ``keys``);
+    how many it took."""
+    if skeys is None:
+        return 0
+    taken = 0
+    for f, cands in enumerate(todo):
+        for c in list(cands):
+            i = c * n_splits + f
+            hit = stored.load_result(skeys[i]) if keys[i] is not None else None
+            if isinstance(hit, dict):
+                mem.put(keys[i], hit)
+                cands.remove(c)
+                taken += 1
+    return taken
 
 
 def _small_folds(X: Any, splits: list[tuple[np.ndarray, np.ndarray]]) -> bool:

@@ -53,7 +53,7 @@ from gpunets.planning.stored import GPU_ROUTES, state_of, write_state
 logger = logging.getLogger("gpunets")
 
 __all__ = ["load_step", "step_key", "stage_key", "data_key", "load_result", "keep_result", "keep_step", "result_keys",
-           "entry", "Keeping", "keep_in", "PRIVATE", "Done", "done", "load_output", "keep_output", "outputs_kept"]
+           "entry", "keepable", "Keeping", "keep_in", "PRIVATE", "Done", "done", "load_output", "keep_output", "outputs_kept"]
 
 #: The keys of a task's result that are not part of scikit-learn's result, hence never remembered nor stored:
 #: a warm-started fit, the tokens of the step fits loaded from the store, whether the task wrote the result.
@@ -156,16 +156,17 @@ def step_key(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: Any,
 
 
 def load_result(key: bytes | None) -> Any:
-    """The (candidate, fold) result stored under ``key`` (see :func:`keep_result`), else None."""
+    """The (candidate, fold) result stored under ``key`` (see :func:`keep_result`), else None (a failure that an
+    older version stored is not served)."""
     s = _store.current_store()
     got = s.get(key) if key is not None and s is not None else None
-    return got if isinstance(got, dict) else None
+    return got if isinstance(got, dict) and keepable(got) else None
 
 
 def keep_result(key: bytes | None, out: dict[str, Any]) -> None:
     """Write a (candidate, fold) result (:func:`entry`) under ``key`` (nothing without a key or a store)."""
     s = _store.current_store()
-    if key is not None and s is not None:
+    if key is not None and s is not None and keepable(out):
         s.put(key, out)
 
 
@@ -237,6 +238,22 @@ def keep_step(key: bytes | None, est: Any, route: Any = None, same_output: bool 
     write_state(s, key, est, info)
 
 
+def keepable(out: Any) -> bool:
+    """Whether a (candidate, fold) result may be remembered or stored: not a failure.  A fit that failed
+    (``fit_error``), a score that failed (``error_score`` with a "Scoring failed" warning) or one that stops the
+    search (``_raise``) may not fail next time (a flaky resource, memory, a fixed bug): it is never kept, so the
+    next search fits it again.
+
+    >>> keepable({"fit_error": None, "test_scores": 0.5}), keepable({"fit_error": "Traceback...", "test_scores": 0})
+    (True, False)
+    >>> keepable({"fit_error": None, "test_scores": 0.0, "_warnings": ["Scoring failed. The score on ..."]})
+    False
+    """
+    if not isinstance(out, dict) or out.get("_raise") is not None or out.get("fit_error") is not None:
+        return False
+    return not any(isinstance(w, str) and w.startswith("Scoring failed") for w in out.get("_warnings") or ())
+
+
 def entry(out: dict[str, Any]) -> dict[str, Any]:
     """The (candidate, fold) result ``out`` as it is remembered and stored: its :data:`PRIVATE` keys dropped.
 
@@ -259,7 +276,7 @@ class Keeping:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         out = self.fn(*args, **kwargs)
         s = _store.current_store()
-        if s is not None and isinstance(out, dict) and out.get("_raise") is None and s.put(self.key, entry(out)):
+        if s is not None and keepable(out) and s.put(self.key, entry(out)):
             out["_kept"] = True
         return out
 
@@ -271,12 +288,14 @@ def keep_in(score_node: Any, key: bytes | None) -> None:
 
 
 def result_keys(search: Any, specs: list[Any], splits: list[Any], X: Any, y: Any, fit_params: dict[str, Any],
-                score_params: dict[str, Any]) -> list[bytes | None] | None:
+                score_params: dict[str, Any], tags: list[Any] | None = None) -> list[bytes | None] | None:
     """The store key of every (candidate, fold) result of ``search``, candidate-major (None: no store).
 
     A result (scikit-learn's ``_fit_and_score`` output: scores and times) is keyed by the candidate (class and
     hyperparameters), the fold's rows, and the search's context: the data's content, the fit and score
-    parameters, the scoring, ``return_train_score``, ``error_score``, the search's device and the versions.
+    parameters, the scoring, ``return_train_score``, ``error_score``, the search's device and the versions;
+    ``tags`` (per (candidate, fold); None: a plain fit) by how it was fitted otherwise: a warm-started fit by
+    the budgets it grew through (:meth:`~gpunets.tuning.warm.WarmPlan.tags`).
     """
     if _store.current_store() is None:
         return None
@@ -297,4 +316,6 @@ def result_keys(search: Any, specs: list[Any], splits: list[Any], X: Any, y: Any
         cand = stable_key(spec, own)
         versions = library_versions(own - {"gpunets"})
         out += [None if cand is None or f is None else digest(b"gnresult", context, cand, f, versions) for f in folds]
+    if tags is not None:
+        out = [k if k is None or t is None else digest(b"gnwarm", k, repr(t).encode()) for k, t in zip(out, tags)]
     return out
