@@ -34,7 +34,18 @@ best of 3 (``--quick``: smaller, one round):
 * ``grow``: a ``GridSearchCV`` over the pipeline fitted on 10 alphas, refitted on 15 (the same object, same data)
   against a new 15-candidate search: target <= 0.3x.
 
-Run: ``python benchmarks/bench_tuning.py [--quick] [--gpu] [--halving [--parts pipeline,forest,grow]]``;
+One-pass section (``one_pass``; ``--one-pass`` runs it alone; issue 38): ``StandardScaler -> PCA(20) -> Ridge``
+with a plain ``PCA`` (the counting subclass above has no statistics rule), so the search takes the one-pass path
+(:mod:`gpunets.tuning.onepass_search`), ratios in one run, warm, best of 3, the peers' rounds interleaved:
+
+* ``grid``: the issue-15 search (50k x 50, 10 alphas x 5 folds) against scikit-learn's ``GridSearchCV(n_jobs=2)``
+  and against gpunets' network path (``enabled(False)``): target <= 0.05x scikit-learn, same scores to 1e-9;
+* ``halving``: ``gn.HalvingGridSearchCV`` over the same pipeline (30 alphas, ``factor=3``) against scikit-learn's
+  (``n_jobs=2``): target <= 0.1x;
+* ``rows``: the grid search without refit at 50k and at 10^6 rows (``--quick``: 2 x 10^5): seconds per million
+  rows, and the moments pass's share (the one part that reads the rows).
+
+Run: ``python benchmarks/bench_tuning.py [--quick] [--gpu] [--one-pass] [--halving [--parts pipeline,forest,grow]]``;
 ``--warm-picture docs/img/halving-warm.png`` draws the tuning page's timeline of a warm-started search.
 """
 
@@ -507,16 +518,108 @@ def _trees(search: Any) -> int:
     return total
 
 
+def one_pass(quick: bool = False) -> dict[str, Any]:
+    """The one-pass section (see the module's notes)."""
+    import sklearn.model_selection as skms
+    from sklearn.decomposition import PCA as PlainPCA
+    from sklearn.experimental import enable_halving_search_cv  # noqa: F401
+    from sklearn.linear_model import Ridge
+    from sklearn.model_selection import KFold
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    import gpunets as gn
+    from gpunets.tuning.onepass_search import enabled
+
+    def pipe() -> Any:
+        return Pipeline([("scale", StandardScaler()), ("pca", PlainPCA(n_components=20)), ("ridge", Ridge())])
+
+    repeat = 1 if quick else 3
+    n = 5_000 if quick else 50_000
+    X, y = make_data(n)
+    cv = KFold(5)
+    grid = {"ridge__alpha": list(np.logspace(-3, 3, 10))}
+    out: dict[str, Any] = {"repeats": f"warm run, then best of {repeat}, interleaved",
+                           "load_before": list(os.getloadavg())}
+    found: dict[str, Any] = {}
+
+    def network() -> None:
+        with enabled(False):
+            found["network"] = gn.GridSearchCV(pipe(), grid, cv=cv, executor="threads", workers=2).fit(X, y)
+
+    peers = {
+        "sklearn_n_jobs_2": lambda: found.__setitem__("sk", skms.GridSearchCV(pipe(), grid, cv=cv, n_jobs=2).fit(X, y)),
+        "gpunets_network": network,
+        "gpunets_one_pass": lambda: found.__setitem__("gn", gn.GridSearchCV(pipe(), grid, cv=cv, executor="threads",
+                                                                            workers=2).fit(X, y)),
+    }
+    secs = interleaved(peers, repeat)
+    res: dict[str, Any] = {"rows": n, "candidates": 10, "folds": 5, **{k: {"seconds": v} for k, v in secs.items()}}
+    for k, v in secs.items():
+        print(f"   one_pass grid {k}: {v:.4f} s", flush=True)
+    note = found["gn"].search_report_.one_pass
+    res["path"] = str(note)
+    v = secs["gpunets_one_pass"] / secs["sklearn_n_jobs_2"]
+    res["ratio_vs_sklearn_n_jobs_2"] = {"value": v, "target": "<= 0.05", "met": v <= 0.05 and note.taken}
+    res["ratio_vs_network_path"] = {"value": secs["gpunets_one_pass"] / secs["gpunets_network"]}
+    rel = float(np.max(np.abs(found["gn"].cv_results_["mean_test_score"] - found["sk"].cv_results_["mean_test_score"])
+                       / np.abs(found["sk"].cv_results_["mean_test_score"])))
+    res["same_scores"] = {"value": rel, "target": "<= 1e-9 relative", "met": rel <= 1e-9}
+    res["refit_seconds"] = found["gn"].refit_time_   # scikit-learn's own fit of the best candidate on all rows
+    v = (secs["gpunets_one_pass"] - found["gn"].refit_time_) / secs["sklearn_n_jobs_2"]
+    res["ratio_vs_sklearn_n_jobs_2_without_refit"] = {"value": v}
+    out["grid"] = res
+
+    hgrid = {"ridge__alpha": list(np.logspace(-3, 3, 30))}
+    kw = dict(cv=KFold(5), factor=3, random_state=0)
+    hpeers = {
+        "sklearn_n_jobs_2": lambda: found.__setitem__("hsk", skms.HalvingGridSearchCV(pipe(), hgrid, n_jobs=2,
+                                                                                      **kw).fit(X, y)),
+        "gpunets_one_pass": lambda: found.__setitem__("hgn", gn.HalvingGridSearchCV(pipe(), hgrid, executor="threads",
+                                                                                    workers=2, **kw).fit(X, y)),
+    }
+    hsecs = interleaved(hpeers, repeat)
+    for k, v in hsecs.items():
+        print(f"   one_pass halving {k}: {v:.4f} s", flush=True)
+    taken = all(r.one_pass is not None and r.one_pass.taken for r in found["hgn"].search_report_.rungs)
+    v = hsecs["gpunets_one_pass"] / hsecs["sklearn_n_jobs_2"]
+    out["halving"] = {"rows": n, "candidates": 30, **{k: {"seconds": s} for k, s in hsecs.items()},
+                      "ratio_vs_sklearn_n_jobs_2": {"value": v, "target": "<= 0.1", "met": v <= 0.1 and taken},
+                      "same_scores": {"value": _same_results(found["hgn"], found["hsk"])}}
+
+    rows: dict[str, Any] = {}
+    for m in (n, 200_000 if quick else 1_000_000):
+        Xm, ym = make_data(m, seed=1)
+        def fresh(a: Any = Xm, b: Any = ym) -> None:   # a new search each time (a search remembers its results)
+            found["rows"] = gn.GridSearchCV(pipe(), grid, cv=cv, refit=False).fit(a, b)
+
+        t, _ = best_of(fresh, 1 if m > n else repeat)
+        search = found["rows"]
+        why = search.search_report_.one_pass.why
+        moments_ms = float(why.split("moments ")[1].split(" ms")[0])
+        rows[str(m)] = {"seconds": t, "seconds_per_million_rows": t / m * 1e6,
+                        "moments_seconds": moments_ms / 1e3, "taken": search.search_report_.one_pass.taken}
+        print(f"   one_pass rows {m}: {t:.3f} s ({t / m * 1e6:.3f} s per million rows, moments "
+              f"{moments_ms:.1f} ms)", flush=True)
+        del Xm, ym
+    out["rows"] = rows
+    out["load_after"] = list(os.getloadavg())
+    return out
+
+
 def _run(quick: bool, gpu: bool, rows: int | None, halving_only: bool, parts: str,
-         warm_picture_png: str | None) -> dict[str, Any]:
+         warm_picture_png: str | None, one_pass_only: bool = False) -> dict[str, Any]:
     if warm_picture_png:
         return warm_picture(warm_picture_png)
     if gpu:
         return gpu_search(quick=quick, rows=rows)
+    if one_pass_only:
+        return one_pass(quick=quick)
     if halving_only:
         return halving(quick=quick, parts=tuple(parts.split(",")))
     res = run(quick=quick)
     res["halving"] = halving(quick=quick)
+    res["one_pass"] = one_pass(quick=quick)
     return res
 
 
@@ -527,6 +630,8 @@ if __name__ == "__main__":
         (["--halving"], {"action": "store_true", "dest": "halving_only", "help": "the halving section alone"}),
         (["--parts"], {"default": "pipeline,forest,grow",
                        "help": "with --halving: which of its workloads (comma-separated: pipeline, forest, grow)"}),
+        (["--one-pass"], {"action": "store_true", "dest": "one_pass_only",
+                          "help": "the one-pass section alone (issue 38)"}),
         (["--warm-picture"], {"default": None, "metavar": "PNG", "dest": "warm_picture_png",
                               "help": "draw docs/tuning.md's timeline of a warm-started halving search to PNG"}),
     ]))

@@ -13,9 +13,18 @@ from sklearn.preprocessing import StandardScaler
 
 import gpunets as gn
 from gpunets.tuning import batched
+from gpunets.tuning.onepass_search import enabled
 from gpunets.tuning.report import SearchReport, batch_fit_name
 
 ALPHAS = [0.001, 0.1, 1.0, 10.0, 1000.0]
+
+
+@pytest.fixture(autouse=True)
+def _network_path():
+    """These tests are about the batch rules of the network path: the one-pass path (which takes these linear
+    pipelines first, tests/test_tuning_onepass.py) is turned off."""
+    with enabled(False):
+        yield
 
 
 @pytest.fixture

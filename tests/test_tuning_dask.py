@@ -25,6 +25,7 @@ from sklearn.pipeline import Pipeline  # noqa: E402
 from sklearn.preprocessing import StandardScaler  # noqa: E402
 
 import gpunets as gn  # noqa: E402
+from gpunets.tuning.onepass_search import enabled  # noqa: E402
 
 pytestmark = pytest.mark.dask
 
@@ -178,8 +179,9 @@ def test_no_trace_no_ran(client, data):
     X, y = data
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # no large-graph warning either
-        s = gn.GridSearchCV(Ridge(), {"alpha": [0.1, 1.0]}, cv=2,
-                            executor=gn.DaskExecutor(client, trace=False)).fit(X, y)
+        with enabled(False):   # the network's tasks (a Ridge search otherwise takes the one-pass path)
+            s = gn.GridSearchCV(Ridge(), {"alpha": [0.1, 1.0]}, cv=2,
+                                executor=gn.DaskExecutor(client, trace=False)).fit(X, y)
     assert s.search_report_.fits == {"Ridge": 4}
     assert s.search_report_.ran is None and s.search_report_.where is None
     assert "where" not in repr(s.search_report_)
@@ -223,6 +225,7 @@ def test_a_search_is_few_large_tasks(executor, data):
     # Ridges that differ only in alpha: one task fits and scores them together (gpunets.tuning.batched), and
     # a task per candidate picks its entry
     est = Pipeline([("scale", StandardScaler()), ("pca", PCA(n_components=2)), ("ridge", Ridge())])
-    s = gn.GridSearchCV(est, {"ridge__alpha": [0.1, 1.0, 10.0]}, cv=3, executor=executor).fit(X, y)
+    with enabled(False):   # the network path's tasks (this pipeline otherwise takes the one-pass path)
+        s = gn.GridSearchCV(est, {"ridge__alpha": [0.1, 1.0, 10.0]}, cv=3, executor=executor).fit(X, y)
     assert len(gn.last_trace().records) == 3 * (4 + 2 + 1 + 3) + 1
     assert s.search_report_.batched == 9 and s.search_report_.ran == s.search_report_.fits

@@ -100,6 +100,10 @@ class SearchReport:
         fitting again.
     rungs : list of SearchReport
         Successive halving: the report of each rung (one network each); these totals are their sums.
+    one_pass : OnePass or None
+        Which path the search's steps took and why (:mod:`gpunets.tuning.onepass_search`): the one-pass path
+        (every step fitted from the folds' moments) or the network, with the reason the one-pass path declined;
+        a successive-halving search: the last rung's.
     trace : Trace or None
         The :class:`~gpunets.base.trace.Trace` of the network run (``trace.plot()`` draws its timeline);
         a successive-halving search has one per rung, in ``rungs[i].trace``.
@@ -127,6 +131,7 @@ class SearchReport:
     results_stored: int = 0
     refit_again: int = 0
     rungs: list[SearchReport] = field(default_factory=list, repr=False)
+    one_pass: Any = field(default=None, repr=False)
     trace: Any = field(default=None, repr=False)
 
     @property
@@ -180,6 +185,7 @@ class SearchReport:
                         out.where.setdefault(k, {})
                         out.where[k][lane] = out.where[k].get(lane, 0) + n
         out.refit_route = reports[-1].refit_route if reports else None
+        out.one_pass = reports[-1].one_pass if reports else None
         return out
 
     @property
@@ -293,6 +299,8 @@ class SearchReport:
                 lines.append(line)
         if self.batched:
             lines.append(f"  {self.batched} last-step fits done in batches (gpunets.tuning.batched)")
+        if self.one_pass is not None:
+            lines.extend("  " + line for line in str(self.one_pass).splitlines())
         if (self.remembered or self.warm) and (self.fits or naive):
             lines.append(f"  {self.remembered} (candidate, fold) results {_whence(self.remembered, self.results_stored)}"
                          f", {self.warm} warm-started fits")

@@ -67,7 +67,7 @@ from gpunets.devices.data import device_of
 from gpunets.devices.placement import Device, override_placement
 from gpunets.devices.placement import device as device_block
 from gpunets.executors import ThreadsExecutor, check_executor_spec
-from gpunets.tuning import dropin, memory, stored, tasks, warm
+from gpunets.tuning import dropin, memory, onepass_search, stored, tasks, warm
 from gpunets.tuning.evaluation import Run as _Run
 from gpunets.tuning.evaluation import by_candidate as _by_candidate
 from gpunets.tuning.networks import SKLEARN_CONFIG, CompositeFold, StepsFold, fold_data, is_composite, pipeline_steps
@@ -356,6 +356,10 @@ class _NetworkSearch(BaseSearchCV):
         ``({(candidate, fold): its _fit_and_score output}, report)``."""
         from sklearn.metrics._scorer import _MultimetricScorer
 
+        # a linear pipeline fitted and scored from the folds' moments (gpunets.tuning.onepass_search), else why not
+        one_pass = onepass_search.run(self, specs, X, y, splits, scorers, params, score_params, todo, warm)
+        if not isinstance(one_pass, onepass_search.OnePass):
+            return one_pass
         composite = not params and all(is_composite(s) for s in specs)
         steps: Any = None if composite else [pipeline_steps(s) for s in specs]
         if steps is not None and any(s is None for s in steps):
@@ -377,6 +381,7 @@ class _NetworkSearch(BaseSearchCV):
         gpu = dev if dev.is_cuda and not composite else None
         pairs = sum(len(t) for t in todo)
         report = SearchReport(fits={n: 0 for n in names}, naive={n: pairs for n in names})
+        report.one_pass = one_pass
         if gpu is not None:
             routes = {resolve_estimator(est, gpu, what=f"search step {name!r}", fallback="silent").path
                       for steps_ in steps for name, est in steps_}

@@ -1,0 +1,472 @@
+"""A search in one pass over the data: linear pipelines fitted and scored from per-fold moments.
+
+A search over ``StandardScaler → (PCA) → Ridge / LinearRegression`` scored by r², MSE, RMSE or explained variance
+needs, per fold, only the moments of the rows (:class:`~gpunets.tuning.onepass.Moments`: weighted count, column
+sums, the Gram matrix of ``[X, y]``).  :func:`run` computes them in one pass, in the rows' own array namespace
+(NumPy, CuPy: one GEMM per chunk of rows on the device, then one copy of the K·(d+t+1)² numbers to the host), and
+fits and scores every (candidate, fold) from them with the rules of :mod:`gpunets.tuning.onepass`:
+
+* splitters whose test folds partition the rows used (K-fold style, also a halving rung's subset of rows): one
+  moments pass over the folds' rows, each training set's moments the total less its test fold's;
+* any other splitter (shuffled or repeated splits, time series, groups): one pass per split;
+* the first fold of each *kind* of candidate in a process (steps, options, metric, weights, the versions of
+  scikit-learn and NumPy) is also fitted and scored by scikit-learn itself, and the path is used only if the two
+  agree to :data:`~gpunets.tuning.onepass.TOL` (scores relative, coefficients and components norm-relative).
+
+:func:`run` returns None-free: ``(outputs, report)`` when it took the path, else an :class:`OnePass` note saying
+why not (the search then builds its network and keeps the note in ``search_report_.one_pass``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import sklearn
+
+from gpunets.tuning import onepass
+from gpunets.tuning.onepass import Decline, Fold, Moments
+from gpunets.tuning.report import SearchReport
+
+__all__ = ["CHUNK_ROWS", "MAX_COLUMNS", "OnePass", "enabled", "run"]
+
+#: rows per GEMM of the moments pass (bounds the temporary ``[X, y]`` chunk)
+CHUNK_ROWS = 1 << 16
+#: the most columns (X's and the outputs) the path takes: its moments are O(K·d²) numbers
+MAX_COLUMNS = 2048
+
+_ON: contextvars.ContextVar[bool] = contextvars.ContextVar("gpunets_one_pass", default=True)
+_CHECKED: dict[Any, bool] = {}   # kinds whose first fold agreed with scikit-learn's own fit in this process
+
+
+@contextlib.contextmanager
+def enabled(on: bool) -> Iterator[None]:
+    """Searches inside the block take the one-pass path where it applies (``True``, the default) or never
+    (``False``: every search builds its network, e.g. to study its trace).
+
+    >>> from gpunets.tuning.onepass_search import enabled
+    >>> with enabled(False):
+    ...     pass
+    """
+    token = _ON.set(bool(on))
+    try:
+        yield
+    finally:
+        _ON.reset(token)
+
+
+@dataclass
+class OnePass:
+    """Which path a search's steps took and why: ``taken`` (the one-pass path), ``why`` (its reason or the
+    reason it declined), ``steps`` (per step label, what the rule did), ``splits`` (how the folds' moments
+    were formed), ``checked`` (kinds compared with scikit-learn's own fit in this run)."""
+
+    taken: bool
+    why: str
+    steps: dict[str, str] = field(default_factory=dict)
+    splits: str = ""
+    checked: int = 0
+
+    def __str__(self) -> str:
+        head = "one-pass path" if self.taken else "network path (one-pass declined)"
+        lines = [f"{head}: {self.why}"]
+        if self.splits:
+            lines.append(f"  moments: {self.splits}")
+        lines.extend(f"  {k}: {v}" for k, v in self.steps.items())
+        return "\n".join(lines)
+
+
+def _no(why: str) -> OnePass:
+    return OnePass(False, why)
+
+
+# --- what qualifies --------------------------------------------------------------------------------------------
+
+def _candidate_steps(spec: Any) -> list[tuple[str, Any]] | None:
+    from gpunets.tuning.networks import pipeline_steps
+
+    steps = pipeline_steps(spec)
+    if steps is None:
+        if hasattr(spec, "steps"):   # a Pipeline with a passthrough last step
+            return None
+        return [(type(spec).__name__, spec)]
+    return steps
+
+
+def _plan(specs: list[Any], params: dict[str, Any], score_params: dict[str, Any], n: int) -> Any:
+    """Per candidate ``[(rule, estimator, weight key)]``, the weight vectors by key, the scorer's weight key,
+    the step labels, or an :class:`OnePass` note."""
+    weights: dict[Any, np.ndarray] = {}
+
+    def key_of(w: Any) -> Any:
+        if w is None:
+            return None
+        a = np.asarray(w) if type(w).__module__.split(".")[0] in ("numpy", "pandas", "builtins") else None
+        if a is None or a.ndim != 1 or len(a) != n or a.dtype.kind not in "fiu":
+            raise Decline("sample_weight not a 1-D host array of numbers, one per row")
+        a = a.astype(np.float64)
+        if not np.all(np.isfinite(a)) or not np.all(a > 0):
+            raise Decline("sample_weight with zeros, negatives or NaN (scikit-learn's own handling applies)")
+        weights[id(w)] = a
+        return id(w)
+
+    plans = []
+    try:
+        first = _candidate_steps(specs[0])
+        if first is None:
+            return _no("a Pipeline whose last step is passthrough")
+        labels = [name for name, _ in first]
+        pipeline = hasattr(specs[0], "steps")
+        by_step: dict[str, Any] = {}
+        for k, v in params.items():
+            name, _, p = k.rpartition("__") if pipeline else ("", "", k)
+            if p != "sample_weight" or (pipeline and name not in labels) or (not pipeline and name):
+                return _no(f"fit parameter {k!r} (only sample_weight enters the moments)")
+            by_step[name if pipeline else labels[0]] = key_of(v)
+        if set(score_params) - {"sample_weight"}:
+            return _no(f"scorer parameters {sorted(score_params)} (only sample_weight enters the moments)")
+        score_key = key_of(score_params.get("sample_weight"))
+        for spec in specs:
+            steps = _candidate_steps(spec)
+            if steps is None or [name for name, _ in steps] != labels:
+                return _no("candidates with different steps")
+            plan = []
+            for i, (name, est) in enumerate(steps):
+                rule, why = onepass.rule_for(est, last=i == len(steps) - 1)
+                if rule is None:
+                    return _no(f"step {name!r} has no statistics rule ({why})")
+                if not rule.weighted and by_step.get(name) is not None:
+                    return _no(f"step {name!r} takes no sample_weight (scikit-learn raises in each fit)")
+                plan.append((rule, est, by_step.get(name)))
+            plans.append(plan)
+    except Decline as exc:
+        return _no(str(exc))
+    return plans, weights, score_key, labels
+
+
+def _static(search: Any, warm: Any) -> str | None:
+    """Why the search's settings keep it off the path, or None."""
+    from sklearn.utils.metadata_routing import _routing_enabled
+
+    from gpunets.devices import store
+
+    if not _ON.get():
+        return "turned off (gpunets.tuning.onepass_search.enabled(False))"
+    if warm is not None:
+        return "a warm-started budget"
+    if search._watched() is not None:
+        return "scikit-learn's callbacks watch each fit"
+    if store.current_store() is not None:
+        return "a store of fitted states is in force (each fit is kept there)"
+    if _routing_enabled():
+        return "metadata routing is on"
+    return None
+
+
+def _arrays(X: Any, y: Any) -> Any:
+    """``(X, Y as 2-D, 1-D target?, namespace)`` or a reason to decline."""
+    from gpunets.devices.value_types import array_namespace, is_cupy_array
+
+    if type(y).__name__ == "Series" and type(y).__module__.startswith("pandas"):
+        y = y.to_numpy()
+    if type(X).__name__ == "DataFrame" and type(X).__module__.startswith("pandas") \
+            and all(str(t) == "float64" for t in X.dtypes):
+        X = X.to_numpy()   # the steps' feature names do not change a score
+    host = type(X) is np.ndarray
+    if not host and not (is_cupy_array(X) or type(X).__module__.startswith("gpunets.devices.fakegpu")):
+        return "rows not a NumPy or CuPy array"
+    if y is None or getattr(y, "ndim", 0) not in (1, 2) or X.ndim != 2:
+        return "not 2-D rows with a 1-D or 2-D target"
+    xp = array_namespace(X)
+    if str(X.dtype) != "float64":
+        return (f"{X.dtype} rows (scikit-learn computes in that precision: 1e-9 cannot be promised)"
+                if str(X.dtype) == "float32" else f"{X.dtype} rows")
+    if type(y) is not type(X) or str(y.dtype)[0] not in "fiu" or str(y.dtype) == "float16":
+        return "a target that is not a numeric array like the rows"
+    Y = xp.reshape(y, (-1, 1)) if y.ndim == 1 else y
+    return X, xp.astype(Y, xp.float64), y.ndim == 1, xp
+
+
+# --- the moments pass ------------------------------------------------------------------------------------------
+
+def _moments(X: Any, Y: Any, xp: Any, groups: list[np.ndarray], weights: dict[Any, np.ndarray],
+             keys: set[Any]) -> tuple[list[dict[Any, Moments]], np.ndarray, np.ndarray]:
+    """Per group of rows, per weight key, the moments of ``[X - x0, Y - y0]`` (``x0``, ``y0``: the column means,
+    a shift that keeps the sums well-conditioned), one GEMM per chunk of rows; the columns' least and greatest
+    values over all rows (a column constant there is constant in every fold); one copy to the host."""
+    from gpunets.devices.data import to_device
+
+    d, t = X.shape[1], Y.shape[1]
+    p = d + t
+    x0, y0 = xp.mean(X, axis=0), xp.mean(Y, axis=0)
+    z0 = xp.concat([x0, y0])
+    dev_w = {k: xp.asarray(weights[k]) for k in keys if k is not None}
+    parts = []
+    for rows in groups:
+        acc: dict[Any, list[Any]] = {}
+        for start in range(0, len(rows), CHUNK_ROWS):
+            chunk = rows[start:start + CHUNK_ROWS]
+            if chunk[-1] - chunk[0] == len(chunk) - 1 and np.all(np.diff(chunk) == 1):   # a range: a slice
+                a, b = int(chunk[0]), int(chunk[-1]) + 1
+                Z = xp.concat([X[a:b, ...], Y[a:b, ...]], axis=1) - z0
+                idx = None
+            else:
+                idx = xp.asarray(chunk)
+                Z = xp.concat([xp.take(X, idx, axis=0), xp.take(Y, idx, axis=0)], axis=1) - z0
+            for k in keys:
+                if k is None:
+                    G, s = Z.T @ Z, xp.sum(Z, axis=0)
+                    nw = xp.asarray([float(len(chunk))], dtype=xp.float64)
+                else:
+                    wk = dev_w[k][a:b] if idx is None else xp.take(dev_w[k], idx, axis=0)
+                    Zw = Z * xp.reshape(wk, (-1, 1))
+                    G, s, nw = Zw.T @ Z, xp.sum(Zw, axis=0), xp.reshape(xp.sum(wk), (1,))
+                acc_k = acc.get(k)
+                acc[k] = [nw, s, G] if acc_k is None else [acc_k[0] + nw, acc_k[1] + s, acc_k[2] + G]
+        for k in keys:
+            nw, s, G = acc[k]
+            parts.extend([nw, s, xp.reshape(G, (-1,))])
+    parts.extend([xp.min(X, axis=0), xp.max(X, axis=0), x0, y0])
+    flat = np.asarray(to_device(xp.concat(parts), "cpu"), dtype=np.float64)   # the one copy
+    end = len(flat) - t - 3 * d   # the tail: lo (d), hi (d), x0 (d), y0 (t)
+    lo, hi, x0h, y0h = flat[end:end + d], flat[end + d:end + 2 * d], flat[end + 2 * d:end + 3 * d], flat[end + 3 * d:]
+    out, at = [], 0
+    for rows in groups:
+        got = {}
+        for k in keys:
+            nw, s, G = flat[at], flat[at + 1:at + 1 + p], flat[at + 1 + p:at + 1 + p + p * p].reshape(p, p)
+            at += 1 + p + p * p
+            got[k] = Moments(float(nw), s, (G + G.T) / 2, lo, hi, len(rows))
+        out.append(got)
+    return out, x0h, y0h
+
+
+def _partition(splits: list[tuple[np.ndarray, np.ndarray]], n: int) -> bool:
+    """Whether the test folds are disjoint and each training set is the other folds' rows."""
+    label = np.full(n, -1, dtype=np.int64)
+    for f, (_, test) in enumerate(splits):
+        if np.any(label[test] != -1):
+            return False
+        label[test] = f
+    used = int(np.count_nonzero(label >= 0))
+    for f, (train, test) in enumerate(splits):
+        lt = label[train]
+        if len(train) + len(test) != used or np.any(lt < 0) or np.any(lt == f) \
+                or np.bincount(train, minlength=n).max(initial=0) > 1:
+            return False
+    return True
+
+
+def _folds(X: Any, Y: Any, xp: Any, splits: list[tuple[np.ndarray, np.ndarray]], weights: dict[Any, np.ndarray],
+           keys: set[Any]) -> tuple[list[Fold], str]:
+    n, d, t = X.shape[0], X.shape[1], Y.shape[1]
+    if _partition(splits, n):
+        per, x0, y0 = _moments(X, Y, xp, [np.asarray(test) for _, test in splits], weights, keys)
+        total = {k: Moments(sum(g[k].n for g in per), np.sum([g[k].s for g in per], axis=0),
+                            np.sum([g[k].G for g in per], axis=0), per[0][k].lo, per[0][k].hi,
+                            sum(g[k].rows for g in per)) for k in keys}
+        folds = [Fold(d, t, x0, y0, {k: total[k] - g[k] for k in keys}, g) for g in per]
+        how = f"{len(splits)} test folds partition {total[next(iter(keys))].rows} rows: per-fold sums, one pass"
+        return folds, how
+    groups = [np.asarray(a) for pair in splits for a in pair]
+    per, x0, y0 = _moments(X, Y, xp, groups, weights, keys)
+    folds = [Fold(d, t, x0, y0, per[2 * f], per[2 * f + 1]) for f in range(len(splits))]
+    return folds, f"{len(splits)} splits that do not partition the rows: one pass per split"
+
+
+# --- the run ---------------------------------------------------------------------------------------------------
+
+_NAMES: dict[type, list[str]] = {}
+_POOLS: list[Any] = []   # threadpoolctl's controller, made once (it lists the loaded libraries when made)
+
+
+def _one_thread() -> Any:
+    """BLAS and OpenMP capped at one thread for the block."""
+    if not _POOLS:
+        from threadpoolctl import ThreadpoolController
+
+        _POOLS.append(ThreadpoolController())
+    return _POOLS[0].limit(limits=1)
+
+
+def _params(est: Any) -> dict[str, Any]:
+    """``est.get_params(deep=False)``, its parameter names read once per class (``get_params`` inspects the
+    signature at each call)."""
+    names = _NAMES.get(type(est))
+    if names is None:
+        names = _NAMES[type(est)] = type(est)._get_param_names()
+    return {k: getattr(est, k) for k in names}
+
+
+def _prefix_keys(plan: list[tuple[Any, Any, Any]]) -> list[Any]:
+    keys: list[Any] = []
+    prev: Any = None
+    for rule, est, wkey in plan:
+        params = _params(est)
+        prev = (prev, rule.name, type(est).__name__, wkey, repr(sorted(params.items())))
+        keys.append(prev)
+    return keys
+
+
+def _kind(plan: list[tuple[Any, Any, Any]], metric: str, score_key: Any, xp: Any, t: int, flat: bool) -> Any:
+    """What a candidate's self-check covers: its steps and options (not alpha nor an int n_components), the
+    metric, the weights' presence, the versions, the namespace."""
+    parts = []
+    for _rule, est, wkey in plan:
+        params = {k: v for k, v in _params(est).items() if k not in ("alpha", "n_components")}
+        k = getattr(est, "n_components", None)
+        parts.append((type(est).__name__, repr(sorted(params.items())), type(k).__name__, wkey is not None))
+    return (tuple(parts), metric, score_key is not None, sklearn.__version__, np.__version__, xp.__name__, t, flat)
+
+
+def _close(a: Any, b: Any, floor: float = 1e-300) -> bool:
+    """``a`` equals ``b`` to TOL relative to ``b``'s largest entry (or ``floor``, where ``b`` is ~0 by
+    construction: the mean of centred columns)."""
+    a, b = np.ravel(np.asarray(a, dtype=np.float64)), np.ravel(np.asarray(b, dtype=np.float64))
+    if b.size == 1 and a.size > 1:   # fit_intercept=False: scikit-learn's intercept_ is 0.0 for every output
+        b = np.broadcast_to(b, a.shape)
+    if a.shape != b.shape:
+        return False
+    scale = max(float(np.max(np.abs(b), initial=0.0)), floor)
+    return bool(np.max(np.abs(a - b), initial=0.0) <= onepass.TOL * scale)
+
+
+def _self_check(spec: Any, state: Any, score: float, train_score: float | None, X: Any, y: Any,
+                split: tuple[np.ndarray, np.ndarray], params: dict[str, Any], score_params: dict[str, Any],
+                scorer: Any) -> str | None:
+    """scikit-learn's own fit and score of one (candidate, fold) against the rule's: None if equal to TOL."""
+    from sklearn.base import clone
+
+    from gpunets.devices.data import to_device
+
+    train, test = split
+    Xh, yh = np.asarray(to_device(X, "cpu")), np.asarray(to_device(y, "cpu"))
+    fp = {k: np.asarray(v)[train] for k, v in params.items()}
+    est = clone(spec).fit(Xh[train], yh[train], **fp)
+    sp = {k: np.asarray(v)[test] for k, v in score_params.items()}
+    theirs = scorer(est, Xh[test], yh[test], **sp)
+    if not _close(score, theirs):
+        return f"score {score!r} against scikit-learn's {theirs!r}"
+    if train_score is not None:
+        spt = {k: np.asarray(v)[train] for k, v in score_params.items()}
+        if not _close(train_score, scorer(est, Xh[train], yh[train], **spt)):
+            return "train score differs"
+    steps = est.steps if hasattr(est, "steps") else [("", est)]
+    for (_, fitted), mine in zip([s for s in steps if s[1] not in (None, "passthrough")], state.fitted):
+        for attr, value in mine.items():
+            if value is None or getattr(fitted, attr, None) is None:   # StandardScaler(False, False): no mean_
+                continue
+            if not _close(value, getattr(fitted, attr), 1.0 if attr == "mean_" else 1e-300):
+                return f"{type(fitted).__name__}.{attr} differs from scikit-learn's"
+    return None
+
+
+def _refit_route(search: Any, X: Any, plan: list[tuple[Any, Any, Any]], labels: list[str]) -> Any:
+    """The refit's route as the network path gives it: on the search's GPU (its ``device``, else the rows'), the
+    array-API twins where every step has one."""
+    from gpunets.compute.models import resolve_estimator
+    from gpunets.devices.data import device_of
+    from gpunets.devices.placement import Device
+
+    dev = device_of(X) if search.device in (None, "auto") else Device.parse(search.device)
+    if not dev.is_cuda:
+        return None
+    routes = {resolve_estimator(est, dev, what=f"search step {name!r}", fallback="silent").path
+              for name, (_, est, _) in zip(labels, plan)}
+    return ("array_api", dev) if routes == {"array_api"} else ("cpu", None)
+
+
+def run(search: Any, specs: list[Any], X: Any, y: Any, splits: list[tuple[np.ndarray, np.ndarray]], scorers: Any,
+        params: dict[str, Any], score_params: dict[str, Any], todo: list[list[int]],
+        warm: Any = None) -> tuple[dict[tuple[int, int], dict[str, Any]], SearchReport] | OnePass:
+    """Every (candidate, fold) of ``todo`` fitted and scored from the folds' moments: ``({(candidate, fold):
+    its _fit_and_score output}, report)``, or an :class:`OnePass` note saying why the path does not apply."""
+    start = time.perf_counter()
+    why = _static(search, warm)
+    if why is not None:
+        return _no(why)
+    metric = onepass.score_rule(scorers, specs[0])
+    if metric is None:
+        return _no(f"scorer {scorers!r} has no statistics rule (r2, neg MSE, neg RMSE, explained variance do)")
+    got = _arrays(X, y)
+    if isinstance(got, str):
+        return _no(got)
+    Xa, Y, flat, xp = got
+    if any(len(train) < 2 or len(test) < 2 for train, test in splits):
+        return _no("a training or test set of fewer than 2 rows (scikit-learn's own failures and warnings)")
+    n, d, t = Xa.shape[0], Xa.shape[1], Y.shape[1]
+    if d == 0 or t == 0:
+        return _no("no columns (scikit-learn's own error)")
+    if d + t > MAX_COLUMNS or len(splits) * (d + t) > n:
+        return _no(f"{d} columns: the moments (O(K·d²) = {len(splits)}·{d + t}²) would cost more than the rows")
+    planned = _plan(specs, params, score_params, n)
+    if isinstance(planned, OnePass):
+        return planned
+    plans, weights, score_key, labels = planned
+    if not bool(xp.all(xp.isfinite(Xa))) or not bool(xp.all(xp.isfinite(Y))):
+        return _no("NaN or infinity in the rows (scikit-learn's own error, from each fit)")
+    keys = {w for plan in plans for _, _, w in plan} | {score_key}
+    folds, how = _folds(Xa, Y, xp, splits, weights, keys)
+    moments_s = time.perf_counter() - start
+    train_score = bool(search.return_train_score)
+    results: dict[tuple[int, int], tuple[float, float | None]] = {}
+    fits = {name: 0 for name in labels}
+    prefix = [_prefix_keys(plan) for plan in plans]
+    kinds = [_kind(plan, metric, score_key, xp, t, flat) for plan in plans]
+    to_check: dict[Any, tuple[int, int]] = {}
+    states: dict[tuple[int, int], Any] = {}
+    try:
+        with _one_thread():   # d×d work: one BLAS thread is fastest, and leaves the other cores alone
+            for f, fold in enumerate(folds):
+                for c in todo[f]:
+                    state = onepass.fit_chain(plans[c], fold, prefix[c])
+                    test = onepass.fold_scores(state, fold.test[score_key], d, fold.y0, metric)
+                    trained = onepass.fold_scores(state, fold.train[score_key], d, fold.y0, metric) \
+                        if train_score else None
+                    results[c, f] = (test, trained)
+                    if kinds[c] not in _CHECKED and kinds[c] not in to_check:
+                        to_check[kinds[c]] = (c, f)
+                        states[c, f] = state
+                for i, name in enumerate(labels):
+                    fits[name] += len({prefix[c][i] for c in todo[f]})
+    except Decline as exc:
+        return _no(str(exc))
+    fit_s = time.perf_counter() - start - moments_s
+    for kind, (c, f) in to_check.items():
+        try:
+            bad = _self_check(specs[c], states[c, f], *results[c, f], X, y, splits[f], params, score_params, scorers)
+        except Exception as exc:  # noqa: BLE001 - the network path reports it as scikit-learn does
+            bad = f"scikit-learn's own fit raised {type(exc).__name__}"
+        if bad is not None:
+            return _no(f"self-check against scikit-learn failed ({bad})")
+        _CHECKED[kind] = True
+    pairs = sum(len(tf) for tf in todo)
+    share = (time.perf_counter() - start) / max(pairs, 1)
+    outs = {}
+    for (c, f), (test, trained) in results.items():
+        out: dict[str, Any] = {"n_test_samples": len(splits[f][1]), "fit_time": share, "test_scores": test,
+                               "score_time": 0.0, "fit_error": None}
+        if train_score:
+            out["train_scores"] = trained
+        outs[c, f] = out
+    report = SearchReport(fits=fits, naive={name: pairs for name in labels})
+    report.refit_route = _refit_route(search, X, plans[0], labels)
+    report.ran = dict(fits)
+    report.where = {name: {"one-pass": v} for name, v in fits.items()}
+    report.batched = pairs if len(specs) > 1 else 0
+    report.seconds = time.perf_counter() - start
+    steps = {}
+    for i, name in enumerate(labels):
+        rule = plans[0][i][0]
+        steps[name] = {"standardscaler": "mean and variance from the training moments",
+                       "pca": "eigendecomposition of the training covariance (covariance_eigh)",
+                       "linear": "normal equations per candidate, scored from the test moments"}[rule.name]
+    report.one_pass = OnePass(True, f"every step and the {metric.lstrip('-')} scorer have a statistics rule; "
+                              f"moments {moments_s * 1e3:.1f} ms, fits and scores {fit_s * 1e3:.1f} ms",
+                              steps, how, len(to_check))
+    return outs, report
