@@ -519,7 +519,15 @@ def _trees(search: Any) -> int:
 
 
 def one_pass(quick: bool = False) -> dict[str, Any]:
-    """The one-pass section (see the module's notes)."""
+    """The one-pass section (see the module's notes), with the one-pass path on: an opt-in
+    (``gn.config(one_pass=True)``); the network path is timed with it off."""
+    from gpunets.tuning.onepass_search import enabled
+
+    with enabled(True):
+        return _one_pass(quick)
+
+
+def _one_pass(quick: bool) -> dict[str, Any]:
     import sklearn.model_selection as skms
     from sklearn.decomposition import PCA as PlainPCA
     from sklearn.experimental import enable_halving_search_cv  # noqa: F401

@@ -32,6 +32,13 @@ KEYS = ("mean_test_score", "mean_train_score", "std_test_score", *(f"split{i}_te
         *(f"split{i}_train_score" for i in range(4)))
 
 
+@pytest.fixture(autouse=True)
+def one_pass_on():
+    """The one-pass path is an opt-in (gn.config(one_pass=True)): on for every test here."""
+    with gn.config(one_pass=True):
+        yield
+
+
 @pytest.fixture
 def data():
     rng = np.random.default_rng(0)
@@ -293,11 +300,12 @@ def test_a_step_that_takes_no_weights_fails_as_in_scikit_learn(executor, data):
             search(*PIPES["pca int"], cv=3).fit(X, y, pca__sample_weight=w)
 
 
-def test_turned_off_the_network_runs(data):
+@pytest.mark.parametrize("off", ["enabled(False)", "the default"])
+def test_turned_off_the_network_runs(data, off):
     X, y = data
-    with enabled(False):
+    with enabled(False) if off == "enabled(False)" else gn.config(one_pass=False):
         ours, _ = _both(*PIPES["pca int"], X, y, cv=3)
-    _declined(ours, "turned off")
+    _declined(ours, "gn.config(one_pass=True) turns it on")
     assert ours.search_report_.ran is None or ours.search_report_.where["ridge"] != {"one-pass": 15}
 
 

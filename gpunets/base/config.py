@@ -43,6 +43,9 @@ _DEFAULTS: dict[str, Any] = {
     # device="auto": {estimator class name or "default": rows} from which a machine trains on the GPU (updates
     # the table shipped in gpunets.planning.crossover); None: the shipped table alone
     "gpu_crossover": None,
+    # searches of linear pipelines fitted and scored from per-fold moments (docs/tuning.md, "One pass over the
+    # data"): equal to scikit-learn's to 1e-9 relative, not bit for bit, hence an opt-in
+    "one_pass": False,
 }
 OUTPUT_TYPES = ("auto", "device", "numpy", "pandas")
 
@@ -54,8 +57,8 @@ def get_config() -> dict[str, Any]:
     """Return a copy of the settings in force here.
 
     >>> sorted(get_config())  # doctest: +NORMALIZE_WHITESPACE
-    ['cache', 'cache_bytes', 'device', 'executor', 'fallback', 'gpu_crossover', 'gpu_memory', 'output', 'progress',
-     'store', 'thread_unsafe', 'warm_params', 'workers']
+    ['cache', 'cache_bytes', 'device', 'executor', 'fallback', 'gpu_crossover', 'gpu_memory', 'one_pass', 'output',
+     'progress', 'store', 'thread_unsafe', 'warm_params', 'workers']
     """
     local = _LOCAL.get()
     return dict(local if local is not None else _GLOBAL)
@@ -82,6 +85,11 @@ def _validate(changes: dict[str, Any]) -> dict[str, Any]:
         changes = {**changes, "store": verbs.get("check_store")(changes["store"])}
     if "gpu_crossover" in changes:
         changes = {**changes, "gpu_crossover": check_crossover(changes["gpu_crossover"])}
+    if "one_pass" in changes and not isinstance(changes["one_pass"], bool):
+        msg = (f"one_pass={changes['one_pass']!r} of type {type(changes['one_pass']).__name__} is not a bool: "
+               "expected True (searches of linear pipelines fitted from per-fold moments, equal to scikit-learn's "
+               "to 1e-9) or False (the default: every search builds its network). Hint: gn.config(one_pass=True).")
+        raise TypeError(msg)
     if "device" in changes and changes["device"] not in (None, "auto"):
         verbs.get("check_device")(changes["device"])  # Device.parse: raises a ValueError listing the valid forms
     return changes

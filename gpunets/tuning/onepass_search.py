@@ -20,7 +20,6 @@ why not (the search then builds its network and keeps the note in ``search_repor
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 import sklearn
 
+from gpunets.base.config import config, get_config
 from gpunets.tuning import onepass
 from gpunets.tuning.onepass import Decline, Fold, Moments
 from gpunets.tuning.report import SearchReport
@@ -40,24 +40,20 @@ CHUNK_ROWS = 1 << 16
 #: the most columns (X's and the outputs) the path takes: its moments are O(K·d²) numbers
 MAX_COLUMNS = 2048
 
-_ON: contextvars.ContextVar[bool] = contextvars.ContextVar("gpunets_one_pass", default=True)
 _CHECKED: dict[Any, bool] = {}   # kinds whose first fold agreed with scikit-learn's own fit in this process
 
 
 @contextlib.contextmanager
 def enabled(on: bool) -> Iterator[None]:
-    """Searches inside the block take the one-pass path where it applies (``True``, the default) or never
-    (``False``: every search builds its network, e.g. to study its trace).
+    """Searches inside the block take the one-pass path where it applies (``True``) or never (``False``, the
+    default: every search builds its network): ``gn.config(one_pass=on)`` as a block.
 
     >>> from gpunets.tuning.onepass_search import enabled
     >>> with enabled(False):
     ...     pass
     """
-    token = _ON.set(bool(on))
-    try:
+    with config(one_pass=bool(on)):
         yield
-    finally:
-        _ON.reset(token)
 
 
 @dataclass
@@ -155,8 +151,8 @@ def _static(search: Any, warm: Any) -> str | None:
 
     from gpunets.devices import store
 
-    if not _ON.get():
-        return "turned off (gpunets.tuning.onepass_search.enabled(False))"
+    if not get_config()["one_pass"]:
+        return "off (the default: gn.config(one_pass=True) turns it on)"
     if warm is not None:
         return "a warm-started budget"
     if search._watched() is not None:
