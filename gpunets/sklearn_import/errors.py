@@ -87,8 +87,10 @@ def as_sklearn(err: BaseException, op: str, composition: Any) -> BaseException |
     where it happened; None when it cannot be rebuilt (the caller re-raises ``err``).
 
     >>> from gpunets.base.exceptions import wrap_exception
+    >>> original = ValueError("Found unknown categories")
     >>> e = wrap_exception(EvaluationError, "Evaluating node transform(pre__cat, X) (machine pre__cat) failed "
-    ...                    "(ValueError: Found unknown categories)", ValueError("Found unknown categories"))
+    ...                    "(ValueError: Found unknown categories)", original)
+    >>> e.__cause__ = original
     >>> out = as_sklearn(e, "predict", object())
     >>> type(out).__name__, str(out).splitlines()
     ('ValueError', ['Found unknown categories', "Where: step 'pre__cat' of the converted object, in predict."])

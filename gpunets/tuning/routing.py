@@ -10,10 +10,33 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from gpunets.base.config import get_config
 from gpunets.compute.models import fit_context
 from gpunets.devices.data import to_device
 from gpunets.tuning import tasks
 from gpunets.tuning.report import SearchReport
+
+
+def jobs_executor(executor: Any, n_jobs: Any, gpu: Any = None) -> Any:
+    """The executor a search's network runs on: ``executor``, or, where it is ``"auto"`` and ``n_jobs`` is set,
+    what scikit-learn's ``n_jobs`` promises (issue 35 item 11).
+
+    ``n_jobs=k`` (k > 1, or -1: all cores) fits candidates and folds side by side: ``"threads"`` (its ``workers``
+    come from ``n_jobs``, see :func:`gpunets.tuning.dropin.workers`; each task's BLAS/OpenMP threads are capped
+    as the threads executor does); ``n_jobs=1``: ``"serial"``. ``n_jobs=None``, an executor given by name or
+    object, a configured default other than ``"auto"``, or a search on a GPU (``gpu``, where one thread issues
+    the kernels fastest): unchanged. Returns None for ``"auto"`` (the run chooses, docs/executors.md).
+
+    >>> jobs_executor("auto", 2), jobs_executor("auto", -1), jobs_executor("auto", 1), jobs_executor("auto", None)
+    ('threads', 'threads', 'serial', None)
+    >>> jobs_executor("serial", 2), jobs_executor("auto", 2, gpu="cuda:0")
+    ('serial', None)
+    """
+    if executor not in ("auto", None):
+        return executor
+    if n_jobs is None or gpu is not None or get_config()["executor"] not in ("auto", None):
+        return None
+    return "serial" if int(n_jobs) == 1 else "threads"
 
 
 @contextlib.contextmanager

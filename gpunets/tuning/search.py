@@ -77,6 +77,7 @@ from gpunets.tuning.routing import (
     _pipeline_score_routing,
     _refit_context,
     _routed_by_step,
+    jobs_executor,
 )
 
 __all__ = ["GridSearchCV", "RandomizedSearchCV", "SearchReport", "SERIAL_MAX_VALUES", "SERIAL_TASK_SECONDS"]
@@ -388,7 +389,7 @@ class _NetworkSearch(BaseSearchCV):
         # scikit-learn's order: candidate-major, fold-minor
         pairs_done = [(c, f) for c in range(len(specs)) for f in range(len(splits)) if c in score_nodes[f]]
         ordered = [score_nodes[f][c] for c, f in pairs_done]
-        executor = None if self.executor == "auto" else self.executor
+        executor = jobs_executor(self.executor, self.n_jobs, gpu)   # n_jobs=2: candidates side by side
         if self._gn_record is not None and not memory.is_dask(executor):
             # each result kept by the task that computes it: an interrupted fit continues where it stopped
             for pair, n in zip(pairs_done, ordered):
