@@ -61,3 +61,19 @@ def test_converted_composition_raises_sklearns_exception(name, make, X, y, X_bad
     if step is not None:   # then where in the network it happened, by the original's names
         assert str(got).splitlines()[-1] == f"Where: step {step!r} of the converted Pipeline, in {op}."
         assert isinstance(got.__cause__, gn.GpunetsError)   # gpunets' own error, naming its nodes, is chained
+
+
+@pytest.mark.parametrize(("given", "hint"), [
+    ({"n_jobs": -1}, "gpunets' name for n_jobs is workers"),
+    ({"n_jobs": 2}, "n_jobs=k is workers=k"),
+    ({"memory": "cache"}, "gn.set_config(store="),
+    ({"ridge__alpha": 2.0}, "model.set_params(ridge__alpha=...)"),
+    ({"colour": "red"}, "from_sklearn takes executor=, device=, workers="),
+], ids=["n_jobs=-1", "n_jobs=2", "memory", "a step's parameter", "unknown"])
+def test_sklearn_habits_get_a_hint(given, hint, executor):
+    """issue 35 item 15: from_sklearn(..., n_jobs=-1) says to use workers=; other habits say what to do."""
+    with pytest.raises(TypeError, match="unexpected keyword argument") as info:
+        gn.from_sklearn(make_pipeline(StandardScaler(), Ridge()), executor=executor, **given)
+    assert hint in str(info.value)
+    model = gn.from_sklearn(make_pipeline(StandardScaler(), Ridge()), executor=executor, workers=2).fit(_X, _X[:, 0])
+    assert model.predict(_X).shape == (40,)
