@@ -21,7 +21,7 @@ from gpunets.compose.composite import COMPOSITE_OPERATIONS, Composite
 from gpunets.compose.routing import routing_enabled
 from gpunets.compute.estimators import training_output_differs
 from gpunets.core.graph import upstream_machines
-from gpunets.sklearn_import._base import Context, build, converts_as, first_part, operations
+from gpunets.sklearn_import._base import Context, build, converts_as, first_part, is_passthrough, operations
 from gpunets.sklearn_import.errors import as_sklearn, check_columns, used_columns
 from gpunets.sklearn_import.fit_params import route_fit_params
 from gpunets.sklearn_import.forests import n_chunks
@@ -224,9 +224,29 @@ class _FromSklearn(Composite):
             inner = get_tags(self.sklearn_estimator)
             tags.input_tags = inner.input_tags
             tags.target_tags = inner.target_tags
+            tags.input_tags.allow_nan = _allows_nan(self.sklearn_estimator)
         except Exception:  # noqa: BLE001, S110 - tags are advisory
             pass
         return tags
+
+
+def _allows_nan(est: Any) -> bool:
+    """Whether ``est`` takes NaN in its input: a Pipeline when every step does (scikit-learn's own Pipeline
+    leaves its ``allow_nan`` tag False; a network of steps that all take NaN does take it), else its tag.
+
+    >>> from sklearn.pipeline import make_pipeline
+    >>> from sklearn.preprocessing import StandardScaler
+    >>> from sklearn.linear_model import Ridge
+    >>> _allows_nan(make_pipeline(StandardScaler())), _allows_nan(make_pipeline(StandardScaler(), Ridge()))
+    (True, False)
+    """
+    from sklearn.pipeline import Pipeline
+    from sklearn.utils import get_tags
+
+    if converts_as(est, Pipeline):
+        steps = [s for _, s in est.steps if not is_passthrough(s)]
+        return bool(steps) and all(_allows_nan(s) for s in steps)
+    return bool(get_tags(est).input_tags.allow_nan)
 
 
 class FromSklearnRegressor(RegressorMixin, _FromSklearn):

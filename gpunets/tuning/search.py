@@ -121,6 +121,15 @@ class _NetworkSearch(BaseSearchCV):
     def _candidates(self) -> list[dict[str, Any]]:  # pragma: no cover - subclasses
         raise NotImplementedError
 
+    def __sklearn_tags__(self) -> Any:
+        """scikit-learn's search tags, and the estimator's ``multi_output``: a search of a multi-output
+        estimator takes a 2-D target as it does (scikit-learn's ``check_supervised_y_2d``)."""
+        from sklearn.utils import get_tags
+
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = get_tags(self.estimator).target_tags.multi_output
+        return tags
+
     def _run_search(self, evaluate_candidates: Any, *, callback_ctx: Any = None) -> None:
         candidates = self._candidates()
         ctx = dropin.subcontext(callback_ctx, "search", max_subtasks=len(candidates) * self.n_splits_,
