@@ -97,6 +97,12 @@ def _compare(name: str, sk: Any, ours: Any, repeat: int) -> dict[str, Any]:
     return res
 
 
+def _halving_pair(sk_cls: Any, gn_cls: Any, est: Any, grid: Any, X: Any, y: Any) -> tuple[Any, Any]:
+    """scikit-learn's and gpunets' halving searches, the same arguments (n_jobs=2, resource="n_samples")."""
+    kw = dict(cv=5, factor=3, resource="n_samples", random_state=0, n_jobs=2)
+    return (lambda: sk_cls(est, grid, **kw).fit(X, y)), (lambda: gn_cls(est, grid, **kw).fit(X, y))
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     import sklearn.model_selection as skms
     from sklearn.experimental import enable_halving_search_cv  # noqa: F401
@@ -109,9 +115,8 @@ def run(quick: bool = False) -> dict[str, Any]:
                            else os.cpu_count()}
     for name, classifier in (("forest_regressor", False), ("forest_classifier", True)):
         est, grid, X, y = _forest(classifier, quick)
-        kw = dict(cv=5, factor=3, resource="n_samples", random_state=0, n_jobs=2)
-        out[name] = _compare(name, lambda: skms.HalvingGridSearchCV(est, grid, **kw).fit(X, y),
-                             lambda: gn.HalvingGridSearchCV(est, grid, **kw).fit(X, y), repeat)
+        out[name] = _compare(name, *_halving_pair(skms.HalvingGridSearchCV, gn.HalvingGridSearchCV, est, grid, X, y),
+                             repeat)
         out[name]["candidates"] = int(np.prod([len(v) for v in grid.values()]))
         out[name]["rows"] = len(X)
     pipe, grid, df, y = _columns(quick)

@@ -10,9 +10,10 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from gpunets.base.config import get_config
+from gpunets.base.config import config, get_config
 from gpunets.compute.models import fit_context
 from gpunets.devices.data import to_device
+from gpunets.devices.placement import Device, check_available, device_exists
 from gpunets.tuning import tasks
 from gpunets.tuning.report import SearchReport
 
@@ -37,6 +38,25 @@ def jobs_executor(executor: Any, n_jobs: Any, gpu: Any = None) -> Any:
     if n_jobs is None or gpu is not None or get_config()["executor"] not in ("auto", None):
         return None
     return "serial" if int(n_jobs) == 1 else "threads"
+
+
+@contextlib.contextmanager
+def quiet_fallback(search: Any, device: Any) -> Iterator[None]:
+    """Within the block (a search's network run on ``device``): where ``device`` is a GPU absent here and the
+    fallback policy is ``"warn"``, one :class:`~gpunets.devices.placement.DeviceFallbackWarning` naming the search
+    the user wrote (once per search object), and no other: its internal nodes and steps fall back silently
+    (issue 35 item 14; before: a logged line per step and fold, and a warning per internal node such as
+    ``take(X, ...)``). ``fallback="raise"`` still raises, ``"silent"`` stays silent."""
+    dev = None if device in (None, "auto") else Device.parse(device)
+    if dev is None or not dev.is_cuda or device_exists(dev) or get_config()["fallback"] != "warn":
+        yield
+        return
+    steps = getattr(search.estimator, "steps", None)
+    parts = (f" (its steps {', '.join(type(s).__name__ for _, s in steps if s not in (None, 'passthrough'))})"
+             if steps else f" (its {type(search.estimator).__name__} fits)")
+    check_available(dev, what=f"{type(search).__name__}(device={device!r}){parts}", owner=search)
+    with config(fallback="silent"):
+        yield
 
 
 @contextlib.contextmanager

@@ -78,6 +78,7 @@ from gpunets.tuning.routing import (
     _refit_context,
     _routed_by_step,
     jobs_executor,
+    quiet_fallback,
 )
 
 __all__ = ["GridSearchCV", "RandomizedSearchCV", "SearchReport", "SERIAL_MAX_VALUES", "SERIAL_TASK_SECONDS"]
@@ -296,7 +297,7 @@ class _NetworkSearch(BaseSearchCV):
             args = (specs, X, y, splits, scorers, fit_params, score_params, todo, warm, workers)
             try:
                 if device is not None and device != "auto":
-                    with config(device=device), override_placement(device):  # nodes take their placement when built
+                    with config(device=device), override_placement(device), quiet_fallback(self, device):
                         new, report = self._run_network(*args)
                 else:
                     new, report = self._run_network(*args)
