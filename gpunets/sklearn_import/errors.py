@@ -21,7 +21,7 @@ from gpunets.base.exceptions import EvaluationError, FitError, GpunetsError
 
 __all__ = ["as_sklearn", "check_columns", "used_columns"]
 
-def used_columns(ct: Any, X: Any) -> frozenset[str] | None:
+def used_columns(ct: Any, X: Any) -> tuple[str, ...] | None:
     """The names of the DataFrame ``X``'s columns that the ColumnTransformer ``ct`` reads (its non-dropped
     transformers' and, unless ``remainder="drop"``, the remainder's); None when they cannot be told.
 
@@ -52,14 +52,14 @@ def used_columns(ct: Any, X: Any) -> frozenset[str] | None:
         return None
     if not (isinstance(ct.remainder, str) and ct.remainder == "drop"):
         used |= set(range(len(names))) - specified
-    return frozenset(names[i] for i in used)
+    return tuple(names[i] for i in sorted(used))   # plain data: kept by gn.save in any format
 
 
-def check_columns(used: frozenset[str] | None, X: Any) -> None:
+def check_columns(used: tuple[str, ...] | None, X: Any) -> None:
     """scikit-learn's ``ColumnTransformer.transform`` check: every column read at fit is in the DataFrame ``X``.
 
     >>> import pandas as pd
-    >>> check_columns(frozenset({"a", "b"}), pd.DataFrame({"a": [1.0]}))
+    >>> check_columns(("a", "b"), pd.DataFrame({"a": [1.0]}))
     Traceback (most recent call last):
     ...
     ValueError: columns are missing: {'b'}
