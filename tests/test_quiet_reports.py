@@ -75,3 +75,11 @@ def test_stack_fit_report_hides_its_cv_report(executor):
     text = repr(stack.fit_report_)
     assert "[cv report]" not in text and "final_estimator" in text
     assert "[cv report]" in stack.fit_report_.actions.by_label()
+
+
+def test_report_of_a_composite_says_where_its_report_is(executor):
+    """A scikit-learn habit (report(model)) on a composite: the TypeError says model.report_ / fit_report_."""
+    model = gn.from_sklearn(make_pipeline(StandardScaler(), Ridge()), executor=executor).fit(_X, _X[:, 0])
+    with pytest.raises(TypeError, match=r"Hint: a composite reports on its own network: model\.report_"):
+        gn.report(model)
+    assert set(model.report_) == {"standardscaler", "ridge"}

@@ -287,7 +287,10 @@ def _machines_of(target: Any) -> tuple[Machine, ...]:
         return upstream_machines(list(target.args)) + (target,)
     if is_node(target):
         return upstream_machines([target])
-    msg = f"expected a node or a machine, got {target!r} of type {type(target).__name__}."
+    msg = f"expected a node or a machine, got {target!r:.200} of type {type(target).__name__}."
+    if hasattr(type(target), "fit_report_") or hasattr(type(target), "report_"):   # a composite (from_sklearn's)
+        msg += (" Hint: a composite reports on its own network: model.report_ (per machine) and "
+                "model.fit_report_ (its last fit).")
     raise TypeError(msg)
 
 
