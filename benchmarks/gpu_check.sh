@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# The prepared GPU check, in under 5 minutes on one GPU: the environment and an NVVM probe, a warm-up of the
+# The prepared GPU check, in under 8 minutes on one GPU: the environment and an NVVM probe, a warm-up of the
 # kernel caches, the GPU tests twice (without and with CuPy's per-thread default stream) and the GPU benchmark
-# sections, each timed part after its own warm-up run.
+# sections (gpunets' own host time per GPU task and its fan-in scaling, the executors on a GPU, the combine kernel alone and its host cost per launch, the search on a GPU,
+# GPU against CPU end to end with the crossover), each timed part after its own warm-up run; the targets are
+# printed as verdicts ("target ...: met" / "NOT met").
+# numba-cuda 0.30 cannot run with NumPy 2.5: where the image's NumPy is 2.5 or newer, a NumPy < 2.5 wheel carried in
+# GPU_CHECK_WHEELS (default .whl/ at the repository root, git-ignored: carry it to the GPU machine) is installed into
+# OUT_DIR/numpy_lt_2_5 and put first on PYTHONPATH for every step.
 # Needs CuPy, numba-cuda, scikit-learn and pytest; cuDF, cuML, RMM and Dask are optional (what needs them is
 # skipped, and the script says so). NVVM is found for CUDA 12 and 13: system toolkits and NVIDIA's pip wheels
 # (benchmarks/gpu_check_tools.py: cuda.pathfinder first, then the toolkit roots for CUDA_HOME).
@@ -36,6 +41,24 @@ else
 fi
 echo "gpu_check: $([ "$fake" = 1 ] && echo 'FAKE GPU (harness check only)' || echo 'real GPU'), results in $json"
 
+# NumPy < 2.5 for numba-cuda 0.30 (docs/kernels.md, "NumPy 2.5 and numba-cuda"), from a carried wheel
+np_ver=$($py -c 'import numpy; print(numpy.__version__)' 2>/dev/null || echo "")
+if [ "$fake" != 1 ] && $py -c 'import sys; v = sys.argv[1].split("."); sys.exit(0 if len(v) > 1 and (int(v[0]), int(v[1])) >= (2, 5) else 1)' "$np_ver" 2>/dev/null; then
+  wheels=${GPU_CHECK_WHEELS:-.whl}
+  wheel=$(ls "$wheels"/numpy-2.[0-4]*.whl 2>/dev/null | head -1)
+  if [ -n "$wheel" ]; then
+    target="$(cd "$out" && pwd)/numpy_lt_2_5"
+    if $py -m pip install -q --no-index --no-deps --target "$target" "$wheel" > "$out/numpy.log" 2>&1; then
+      export PYTHONPATH="$target:$PYTHONPATH"
+      echo "gpu_check: NumPy $np_ver cannot run numba-cuda 0.30: using the carried $(basename "$wheel")"
+    else
+      echo "gpu_check: installing the carried $(basename "$wheel") failed (see $out/numpy.log)"
+    fi
+  else
+    echo "gpu_check: NumPy $np_ver cannot run numba-cuda 0.30 and no numpy<2.5 wheel is carried in $wheels/: the kernel sections will fail"
+  fi
+fi
+
 save() { $py benchmarks/gpu_check_tools.py save "$json" "$1"; }       # merge stdin's JSON under SECTION
 report() { $py benchmarks/gpu_check_tools.py summary "$json" "$1"; }  # the section's one line
 
@@ -52,7 +75,8 @@ env -u NUMBA_ENABLE_CUDASIM timeout 90 $py - > "$out/environment.out" 2> "$out/e
 import importlib.metadata as md, importlib.util, json, os, sys
 fake = os.environ.get("GPU_CHECK_FAKE") == "1"
 nvvm = json.loads(os.environ.get("GPU_CHECK_NVVM") or "{}")
-info = {"fake_gpu": fake, "simulator": fake, "CUDA_HOME": os.environ.get("CUDA_HOME"),
+import numpy
+info = {"fake_gpu": fake, "simulator": fake, "CUDA_HOME": os.environ.get("CUDA_HOME"), "numpy": numpy.__version__,
         "nvvm": nvvm.get("nvvm"), "nvvm_found_by": nvvm.get("found_by"), "nvvm_search": nvvm,
         "launch_env": {k: os.environ.get(k) for k in ("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "CUDF_PER_THREAD_STREAM",
                                                       "CUDA_DEVICE_MAX_CONNECTIONS")}}
@@ -175,17 +199,26 @@ run_tests gpu_tests_legacy_stream -u CUPY_CUDA_PER_THREAD_DEFAULT_STREAM -u CUDF
 run_tests gpu_tests_per_thread_stream CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1 || status=1
 
 # 4. the GPU benchmark sections, in the launch environment (each skips itself without a GPU: here a skip is a
-#    failure); quick sizes on the fake GPU
-for section in executors_gpu kernels_gpu tuning_gpu; do
-  timeout 90 $py - "$out" "$section" > "$out/$section.out" 2> "$out/$section.log" <<'PY'
+#    failure); quick sizes on the fake GPU. gpu_vs_cpu: 10^4 to 10^6 rows within a 90 s budget for its warm cells
+#    (a cell that would pass it is skipped and says so), then each mode's cold run (gpu_part, 10^4 rows)
+for section in host_cost executors_gpu kernels_gpu tuning_gpu gpu_vs_cpu; do
+  limit=90; [ "$section" = gpu_vs_cpu ] && limit=180
+  timeout $limit $py - "$out" "$section" > "$out/$section.out" 2> "$out/$section.log" <<'PY'
 import contextlib, json, os, sys, time, traceback
 out, section = sys.argv[1], sys.argv[2]
 fake = os.environ.get("GPU_CHECK_FAKE") == "1"
-from benchmarks import bench_executors, bench_kernels, bench_tuning
-run = {"executors_gpu": lambda: bench_executors.gpu_streams(quick=fake, png=f"{out}/executors_gpu_timeline.png"),
+from benchmarks import bench_executors, bench_gpu_vs_cpu, bench_kernels, bench_tuning
+run = {# gpunets' own host time per GPU task (the fake GPU in process: its GPU work is nil), fan-in 4000 vs 400
+       "host_cost": lambda: bench_executors.host_cost(quick=True),
+       "executors_gpu": lambda: bench_executors.gpu_streams(quick=fake, png=f"{out}/executors_gpu_timeline.png"),
+       # the mean kernel alone (20 launches between events) against a device copy; the host per launch per path
        "kernels_gpu": lambda: bench_kernels.gpu_section(quick=True),
        # the one-stage search on CuPy data, device="cuda": streams vs serial, scores against the CPU (< 40 s)
-       "tuning_gpu": lambda: bench_tuning.gpu_search(rows=600 if fake else 50_000, quick=fake)}[section]
+       "tuning_gpu": lambda: bench_tuning.gpu_search(rows=600 if fake else 50_000, quick=fake),
+       # GPU against CPU end to end: CPU serial, CPU best, GPU auto, GPU streams; the crossover and its plot
+       "gpu_vs_cpu": lambda: bench_gpu_vs_cpu.run(
+           quick=True, budget=20 if fake else 90, png=f"{out}/gpu_vs_cpu.png", cold_workloads=("gpu_part",),
+           **(dict(rows=(150,), workloads=("gpu_part", "search"), dtypes=("float64",), repeat=1) if fake else {}))}[section]
 t0 = time.perf_counter()
 try:
     with contextlib.redirect_stdout(sys.stderr):   # progress lines go to the log; stdout is the JSON alone

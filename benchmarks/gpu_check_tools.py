@@ -141,9 +141,11 @@ def describe(section: str, r: dict[str, Any]) -> str:
     fake = " [fake GPU: harness check only]" if r.get("fake_gpu") else ""
     if section == "environment":
         probe = str(r.get("nvvm_probe", "?"))
-        parts = [str(r.get("gpu", "?")), f"CuPy {r.get('cupy', '?')}",
-                 f"numba-cuda {r.get('numba_cuda', '?')}" + (" (simulator)" if r.get("simulator") else ""),
-                 "NVVM ok" if probe.startswith("ok") else f"NVVM {probe}"]
+        parts = [str(r.get("gpu", "?")), f"CuPy {r.get('cupy', '?')}"]
+        if r.get("numpy"):
+            parts.append(f"NumPy {r['numpy']}")
+        parts += [f"numba-cuda {r.get('numba_cuda', '?')}" + (" (simulator)" if r.get("simulator") else ""),
+                  "NVVM ok" if probe.startswith("ok") else f"NVVM {probe}"]
         if r.get("absent"):
             parts.append("without " + ", ".join(r["absent"]))
         return ", ".join(parts)
@@ -152,6 +154,11 @@ def describe(section: str, r: dict[str, Any]) -> str:
                 f"{fake}")
     if section.startswith("gpu_tests"):
         return _tests(r) + (f" ({r['note']})" if r.get("note") else "")
+    if section == "host_cost":
+        per, fan = r.get("host_us_per_gpu_task", {}), r.get("fan_in_4000_over_400", {})
+        value = per.get("value")
+        text = f"{value:.1f} us of gpunets' host time per GPU task" if isinstance(value, float) else "? us per task"
+        return f"{text}{_target(per)}, fan-in 4000/400 per task {_x(fan.get('value'))}{_target(fan)}"
     if section == "executors_gpu":
         mid, gemm = r.get("midsize", {}), r.get("gemm", {})
         ms, gs = mid.get("speedup_streams", {}), gemm.get("speedup_streams", {})
@@ -160,7 +167,21 @@ def describe(section: str, r: dict[str, Any]) -> str:
     if section == "kernels_gpu":
         bw = r.get("bandwidth_GBps", {}).get("gpunets_mean", "?")
         ratio = r.get("ratios", {}).get("bandwidth_vs_copy", {})
-        return f"mean at {bw} GB/s, {_x(ratio.get('value'))} of a copy's bandwidth{_target(ratio)}{fake}"
+        text = f"mean at {bw} GB/s, {_x(ratio.get('value'))} of a copy's bandwidth{_target(ratio)}"
+        host = r.get("host", {}).get("host_us_per_launch", {})
+        if host:
+            per = ", ".join(f"{path} {us:.1f} us" for path, us in host.items())
+            text += f"; host per launch {per}{_target(r.get('ratios', {}).get('host_us_per_launch'))}"
+            if r["host"].get("paths_bitwise_equal") is False:
+                text += "; the launch paths DIFFER"
+        return text + fake
+    if section == "gpu_vs_cpu":
+        from benchmarks.bench_gpu_vs_cpu import one_line  # the section's own headline
+
+        text = one_line(r)
+        if r.get("real_gpu") and r.get("crossover_table"):
+            text += f"; table {r['crossover_table']}"
+        return text + fake
     if section == "tuning_gpu":
         ratio = r.get("ratio_streams_vs_serial", {}).get("value")
         sp = 1 / ratio if isinstance(ratio, (int, float)) and ratio > 0 else None

@@ -51,6 +51,7 @@ from gpunets.core.ops import hstack, max, mean, min, sum, var, vote, weighted_su
 from gpunets.devices.cache import CacheInfo, cache_clear, cache_info
 from gpunets.devices.placement import Device, DeviceFallbackWarning, device
 from gpunets.devices.store import Store, StoreInfo, StoreWarning, store_clear, store_info
+from gpunets.devices.store_keys import no_store
 from gpunets.executors import Executor, SerialExecutor, StreamsExecutor, ThreadsExecutor
 
 
@@ -69,7 +70,7 @@ __all__ = [
     "source", "node", "machine", "fit", "evaluate", "report", "fitted_params", "last_trace", "replace",
     "mean", "weighted_sum", "vote", "hstack", "sum", "min", "max", "var",
     "config", "get_config", "set_config", "cache_info", "cache_clear", "CacheInfo",
-    "Store", "StoreInfo", "StoreWarning", "store_info", "store_clear", "device", "Device", "DeviceFallbackWarning",
+    "Store", "StoreInfo", "StoreWarning", "store_info", "store_clear", "no_store", "device", "Device", "DeviceFallbackWarning",
     "AbstractNode", "Source", "Node", "Machine", "FitReport", "Trace", "Evaluation",
     "Executor", "SerialExecutor", "ThreadsExecutor", "StreamsExecutor", "DaskExecutor",
     "GpunetsError", "NotFittedError", "CycleError", "NetworkError", "DeviceUnavailableError", "FitError",

@@ -160,6 +160,7 @@ def test_notebook_stored_without_outputs(path: Path) -> None:
             assert cell.get("execution_count") is None, f"{path.name} cell {i} has an execution count"
 
 
+@pytest.mark.long   # the docs build (test_mkdocs_build_strict, CI's docs step) executes them too
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path: Path, in_tmp) -> None:
     nbformat = pytest.importorskip("nbformat")
@@ -184,6 +185,7 @@ def test_every_page_is_in_the_nav():
         assert re.search(rf":\s*{re.escape(page.name)}\s*$", text, re.M), f"docs/{page.name} is not in mkdocs.yml's nav"
 
 
+@pytest.mark.long   # 40 s; CI's docs step builds the site too
 def test_mkdocs_build_strict(tmp_path):
     pytest.importorskip("mkdocs")
     pytest.importorskip("mkdocstrings_handlers.python")

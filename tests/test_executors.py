@@ -503,6 +503,13 @@ class _FakeCupy:
             def __exit__(self, *a):
                 fake.streams()[fake.pushed().pop()].pop()
 
+            def use(self):   # this thread's current stream on the current device, outside any `with stream`
+                dev = fake.device()
+                if self.device_id not in (-1, dev):
+                    fake.errors.append(f"stream of device {self.device_id} made current on device {dev}")
+                fake.used()[dev] = self
+                return self
+
             def wait_event(self, event):
                 if not isinstance(event, Event):
                     fake.errors.append(f"wait_event on a {type(event).__name__}")
@@ -599,9 +606,15 @@ class _FakeCupy:
         self.devices()
         return self.tls.pushed
 
+    def used(self):
+        self.devices()
+        if not hasattr(self.tls, "used"):
+            self.tls.used = {}
+        return self.tls.used
+
     def get_current_stream(self):
         stack = self.streams().get(self.device())
-        return stack[-1] if stack else self.cuda.Stream.null
+        return stack[-1] if stack else self.used().get(self.device(), self.cuda.Stream.null)
 
     def waited_here(self):
         s = self.get_current_stream()
@@ -674,10 +687,14 @@ def test_cuda_backend_orders_cross_stream_edges_and_keeps_values_alive(monkeypat
             assert all(run.events[d].completed for d in t.deps if tasks[d].kind != "source")
             continue
         assert dev == int(t.device[-1])
+        by_id = {id(ev): x for x, ev in enumerate(run.events) if ev is not None}
         for d in t.deps:
             p = tasks[d]
             if p.kind != "source" and (p.lane != t.lane or p.device != t.device):
-                assert id(run.events[d]) in waited, f"{t.label} did not wait for {p.label}"
+                # an event of p's stream recorded at or after p (stream order covers the earlier tasks)
+                assert any(by_id.get(w, -1) >= d and tasks[by_id[w]].lane == p.lane
+                           and tasks[by_id[w]].device == p.device for w in waited), \
+                    f"{t.label} did not wait for {p.label}"
 
 
 @pytest.mark.gpu
@@ -715,9 +732,12 @@ def test_gpu_streams_executor_on_cuda_streams_equals_serial(kind):
     np.testing.assert_allclose(host(executor=ex, output="numpy"), ref, rtol=1e-4, atol=1e-5)
 
 
-def test_cuda_lanes_serve_one_gpu_for_life_and_are_capped(fake_cuda):
+@pytest.mark.parametrize("issuer", [False, None], ids=["lane-threads", "issuer"])
+def test_cuda_lanes_serve_one_gpu_for_life_and_are_capped(fake_cuda, issuer):
     """A lane thread never switches GPUs (cuML's per-thread handle is bound to the first one), GPU lanes
-    per device are capped at the hardware queue count, and consecutive runs reuse the same threads."""
+    per device are capped at the hardware queue count, and consecutive runs reuse the same threads.
+    With the issuer (the default on a GPU) tasks that do not block the host all go to one thread, which
+    issues onto both GPUs' lane streams."""
     from gpunets.executors import streams
 
     fake = fake_cuda
@@ -739,9 +759,12 @@ def test_cuda_lanes_serve_one_gpu_for_life_and_are_capped(fake_cuda):
                     return _fn(*a)
 
                 t.fn = tagged
-        run = gn.StreamsExecutor(workers=16).run(plan)
+        run = gn.StreamsExecutor(workers=16, issuer=issuer).run(plan)
         assert run.error is None and not fake.errors, fake.errors
         np.testing.assert_array_equal(run.values[plan.outputs[0]], out(executor="serial"))
+    if issuer is None:
+        assert [t.name for t in where] == ["gpunets-cuda-issue"] and where[next(iter(where))] == {0, 1}, where
+        return
     assert all(len(devs) == 1 for devs in where.values()), where
     per_gpu = [sum(1 for devs in where.values() if devs == {o}) for o in (0, 1)]
     assert max(per_gpu) <= streams.MAX_GPU_LANES == 8, per_gpu
@@ -769,10 +792,14 @@ def test_serial_and_threads_run_gpu_tasks_with_cuda_discipline(fake_cuda, make):
         waited, _, dev, stream = seen[t.key]
         assert dev == int(t.device[-1]), f"{t.label} ran with GPU {dev} current, placed on {t.device}"
         assert stream.ptr != 0, f"{t.label} was issued on the legacy default stream"
+        by_id = {id(ev): x for x, ev in enumerate(run.events) if ev is not None}
         for d in t.deps:
             p = plan.tasks[d]
             if p.kind != "source" and p.device != t.device:
-                assert id(run.events[d]) in waited, f"{t.label} did not wait for {p.label}"
+                # an event of p's stream recorded at or after p (stream order covers the earlier tasks)
+                assert any(by_id.get(w, -1) >= d and plan.tasks[by_id[w]].lane == p.lane
+                           and plan.tasks[by_id[w]].device == p.device for w in waited), \
+                    f"{t.label} did not wait for {p.label}"
 
 
 @pytest.mark.parametrize("fail", [False, True])

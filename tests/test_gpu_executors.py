@@ -160,3 +160,17 @@ def test_search_on_cuda_equals_the_cpu_search(cp, executor):
         pred = gpu.predict(cp.asarray(X[:5]))
     np.testing.assert_allclose(cp.asnumpy(pred), cpu.predict(X[:5]), rtol=1e-8, atol=1e-8)
 
+
+
+def test_one_thread_issues_the_branches_and_the_trace_says_how_busy_the_gpu_was(cp):
+    """Issue 36: on a GPU the non-blocking tasks of several lanes are issued by one thread, each onto its
+    lane's stream; the values equal serial's; a traced run has GPU spans, host spans and a GPU-busy fraction."""
+    X, branches, work = _branches(cp)
+    out = gn.mean(*branches)
+    want = cp.asnumpy(out(executor="serial", output="device"))
+    ev = gn.evaluate(out, executor=gn.StreamsExecutor(workers=4), output="device", trace=True)
+    np.testing.assert_allclose(cp.asnumpy(ev.value), want, rtol=1e-5, atol=1e-6)
+    gpu = ev.trace.gpu_records()
+    assert gpu and {r.thread.split(".")[0] for r in gpu} == {"gpunets-cuda-issue"}
+    assert 0 < ev.trace.gpu_busy <= 1.0 + 1e-9
+    assert ev.trace.gpu_summary().startswith("GPU busy")

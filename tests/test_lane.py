@@ -34,11 +34,29 @@ def test_the_docs_list_every_host_only_test_and_only_those():
     assert _listed() == _marked()
 
 
+def _marked_long() -> set[str]:
+    """``file::test`` of every test carrying ``@pytest.mark.long``."""
+    out = set()
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_"):
+                if any(ast.unparse(dec) == "pytest.mark.long" for dec in node.decorator_list):
+                    out.add(f"{path.relative_to(ROOT).as_posix()}::{node.name}")
+    return out
+
+
+def test_the_docs_list_every_long_test_and_what_covers_it_in_the_quick_run():
+    text = (ROOT / "docs" / "testing.md").read_text()
+    block = re.search(r"<!-- long tests -->(.*?)<!-- /long tests -->", text, re.S)
+    assert block, "docs/testing.md lost its list of long tests"
+    assert set(re.findall(r"`(tests/[^`]+::test_\w+)`", block.group(1))) == _marked_long()
+
+
 def test_the_ci_lane_runs_the_whole_suite_without_deselecting():
     ci = (ROOT / ".ci" / "run").read_text()
     lane = [line for line in ci.splitlines() if "GPUNETS_FAKE_GPU=1" in line or "$lane_env" in line]
-    # the whole suite and the doctests of gpunets/ (a trailing comment allowed)
-    assert any(re.search(r"pytest -q tests gpunets\s*(#.*)?$", line) for line in lane), lane
+    # the whole suite, the long runs included (-m ""), and the doctests of gpunets/ (a trailing comment allowed)
+    assert any(re.search(r'pytest -q (-n \S+ )?-m "" tests gpunets\s*(#.*)?$', line) for line in lane), lane
     assert "--deselect" not in ci
     assert not any(" -k " in line for line in lane if "GPUNETS_FAKE_GPU=2" not in line)   # only the 2-GPU subset
 

@@ -10,6 +10,7 @@ from sklearn.preprocessing import StandardScaler
 import gpunets as gn
 from gpunets.devices._gpulibs import fake_gpu_count as gn_fake_gpus
 from gpunets.devices.placement import gpu_available
+from gpunets.planning.placement import placed_reason
 from gpunets.planning.plan import compile_call, compile_fit
 
 no_gpu = pytest.mark.skipif(gpu_available(), reason="checks the behaviour where no GPU exists")
@@ -186,3 +187,111 @@ def test_a_cpu_search_with_fit_parameters_stays_on_the_cpu_where_a_gpu_is(data, 
         assert cp.implicit_conversions() == []
     np.testing.assert_allclose(ours.cv_results_["mean_test_score"], theirs.cv_results_["mean_test_score"],
                                rtol=1e-12)
+
+
+# ---- device="auto" follows the measured crossover (issue 36 item 7) ---------------------------------------------
+
+def _placed_after(out, m, **fit):
+    compile_fit([out], **fit)
+    return placed_reason(m)
+
+
+def _scaled_ridge(X, y, **ridge):
+    Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
+    scale = gn.machine(StandardScaler(), Xs)
+    W = scale.transform(Xs)
+    ridge_m = gn.machine(Ridge(), W, ys, **ridge)
+    return scale, ridge_m, ridge_m.predict(W)
+
+
+def test_auto_placement_keeps_a_machine_below_its_crossover_on_the_cpu(data, executor):
+    """A machine placed by default trains on the GPU only from the crossover rows of its kind; the report
+    says why each machine went where it did. Same predictions either way."""
+    X, y = data   # 50 rows
+    lane = gn_fake_gpus()
+    W = StandardScaler().fit_transform(X)
+    expected = Ridge().fit(W, y).predict(W)
+    gpu_paths = ("array_api", "cpu_fallback")   # cpu_fallback: without SCIPY_ARRAY_API=1 (outside the lane)
+    with gn.testing.fake_gpu(1):
+        for table, on_gpu, why, scale_why in [
+                ({"Ridge": 51}, False, "auto: 50 rows < 51, the GPU crossover for Ridge",
+                 "auto: a GPU is here (no crossover for StandardScaler)"),
+                ({"Ridge": 50}, True, "auto: 50 rows >= 50, the GPU crossover for Ridge",
+                 "auto: a GPU is here (no crossover for StandardScaler)"),
+                ({"default": 10**6, "StandardScaler": 0}, False,
+                 "auto: 50 rows < 1,000,000, the GPU crossover (default)",
+                 "auto: 50 rows >= 0, the GPU crossover for StandardScaler")]:
+            scale, ridge_m, out = _scaled_ridge(X, y)
+            with gn.config(gpu_crossover=table):
+                plan = compile_fit([out])
+                assert placed_reason(ridge_m) == why and placed_reason(scale) == scale_why
+                fit_dev = {str(t.device) for t in plan.tasks if t.kind == "fit" and t.machine is ridge_m}
+                assert fit_dev == ({"cuda:0"} if on_gpu and lane else {"cuda:0", "cpu"} & fit_dev if on_gpu
+                                   else {"cpu"}), fit_dev
+                if executor.name == "dask" and not lane:
+                    continue   # Dask's workers see the fake GPU only in the lane
+                report = out.fit(executor=executor)
+                row = {r["machine"]: r for r in report.rows()}["Ridge"]
+                assert report.placed["Ridge"] == row["placed"] == why
+                assert (row["path"] in gpu_paths) if on_gpu else (row["path"], row["device"]) == ("sklearn", "cpu")
+                np.testing.assert_allclose(gn.testing._to_numpy(out(executor=executor)), expected, rtol=1e-10)
+
+
+def test_a_placement_asked_for_ignores_the_crossover(data, executor):
+    X, y = data
+    with gn.testing.fake_gpu(1), gn.config(gpu_crossover={"default": 10**9}):
+        _, ridge_m, out = _scaled_ridge(X, y, device="cuda")
+        compile_fit([out])
+        assert placed_reason(ridge_m) == "asked for cuda:0"   # 10^9 rows not reached: the GPU all the same
+        with gn.device("cuda"):
+            scale, ridge_m, out = _scaled_ridge(X, y)
+        compile_fit([out])
+        assert placed_reason(scale) == placed_reason(ridge_m) == "asked for cuda:0"
+        with gn.config(device="cpu"):
+            scale, ridge_m, out = _scaled_ridge(X, y)
+            compile_fit([out])
+        assert placed_reason(scale) == placed_reason(ridge_m) == "asked for cpu"
+
+
+def test_the_crossover_counts_the_rows_a_fit_takes(data):
+    X, y = data
+    with gn.testing.fake_gpu(1), gn.config(gpu_crossover={"Ridge": 30}):
+        _, ridge_m, out = _scaled_ridge(X, y)
+        assert _placed_after(out, ridge_m, rows=np.arange(20)) == "auto: 20 rows < 30, the GPU crossover for Ridge"
+        assert _placed_after(out, ridge_m, rows=np.arange(40)).startswith("auto: 40 rows >= 30")
+        assert _placed_after(out, ridge_m, rows=slice(10, None, 2)).startswith("auto: 20 rows < 30")
+
+
+def test_without_a_gpu_auto_says_so(data):
+    X, y = data
+    with gn.testing.no_gpu():
+        _, ridge_m, out = _scaled_ridge(X, y)
+        compile_fit([out])
+        assert placed_reason(ridge_m) == "auto: no GPU here"
+        report = out.fit()
+        assert report.placed["Ridge"] == "auto: no GPU here" and report.where(ridge_m) == "cpu"
+
+
+def test_the_shipped_table_applies_on_real_gpus_and_the_config_updates_it(monkeypatch):
+    from gpunets.devices import _gpulibs
+    from gpunets.planning import crossover
+
+    monkeypatch.setattr(crossover, "MEASURED", {"Ridge": 100_000, "PCA": 50_000})
+    monkeypatch.setattr(_gpulibs, "fake_gpu_count", lambda: 0)    # as on a real GPU
+    assert crossover.table() == {"Ridge": 100_000, "PCA": 50_000}
+    with gn.config(gpu_crossover={"Ridge": 0, "default": 7}):
+        assert crossover.table() == {"Ridge": 0, "PCA": 50_000, "default": 7}
+        assert crossover.decide("Ridge", 1, crossover.table())[0] is True
+        assert crossover.decide("KNeighborsRegressor", 6, crossover.table()) == (
+            False, "auto: 6 rows < 7, the GPU crossover (default)")
+    monkeypatch.setattr(_gpulibs, "fake_gpu_count", lambda: 1)    # the fake GPU: the configured table alone
+    assert crossover.table() == {}
+
+
+@pytest.mark.parametrize("bad", [{"Ridge": -1}, {"Ridge": 1.5}, {"Ridge": True}, {"": 3}, [("Ridge", 3)], 5])
+def test_a_bad_crossover_table_is_refused_naming_it(bad):
+    with pytest.raises(ValueError, match=r"gpu_crossover=.*estimator class name \(or 'default'\) to a row count"):
+        gn.config(gpu_crossover=bad)
+    with pytest.raises(ValueError, match="gpu_crossover"):
+        gn.set_config(gpu_crossover=bad)
+    assert gn.get_config()["gpu_crossover"] is None

@@ -304,7 +304,9 @@ def test_a_search_again_fits_nothing_and_a_wider_grid_only_the_new(store, execut
     assert again.search_report_.fitted == 0 and again.search_report_.remembered == 6   # results from the store
     np.testing.assert_array_equal(again.cv_results_["mean_test_score"], cold.cv_results_["mean_test_score"])
     wide = _search([0.1, 1.0, 10.0], X, y).set_params(executor=executor).fit(X, y)
-    assert wide.search_report_.fitted == 3          # the new alpha's Ridge in each fold
+    # the new alpha's Ridge in each fold, and each PCA fitted again where its transform differs from its fit's output
+    assert wide.search_report_.fitted == 3 + sum(wide.search_report_.again.values())
+    assert wide.search_report_.fits["ridge"] == 3
     assert wide.search_report_.stored == 6          # the scaler and the PCA of each fold, loaded
     np.testing.assert_array_equal(wide.cv_results_["mean_test_score"][:2], cold.cv_results_["mean_test_score"])
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gpunets.core.graph import machine_parents, machine_sources, upstream_machines
 from gpunets.core.machines import WARM_UPDATE, Machine, _equal, _same_rows, labels, snapshot_params
 from gpunets.core.nodes import is_node
+from gpunets.planning.placement import placed_reason
 from gpunets.planning.plan import _n_rows_of, _rows_key
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -172,6 +173,7 @@ class FitReport:
         self.trace = trace
         self.executor = executor
         self.executor_reason = getattr(plan, "executor_reason", "")
+        self.placed_why = {m: placed_reason(m) for m in machines}   # as the plan that ran decided
         lanes: dict[Any, Any] = {}
         times: dict[Any, float] = {}
         self._fit_tasks: dict[int, Machine] = {}
@@ -204,19 +206,26 @@ class FitReport:
         return {self.labels[m]: self.where(m) for m in self.actions}
 
     @property
+    def placed(self) -> dict[str, str]:
+        """Label -> why the machine runs where it does: ``"asked for cuda:0"``, or ``device="auto"``'s reason
+        (``"auto: 5,000 rows < 50,000, the GPU crossover for Ridge"``, ``"auto: no GPU here"``...)."""
+        return {self.labels[m]: self.placed_why.get(m, "") for m in self.actions}
+
+    @property
     def why(self) -> dict[str, str]:
         """Label -> the retraining rule that fired ("never trained", "hyperparameter alpha changed", ...)."""
         return {self.labels[m]: self.reasons.get(m, "") for m in self.actions}
 
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per machine: machine, action, why, asked (placement), device (used), path, lane, seconds."""
+        """One dict per machine: machine, action, why, asked (placement), device (used), path, lane, seconds, and
+        placed (why it runs on that device)."""
         out = []
         for m, action in self.actions.items():
             st = m._state
             out.append({"machine": self.labels[m], "action": action, "why": self.reasons.get(m, ""),
                         "asked": asked_device(m), "device": self.where(m),
                         "path": st.path if st is not None else "-", "lane": self.lanes.get(m, "-"),
-                        "seconds": self.times.get(m, 0.0)})
+                        "seconds": self.times.get(m, 0.0), "placed": self.placed_why.get(m, "")})
         return out
 
     def to_frame(self) -> Any:
@@ -237,6 +246,17 @@ class FitReport:
         shown = [r for r in rows if not is_internal(r["machine"])]
         return shown, len(rows) - len(shown)
 
+    @property
+    def gpu_busy(self) -> float | None:
+        """The fit's GPU-busy fraction (GPU time over wall time; None: no task ran on a GPU)."""
+        return self.trace.gpu_busy
+
+    @property
+    def routes(self) -> dict[str, str]:
+        """Label -> the route of the machine's last fit: ``"cuml"``, ``"array_api"``, ``"cpu_fallback"``
+        (a GPU placement run on the CPU) or ``"sklearn"`` (on the CPU as asked)."""
+        return {self.labels[m]: (m._state.path if m._state is not None else "-") for m in self.actions}
+
     @staticmethod
     def _device_text(r: dict[str, Any]) -> str:
         asked = r["asked"]
@@ -255,6 +275,12 @@ class FitReport:
                          f"{str(r['lane']):<{n}}  {r['seconds'] * 1e3:>9.2f}  {r['why']}".rstrip())
         if hidden:
             lines.append(f"  (and {_plural(hidden, 'internal helper machine')} of the network: rows() lists them)")
+        gpu = [r for r in rows if r["path"] in ("cuml", "array_api", "cpu_fallback")]
+        if gpu:
+            lines.append("  routes: " + ", ".join(f"{r['machine']} {r['path']}" for r in gpu))
+        summary = self.trace.gpu_summary()
+        if summary:
+            lines.append("  " + summary)
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:

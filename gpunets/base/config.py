@@ -15,19 +15,22 @@ caller's context into the tasks they run.
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Mapping
 from typing import Any
 
 from gpunets.base import verbs
 
-__all__ = ["config", "get_config", "set_config", "check_run_options", "check_warm_params", "FALLBACK_POLICIES"]
+__all__ = ["config", "get_config", "set_config", "check_run_options", "check_warm_params", "check_crossover",
+           "FALLBACK_POLICIES"]
 
-FALLBACK_POLICIES = ("warn", "raise", "silent")
+FALLBACK_POLICIES = ("warn", "raise", "silent", "cpu")
 
 _DEFAULTS: dict[str, Any] = {
     "executor": "auto",   # "auto" | "serial" | "threads" | "streams" | "dask" | an Executor
     "workers": None,      # worker threads for "threads" / lanes for "streams"; None: the cores
     "device": "auto",     # default placement of machines and nodes
-    "fallback": "warn",   # what a GPU->CPU fallback does: "warn", "raise" or "silent"
+    "fallback": "warn",   # what a GPU->CPU fallback does: "warn", "raise", "silent" or "cpu" ("warn", and a GPU fit
+                          # that runs out of memory is fitted again on the CPU)
     "progress": False,    # show a tqdm progress bar while fitting
     "gpu_memory": "auto",  # GPU memory resource, process-wide, set once: "auto", "default", "async" or "pool"
     "thread_unsafe": (),  # estimator classes (or dotted names) fitted and called one at a time
@@ -37,6 +40,9 @@ _DEFAULTS: dict[str, Any] = {
     "cache": False,       # machines keep their outputs on the training data (a machine's own cache= wins)
     "cache_bytes": 1 << 30,  # the byte budget of that cache (least recently used entries are evicted)
     "store": None,        # a gpunets.devices.store.Store of fitted states on disk (a path is made one); None: off
+    # device="auto": {estimator class name or "default": rows} from which a machine trains on the GPU (updates
+    # the table shipped in gpunets.planning.crossover); None: the shipped table alone
+    "gpu_crossover": None,
 }
 OUTPUT_TYPES = ("auto", "device", "numpy", "pandas")
 
@@ -48,8 +54,8 @@ def get_config() -> dict[str, Any]:
     """Return a copy of the settings in force here.
 
     >>> sorted(get_config())  # doctest: +NORMALIZE_WHITESPACE
-    ['cache', 'cache_bytes', 'device', 'executor', 'fallback', 'gpu_memory', 'output', 'progress', 'store',
-     'thread_unsafe', 'warm_params', 'workers']
+    ['cache', 'cache_bytes', 'device', 'executor', 'fallback', 'gpu_crossover', 'gpu_memory', 'output', 'progress',
+     'store', 'thread_unsafe', 'warm_params', 'workers']
     """
     local = _LOCAL.get()
     return dict(local if local is not None else _GLOBAL)
@@ -74,6 +80,8 @@ def _validate(changes: dict[str, Any]) -> dict[str, Any]:
         changes = {**changes, "warm_params": check_warm_params(changes["warm_params"])}
     if "store" in changes:   # a path becomes a Store (its folder checked now, not at the first fit)
         changes = {**changes, "store": verbs.get("check_store")(changes["store"])}
+    if "gpu_crossover" in changes:
+        changes = {**changes, "gpu_crossover": check_crossover(changes["gpu_crossover"])}
     if "device" in changes and changes["device"] not in (None, "auto"):
         verbs.get("check_device")(changes["device"])  # Device.parse: raises a ValueError listing the valid forms
     return changes
@@ -96,6 +104,29 @@ def check_warm_params(value: Any) -> tuple[str, ...]:
            "iteration-like hyperparameters whose growth a machine continues from its fitted state); use () to "
            "turn warm updates off everywhere.")
     raise TypeError(msg)
+def check_crossover(value: Any) -> dict[str, int] | None:
+    """``gpu_crossover`` as a dict of estimator kind -> rows (an int >= 0), or None (the shipped table alone).
+
+    >>> check_crossover({"Ridge": 10_000})
+    {'Ridge': 10000}
+    >>> check_crossover({"Ridge": -1})
+    Traceback (most recent call last):
+    ...
+    ValueError: gpu_crossover={'Ridge': -1}: each entry maps an estimator class name (or 'default') to a row count >= 0 ...
+    """
+    if value is None:
+        return None
+    ok = isinstance(value, Mapping) and all(
+        isinstance(k, str) and k and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        for k, v in value.items())
+    if not ok:
+        msg = (f"gpu_crossover={value!r}: each entry maps an estimator class name (or 'default') to a row count "
+               ">= 0, e.g. {'Ridge': 50_000, 'default': 100_000}; a machine placed on 'auto' trains on the GPU "
+               "from that many rows. None uses the table shipped with gpunets (gpunets.planning.crossover).")
+        raise ValueError(msg)
+    return dict(value)
+
+
 def _check_cache(changes: dict[str, Any]) -> None:
     if "cache" in changes and not isinstance(changes["cache"], bool):
         msg = (f"cache={changes['cache']!r} must be True or False: whether machines keep their outputs on the "
@@ -171,8 +202,10 @@ class config:
         Worker threads (``threads``) or lanes (``streams``).
     device : str, optional
         Default placement, e.g. ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"auto"``.
-    fallback : {"warn", "raise", "silent"}, optional
-        What happens when work placed on a GPU has to run on the CPU.
+    fallback : {"warn", "raise", "silent", "cpu"}, optional
+        What happens when work placed on a GPU has to run on the CPU; ``"cpu"`` is ``"warn"``, and
+        also fits again on the CPU an array-API fit that runs out of GPU memory (its report shows the
+        route ``cpu_fallback`` and why).
     thread_unsafe : list of classes or dotted names, optional
         Estimators that are not thread-safe (beyond the built-in registry of
         :mod:`gpunets.compute.threadsafety`): their fits and calls run one at a time.
@@ -189,6 +222,10 @@ class config:
         (:mod:`gpunets.devices.cache`); default False.
     cache_bytes : int, optional
         The byte budget of that cache (least recently used entries are evicted); default 1 GiB.
+    gpu_crossover : dict or None, optional
+        ``{estimator class name or "default": rows}``: a machine placed on ``"auto"`` trains on the GPU only
+        from that many training rows (it updates the table shipped in :mod:`gpunets.planning.crossover`,
+        measured by the ``gpu_vs_cpu`` benchmark); None (default): the shipped table alone.
     store : str, os.PathLike, gpunets.Store or None, optional
         A folder of fitted states (:mod:`gpunets.devices.store`, docs/store.md): every fit loads a state
         stored under the same key instead of fitting it again; ``gn.Store(path, max_bytes=...)`` bounds its

@@ -15,7 +15,10 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["Trace", "TraceRecord"]
+__all__ = ["Trace", "TraceRecord", "HOST_BOUND_BELOW"]
+
+#: A run whose GPU was busy less than this fraction of its wall time is host-bound.
+HOST_BOUND_BELOW = 0.5
 
 
 @dataclass
@@ -110,6 +113,72 @@ class Trace:
     def busy_time(self) -> float:
         return sum(r.seconds for r in self.records)
 
+    # --- the GPU's side (records of GPU tasks timed with CUDA events: ``issued`` set) ------------------
+    def gpu_records(self) -> list[TraceRecord]:
+        """The records with a GPU span (``start``/``end``) and a host span (``issued``): the GPU tasks of a
+        run timed with CUDA events (on a GPU, ``gn.evaluate(..., trace=True)`` and every fit)."""
+        return [r for r in self.records if r.issued is not None]
+
+    @property
+    def span(self) -> float:
+        """Seconds from the first host or GPU start to the last end of this run's records."""
+        recs = self.records
+        if not recs:
+            return 0.0
+        first = min(min(r.start, r.issued[0]) if r.issued else r.start for r in recs)
+        last = max(max(r.end, r.issued[1]) if r.issued else r.end for r in recs)
+        return last - first
+
+    @property
+    def gpu_time(self) -> float:
+        """Seconds during which the GPU ran work of this run (the union of the GPU spans)."""
+        spans = sorted((r.start, r.end) for r in self.gpu_records())
+        if not spans:
+            return 0.0
+        total = 0.0
+        cur_lo, cur_hi = spans[0]
+        for lo, hi in spans[1:]:
+            if lo > cur_hi:
+                total += cur_hi - cur_lo
+                cur_lo, cur_hi = lo, hi
+            else:
+                cur_hi = max(cur_hi, hi)
+        return total + (cur_hi - cur_lo)
+
+    @property
+    def gpu_busy(self) -> float | None:
+        """The GPU-busy fraction: GPU time over the run's wall time (None: no GPU task was timed).
+
+        >>> t = Trace()
+        >>> t.records.extend([TraceRecord(0, "eval", "a", 0, "cuda:0", 0.1, 0.2, "w", issued=(0.0, 0.05)),
+        ...                   TraceRecord(1, "eval", "b", 1, "cuda:0", 0.15, 0.3, "w", issued=(0.05, 1.0))])
+        >>> round(t.gpu_busy, 2), t.host_bound
+        (0.2, True)
+        """
+        if not self.gpu_records():
+            return None
+        span = self.span
+        return self.gpu_time / span if span > 0 else None
+
+    @property
+    def host_bound(self) -> bool:
+        """True where the GPU was busy less than half of the run's wall time: the host set the pace."""
+        busy = self.gpu_busy
+        return busy is not None and busy < HOST_BOUND_BELOW
+
+    def gpu_summary(self) -> str:
+        """One line on the GPU's share of the run ("" where no GPU task was timed); a host-bound run says so."""
+        busy = self.gpu_busy
+        if busy is None:
+            return ""
+        n = len(self.gpu_records())
+        line = (f"GPU busy {busy:.0%} of the run ({self.gpu_time * 1e3:.2f} of {self.span * 1e3:.2f} ms, "
+                f"{n} GPU task{'s' if n != 1 else ''})")
+        if busy < HOST_BOUND_BELOW:
+            line += (": host-bound, the host issued work slower than the GPU ran it (fewer, larger tasks, "
+                     "or the CPU, would do as well; docs/executors.md)")
+        return line
+
     def to_dicts(self) -> list[dict[str, Any]]:
         """One dict per task, nested runs' tasks included (``parent`` names their machine)."""
         return [asdict(r) for r in self.all_records()]
@@ -186,6 +255,9 @@ class Trace:
         colors = {"fit": "tab:blue", "eval": "tab:green", "move": "tab:orange", "source": "tab:gray"}
         for r in self.all_records():
             row = lanes.index(r.lane)
+            if r.issued is not None:   # the host's issue span, thin, under the GPU span
+                ax.barh(row + 0.35, (r.issued[1] - r.issued[0]) * 1e3, left=r.issued[0] * 1e3, height=0.12,
+                        color="tab:gray", edgecolor="none")
             ax.barh(row, r.seconds * 1e3, left=r.start * 1e3, height=0.6,
                     color="tab:red" if r.failed else colors.get(r.kind, "tab:purple"), edgecolor="black",
                     linewidth=0.3)
@@ -197,8 +269,10 @@ class Trace:
         ax.invert_yaxis()
         ax.set_xlabel("time (ms)")
         inner = f" (+{len(self.nested)} inside them)" if self.nested else ""
+        busy = self.gpu_busy
+        gpu = "" if busy is None else f", GPU busy {busy:.0%}" + (" (host-bound)" if self.host_bound else "")
         ax.set_title(title or f"{self.kind} on {self.executor}: {len(self.records)} tasks{inner}, "
-                     f"{self.wall_time * 1e3:.1f} ms")
+                     f"{self.wall_time * 1e3:.1f} ms{gpu}")
 
     def to_svg(self, title: str | None = None) -> str:
         """The timeline as an SVG document (drawn on a standalone Figure; needs matplotlib)."""
@@ -226,8 +300,10 @@ class Trace:
         return bundle
 
     def __repr__(self) -> str:
+        busy = self.gpu_busy
+        gpu = "" if busy is None else f", GPU busy {busy:.0%}" + (" (host-bound)" if self.host_bound else "")
         return (f"<Trace {self.kind} on {self.executor}: {len(self.records)} tasks on {len(self.lanes())} lanes, "
-                f"{self.wall_time * 1e3:.2f} ms>")
+                f"{self.wall_time * 1e3:.2f} ms{gpu}>")
 
 
 def _lanes(records: list[TraceRecord]) -> list[Any]:

@@ -17,8 +17,9 @@ from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import check_cv
 from sklearn.utils.metadata_routing import process_routing
 
+from gpunets.base.saved import saved_operation
 from gpunets.compose.routing import routing_enabled, takes_sample_weight, weights_refused
-from gpunets.core.machines import machine
+from gpunets.core.machines import OPERATIONS, machine
 from gpunets.core.nodes import Source, node
 from gpunets.devices.data import take_rows as _take
 from gpunets.devices.fingerprint import fingerprint
@@ -113,13 +114,18 @@ def multilabel_proba(proba: Any) -> Any:
     return proba
 
 
+@saved_operation(checked={1: "operation"})
 @host_only  # the prefit member is called as is (scikit-learn's cv="prefit"), on the host
 def prefit_output(estimator: Any, method: str, X: Any, state: Any = None) -> Any:
-    """``estimator.method(X)`` of a member fitted before the stack (``cv="prefit"``).
+    """``estimator.method(X)`` of a member fitted before the stack (``cv="prefit"``); ``method`` is one of
+    :data:`~gpunets.core.machines.OPERATIONS`, never another method.
 
     ``state`` (unused here) is the member's fingerprint at the stack's fit: a member refitted in place
     changes it, so the final estimator retrains (the network compares node constants by value).
     """
+    if method not in OPERATIONS:
+        msg = f"prefit_output: {method!r} is not a machine operation; operations are {list(OPERATIONS)}."
+        raise ValueError(msg)
     return getattr(estimator, method)(X)
 
 

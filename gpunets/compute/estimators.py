@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,6 +20,8 @@ from sklearn.utils.validation import check_is_fitted
 from gpunets.compute.models import call_context, fit_context
 from gpunets.compute.threadsafety import serialized, unsafe_groups
 from gpunets.devices.data import device_of
+
+logger = logging.getLogger("gpunets")
 
 __all__ = ["fresh_estimator", "fit_estimator", "fit_transform_estimator", "apply_estimator", "is_stateless",
            "static_estimator", "partial_fit_estimator", "is_frozen_estimator", "sklearn_config_delta",
@@ -84,8 +87,14 @@ def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None,
         info = {"device": str(resolved.device), "path": resolved.path}
         if getattr(resolved, "reason", ""):
             info["reason"] = resolved.reason
-        with fit_context(resolved), serialized(groups):
-            result = call(*values, **kw)
+        try:
+            with fit_context(resolved), serialized(groups):
+                result = call(*values, **kw)
+        except MemoryError as exc:   # out of GPU memory: with gn.config(fallback="cpu"), fit again on the CPU
+            rerun = _rerun_on_cpu(est, resolved, exc, values, kw, method)
+            if rerun is None:
+                raise
+            est, result, info = rerun
     else:
         with serialized(groups):
             result = call(*values, **kw)
@@ -95,6 +104,30 @@ def fit_estimator(est: Any, values: tuple[Any, ...], resolved: Any = None,
     shape = getattr(values[0], "shape", None) if values else None
     info["n_rows"] = int(shape[0]) if shape else None
     return est, info
+
+
+def _rerun_on_cpu(est: Any, resolved: Any, exc: BaseException, values: tuple[Any, ...], kw: dict[str, Any],
+                  method: str) -> tuple[Any, Any, dict[str, Any]] | None:
+    """An array-API fit on a GPU that ran out of memory, fitted again on the CPU where ``fallback="cpu"``.
+
+    Returns ``(estimator, result, info)`` with the route ``"cpu_fallback"`` and the reason, or None where
+    the policy, the route or the device does not allow it (the error then stops the run as any failure).
+    """
+    from gpunets.base.config import get_config
+    from gpunets.compute.models import Resolved, prepare_inputs
+    from gpunets.devices.placement import CPU
+
+    if get_config()["fallback"] != "cpu" or resolved.path != "array_api" or not resolved.device.is_cuda:
+        return None
+    name = type(est).__name__
+    reason = (f"out of GPU memory on {resolved.device} ({type(exc).__name__}: {exc}); fitted again on the CPU "
+              f"(fallback='cpu')")
+    logger.warning("`%s.%s` falling back to CPU: %s", name, method, reason)
+    cpu = Resolved(clone(est), CPU, "cpu_fallback", reason)
+    moved = prepare_inputs(cpu, *values, what=f"`{name}` (out of GPU memory)", fallback="silent")
+    kw = dict(zip(kw, prepare_inputs(cpu, *kw.values(), fallback="silent"))) if kw else kw
+    result = getattr(cpu.estimator, method)(*moved, **kw)
+    return cpu.estimator, result, {"device": "cpu", "path": "cpu_fallback", "reason": reason}
 
 
 # scikit-learn classes that define their own ``fit_transform`` and whose result is ``fit(X, y).transform(X)``

@@ -403,15 +403,15 @@ def supports_array_api(model: Any) -> tuple[bool, str]:
 
 def _fall_back(model: Any, dev: Device, reason: str, *, what: str, policy: str) -> None:
     name = type(model).__name__
-    if policy not in ("warn", "raise", "silent"):
-        raise ValueError(f"fallback={policy!r} is not a fallback policy; use 'warn', 'raise' or 'silent'.")
+    if policy not in ("warn", "raise", "silent", "cpu"):
+        raise ValueError(f"fallback={policy!r} is not a fallback policy; use 'warn', 'raise', 'silent' or 'cpu'.")
     if policy == "raise":
         fix = ("run where a GPU is present" if not device_exists(dev)
                else "install cuML, or choose parameters that support array-API dispatch")
         raise DeviceUnavailableError(
             f"{what}: `{name}` cannot run on {dev}: {reason}. Place it on 'cpu', or {fix}; "
             f"gn.config(fallback='warn') runs it on the CPU with a logged line.")
-    level = logging.WARNING if policy == "warn" else logging.INFO
+    level = logging.WARNING if policy in ("warn", "cpu") else logging.INFO
     logger.log(level, "`%s.fit` falling back to CPU (%s on %s): %s", name, what, dev, reason)
 
 
@@ -588,7 +588,7 @@ def prepare_inputs(resolved: Resolved, *values: Any, what: str = "the estimator"
                     f"{what}: runs on the CPU ({resolved.path}), but was given a {type(v).__name__} on "
                     f"{here}. Place the estimator on {here}, move the data with gn.to_device(value, 'cpu'), "
                     f"or use gn.config(fallback='warn') to copy it with a logged line.")
-            logger.log(logging.WARNING if policy == "warn" else logging.INFO,
+            logger.log(logging.WARNING if policy in ("warn", "cpu") else logging.INFO,
                        "%s: copying a %s from %s to the CPU (the estimator runs on the CPU)",
                        what, type(v).__name__, here)
         out.append(to_device(v, CPU))

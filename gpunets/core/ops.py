@@ -88,9 +88,16 @@ def _common_dtype(arrays: list[Any], target: str) -> list[Any]:
     return [a if a.dtype == dt else a.astype(dt) for a in arrays]
 
 
-@saved_operation
+#: The kernels of :mod:`gpunets.kernels` that :func:`combine` applies (by name: a loaded file names no other).
+KERNELS = ("mean", "weighted_sum", "vote", "hstack", "sum", "min", "max", "var")
+
+
+@saved_operation(checked={0: "kernel"})
 def combine(kernel: str, *values: Any, **kw: Any) -> Any:
-    """Apply kernel ``kernel`` of :mod:`gpunets.kernels` to branch values (not nodes)."""
+    """Apply kernel ``kernel`` (one of :data:`KERNELS`) of :mod:`gpunets.kernels` to branch values (not nodes)."""
+    if kernel not in KERNELS:
+        msg = f"combine: {kernel!r} is not a kernel; kernels are {list(KERNELS)}."
+        raise ValueError(msg)
     from gpunets import kernels  # lazy: the kernels import numba
 
     arrays, wrap, target = _unwrap(values)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import sys
 import threading
 import time
 import weakref
@@ -40,6 +41,7 @@ _IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. "
 _legacy: list[str] = []
 _implicit: list[str] = []
 _violations: list[str] = []
+_host_reads: list[str] = []              # each read of device data on the host (a sync on a real GPU)
 _host_seen: dict[int, int] = {}          # stream key -> last op the host has synchronised with
 _seq: dict[int, int] = {}                # stream key -> ops issued on it so far
 _waited: dict[int, dict[int, int]] = {}  # stream key -> {producer key: op it waited for}
@@ -68,6 +70,24 @@ def order_violations() -> list[str]:
         return list(_violations)
 
 
+def host_reads() -> list[str]:
+    """Each read of device data on the host since the last :func:`reset_log`: ``.get()``, ``asnumpy``,
+    ``item()``, ``tolist()``, ``float()``/``int()``/``bool()`` of an array (each one a host synchronisation on a
+    real GPU), as ``"what at file:line"`` of the first caller outside the fake GPU."""
+    with _lock:
+        return list(_host_reads)
+
+
+def count_host_read(what: str) -> None:
+    """Log one host read (see :func:`host_reads`), naming the first caller outside the fake GPU."""
+    f = sys._getframe(1)
+    while f is not None and f.f_code.co_filename.endswith(("fakegpu.py", "_fakecuda.py")):
+        f = f.f_back
+    where = f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}" if f is not None else "?"
+    with _lock:
+        _host_reads.append(f"{what} at {where}")
+
+
 def seed(value: int) -> None:
     """Reseed the generator that decides when queued work has finished (see ``Event.done``); default
     ``GPUNETS_FAKE_GPU_SEED`` (0).  The same seed and the same single-threaded calls give the same answers."""
@@ -76,11 +96,12 @@ def seed(value: int) -> None:
 
 
 def reset_log() -> None:
-    """Forget the logged legacy-stream work, implicit conversions and order violations."""
+    """Forget the logged legacy-stream work, implicit conversions, order violations and host reads."""
     with _lock:
         _legacy.clear()
         _implicit.clear()
         _violations.clear()
+        _host_reads.clear()
 
 
 # ----------------------------------------------------------------- devices, streams, events

@@ -35,6 +35,8 @@ It is as strict as CuPy on the rules that break GPU code:
   ``np.f(x)`` runs as ``cupy.f(x)`` where CuPy has an ``f`` (a host operand is refused) and raises
   ``TypeError`` where it has none; ``operator.index`` takes integer 0-d arrays only;
 * ``cuda.get_elapsed_time`` needs two completed timing events of one device;
+* every read of device data on the host (``get``, ``asnumpy``, ``item``, ``tolist``, ``float()``/``bool()``
+  of an array: a host synchronisation on a real GPU) is logged in :func:`host_reads`, with its caller;
 * every operation issued on the legacy stream is logged in :func:`legacy_work`
   (a device-wide barrier on a real GPU), and every refused implicit conversion
   in :func:`implicit_conversions`, so a test can assert neither happened.
@@ -76,7 +78,7 @@ import numpy as np
 from gpunets.devices._gpulibs import fake_gpu_count
 
 __all__ = ["module", "ndarray", "legacy_work", "implicit_conversions", "order_violations", "reset_log", "launch",
-           "seed"]
+           "seed", "host_reads"]
 
 from gpunets.devices._fakecuda import (
     _IMPLICIT,
@@ -93,8 +95,10 @@ from gpunets.devices._fakecuda import (
     _issue,
     _lock,
     _state,
+    count_host_read,
     get_current_stream,
     get_elapsed_time,
+    host_reads,
     implicit_conversions,
     legacy_work,
     order_violations,
@@ -136,6 +140,7 @@ class ndarray:  # noqa: N801 - CuPy's name
     # --- host moves
     def get(self, stream: Stream | None = None, out: Any = None, order: str = "C", blocking: bool = True) -> np.ndarray:
         _read("get", [self], stream)
+        count_host_read("get")
         if blocking:   # a blocking copy waits, on the host, for the stream it ran on
             (stream if stream is not None else get_current_stream()).synchronize()
         return np.array(self._a, order=order)
@@ -540,6 +545,36 @@ def _device_attribute(attr: int, device: int) -> int:
     raise CUDARuntimeError(f"fake GPU: device attribute {attr} is not modelled (only the SM count, 16)")
 
 
+class OutOfMemoryError(MemoryError):
+    """``cupy.cuda.memory.OutOfMemoryError``: an allocation the device (or the pool's limit) could not serve."""
+
+    def __init__(self, size: int, total: int, limit: int = 0) -> None:
+        msg = f"Out of memory allocating {size:,} bytes (allocated so far: {total:,} bytes)."
+        if limit:
+            msg = msg[:-2] + f", limit set to: {limit:,} bytes)."
+        super().__init__(msg)
+
+
+class _MemoryPool:
+    """``cupy.get_default_memory_pool()``: the fake allocates nothing through a pool (both counts are 0)."""
+
+    def used_bytes(self) -> int:
+        return 0
+
+    def total_bytes(self) -> int:
+        return 0
+
+    def free_all_blocks(self, stream: Any = None) -> None:
+        return None
+
+
+_POOL = _MemoryPool()
+
+
+def _memory_pool() -> _MemoryPool:
+    return _POOL
+
+
 def _build(count: int) -> Any:
     from sklearn.externals.array_api_compat import numpy as compat  # noqa: PLC0415
 
@@ -549,12 +584,16 @@ def _build(count: int) -> Any:
                             pointerGetAttributes=_pointer_attributes,
                             CUDARuntimeError=CUDARuntimeError, cudaDevAttrMultiProcessorCount=16,
                             deviceGetAttribute=_device_attribute)
-    cuda.__dict__.update(Device=Device, Stream=Stream, Event=Event, runtime=runtime,
+    memory = types.ModuleType("gpunets.devices.fakegpu.cuda.memory")
+    memory.__dict__.update(OutOfMemoryError=OutOfMemoryError)
+    cuda.__dict__.update(Device=Device, Stream=Stream, Event=Event, runtime=runtime, memory=memory,
                          get_current_stream=get_current_stream, is_available=lambda: _state.count > 0,
                          get_elapsed_time=get_elapsed_time, CUDARuntimeError=CUDARuntimeError,
                          ExternalStream=ExternalStream, set_allocator=_set_allocator)
     shared = dict(ndarray=ndarray, cuda=cuda, asnumpy=asnumpy, is_available=lambda: _state.count > 0,
+                  get_default_memory_pool=_memory_pool,
                   legacy_work=legacy_work, implicit_conversions=implicit_conversions, launch=launch,
+                  host_reads=host_reads,
                   order_violations=order_violations, reset_log=reset_log, __version__="fake")
     _state.cupy = _Namespace("gpunets.devices.fakegpu.cupy", np, array_api=False, extra=shared)
     # named "cupy": scikit-learn moves arrays of a namespace called "cupy" to the host with .get(), as for CuPy

@@ -418,14 +418,14 @@ def check_available(dev: str | Device, *, what: str, fallback: str | None = None
     if device_exists(dev):
         return dev
     policy = fallback or get_config()["fallback"]
-    if policy not in ("warn", "raise", "silent"):
-        raise ValueError(f"fallback={policy!r} is not a fallback policy; use 'warn', 'raise' or 'silent'.")
+    if policy not in ("warn", "raise", "silent", "cpu"):
+        raise ValueError(f"fallback={policy!r} is not a fallback policy; use 'warn', 'raise', 'silent' or 'cpu'.")
     why = why_unavailable(dev)
     if policy == "raise":
         msg = (f"{what} is placed on {dev!s}, but {why}. Place it on 'cpu', or run where a GPU is "
                f"present; gn.config(fallback='warn') runs it on the CPU with a warning.")
         raise DeviceUnavailableError(msg)
-    if policy == "warn":
+    if policy in ("warn", "cpu"):   # "cpu" warns as "warn" does (and refits out-of-memory GPU fits on the CPU)
         composite = fallback_owner()
         if composite is not None:   # inside a composite's own network: name the user's estimator
             inner = re.sub(r"\[fold \d+\]", "", what) if what.startswith("machine ") else "an operation"

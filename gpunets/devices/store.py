@@ -15,7 +15,9 @@ of the payload, its length) and the payload, a pickle of the fitted estimator.  
 * a write goes to a temporary file in the same folder, renamed into place with :func:`os.replace`: readers in
   other threads and processes see no entry or a whole one, and two writers of one key both write whole files;
 * a hit touches the entry's modification time, and when the store passes ``max_bytes`` the least recently
-  used entries are deleted (oldest first);
+  used entries are deleted (oldest first).  The bound is the folder's, whoever writes it: every writer (thread,
+  ``Store`` object, process) adds its writes to a size index in the folder (``.size``, under a file lock), and
+  the eviction scans the folder;
 * a write that fails (a full disk: ``ENOSPC``) leaves no entry and says why in one warning; the fit succeeds.
 
 A store is trusted local state, like a joblib cache: loading an entry unpickles it, which may run any code it
@@ -38,6 +40,8 @@ import contextlib
 import errno
 import hashlib
 import io
+import numbers
+import operator
 import os
 import pickle
 import re
@@ -46,6 +50,13 @@ import threading
 import warnings
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+
+try:
+    import fcntl
+except ImportError:   # pragma: no cover - Windows: the folder is scanned at each write instead
+    fcntl = None  # type: ignore[assignment]
 
 from gpunets.base.config import get_config
 from gpunets.devices import _gpulibs
@@ -60,6 +71,7 @@ DEFAULT_MAX_BYTES = 8 << 30
 _MAGIC = b"GNSTORE1"
 _SUFFIX = ".gnst"
 _NAME = re.compile(r"^[0-9a-f]{32}\.gnst$")
+_INDEX = ".size"   # the bytes the entries hold, kept by every writer under a file lock (:meth:`Store._account`)
 
 
 class StoreWarning(UserWarning):
@@ -101,10 +113,15 @@ VERSION = _gpunets_version()
 
 
 def _size(value: Any) -> int | None:
-    if isinstance(value, bool):
+    """``max_bytes`` as a number of bytes: any integral number (``int``, ``np.int64``: ``operator.index``) or a
+    size string; None for anything else (a bool, a float, an unknown string)."""
+    if isinstance(value, (bool, np.bool_)):
         return None
-    if isinstance(value, int):
-        return value
+    if isinstance(value, numbers.Integral) or (not isinstance(value, (str, float)) and hasattr(value, "__index__")):
+        try:
+            return operator.index(value)
+        except TypeError:
+            return None
     if isinstance(value, str):
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", value.lower())
         if m:
@@ -120,12 +137,22 @@ class Store:
     path : str or os.PathLike
         The folder (made if missing).  Several threads and processes may share it.
     max_bytes : int or str, default 8 GiB
-        The size bound: a positive number of bytes, or a size such as ``"500MB"`` or ``"2GiB"``.
+        The size bound: a positive integral number of bytes (``int``, ``np.int64``...), or a size such as
+        ``"500MB"`` or ``"2GiB"``.  It bounds the folder, whoever writes it: every process that writes the
+        store counts what the folder holds (:meth:`evict`).
+    outputs : bool, default False
+        Also keep the training outputs of the steps whose ``fit_transform`` may differ from their
+        ``transform`` (``PCA``, ``TargetEncoder``...: what ``Pipeline(memory=)`` keeps), so that a search that
+        loads such a step passes on its fit's output without fitting it again (docs/store.md, "Training
+        outputs").  **These entries hold data derived from the training rows** (the rows transformed);
+        without this opt-in the store holds fitted states and scores only.
 
     Raises
     ------
     ValueError
         ``max_bytes`` is not a positive size, or ``path`` is a file or a folder this process cannot write.
+    TypeError
+        ``outputs`` is not a bool.
 
     Examples
     --------
@@ -135,11 +162,18 @@ class Store:
     10485760
     """
 
-    def __init__(self, path: str | os.PathLike[str], max_bytes: int | str = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, path: str | os.PathLike[str], max_bytes: int | str = DEFAULT_MAX_BYTES,
+                 outputs: bool = False) -> None:
+        if not isinstance(outputs, bool):
+            msg = (f"store: outputs={outputs!r} of type {type(outputs).__name__} is not a bool: expected True (keep "
+                   "the training outputs of steps whose fit_transform differs from transform) or False. Hint: "
+                   "gn.Store(path, outputs=True).")
+            raise TypeError(msg)
         size = _size(max_bytes)
         if size is None or size <= 0:
-            msg = (f"store: max_bytes={max_bytes!r} is not a positive size: expected a number of bytes > 0 or a "
-                   "size such as '500MB' or '2GiB'. Hint: gn.Store(path, max_bytes=2**30) bounds the store at 1 GiB.")
+            msg = (f"store: max_bytes={max_bytes!r} ({type(max_bytes).__name__}) is not a positive size: expected "
+                   "an integral number of bytes > 0 (int, np.int64...) or a size such as '500MB' or '2GiB'. Hint: "
+                   "gn.Store(path, max_bytes=2**30) bounds the store at 1 GiB; a float needs int(...).")
             raise ValueError(msg)
         if not isinstance(path, (str, os.PathLike)):
             msg = (f"store={path!r} of type {type(path).__name__} is not a folder: expected a path (str or "
@@ -148,17 +182,18 @@ class Store:
             raise TypeError(msg)
         self.path = os.path.abspath(os.path.expanduser(os.fspath(path)))
         self.max_bytes = size
+        self.outputs = outputs
         _check_folder(self.path)
         self._lock = threading.Lock()
         self.hits = self.misses = self.writes = self.corrupt = self.evictions = self.failed = 0
         self._warned: set[int] = set()
-        self._approx: int | None = None   # bytes held, as of the last scan plus what this process wrote since
+        self._index = os.path.join(self.path, _INDEX)   # the bytes the folder holds, shared by its writers
 
     def __repr__(self) -> str:
-        return f"Store({self.path!r}, max_bytes={self.max_bytes})"
+        return f"Store({self.path!r}, max_bytes={self.max_bytes}" + (", outputs=True)" if self.outputs else ")")
 
     def __reduce__(self) -> Any:   # a Dask worker or a subprocess opens the same folder
-        return (Store, (self.path, self.max_bytes))
+        return (Store, (self.path, self.max_bytes, self.outputs) if self.outputs else (self.path, self.max_bytes))
 
     # --- entries ---------------------------------------------------------------------------------
     def _file(self, key: bytes) -> str:
@@ -228,6 +263,9 @@ class Store:
             fd, tmp = tempfile.mkstemp(prefix=".", suffix=".partial", dir=folder)
             with os.fdopen(fd, "wb") as f:
                 _write(f, data)
+            replaced = 0
+            with contextlib.suppress(OSError):
+                replaced = os.stat(path).st_size   # another writer's entry of the same key: counted once
             os.replace(tmp, path)
             tmp = None
         except OSError as e:
@@ -244,12 +282,28 @@ class Store:
                     os.remove(tmp)
         with self._lock:
             self.writes += 1
-            if self._approx is not None:
-                self._approx += len(data)
-            over = self._approx is None or self._approx > self.max_bytes
-        if over:
+        if self._account(len(data) - replaced) > self.max_bytes:
             self.evict()
         return True
+
+    def _account(self, delta: int) -> int:
+        """Add ``delta`` bytes to the folder's shared size index (under a file lock: every process that writes
+        the store counts every write); the bytes the folder holds.  A missing or unreadable index is rebuilt
+        by a scan; every eviction scans and rewrites it, so a drift (a process killed between its write and
+        this count) lasts until the next eviction at most.  Where files cannot be locked (no ``fcntl``), the
+        folder is scanned at each write."""
+        if fcntl is None:   # pragma: no cover - Windows: no shared index, a scan each write
+            return sum(e[1] for e in self._entries())
+        try:
+            with _locked(self._index) as fd:
+                if fd is None:
+                    return sum(e[1] for e in self._entries())
+                raw = os.read(fd, 32).strip()
+                total = int(raw) + delta if raw.isdigit() else sum(e[1] for e in self._entries())
+                _rewrite(fd, max(total, 0))
+                return total
+        except OSError:
+            return sum(e[1] for e in self._entries())
 
     def _warn(self, code: int, msg: str) -> None:
         with self._lock:
@@ -260,7 +314,9 @@ class Store:
 
     def _drop(self, path: str, corrupt: bool = False) -> None:
         with contextlib.suppress(OSError):
+            size = os.stat(path).st_size
             os.remove(path)
+            self._account(-size)
         if corrupt:
             with self._lock:
                 self.corrupt += 1
@@ -281,30 +337,35 @@ class Store:
         return out
 
     def evict(self) -> int:
-        """Delete least recently used entries until the store holds at most ``max_bytes``; how many went."""
-        entries = sorted(self._entries())
-        total = sum(e[1] for e in entries)
-        gone = 0
-        for _, size, path in entries:
-            if total <= self.max_bytes:
-                break
-            with contextlib.suppress(OSError):
-                os.remove(path)
-                gone += 1
-            total -= size
+        """Delete least recently used entries until the folder holds at most ``max_bytes`` (what every process
+        wrote: the folder is scanned); how many went.  The shared size index is rewritten with what is left."""
+        with _locked(self._index if fcntl is not None else None) as fd:
+            entries = sorted(self._entries())
+            total = sum(e[1] for e in entries)
+            gone = 0
+            for _, size, path in entries:
+                if total <= self.max_bytes:
+                    break
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+                    gone += 1
+                total -= size
+            if fd is not None:
+                _rewrite(fd, total)
         with self._lock:
             self.evictions += gone
-            self._approx = total
         return gone
 
     def clear(self) -> None:
         """Delete every entry and reset this process's counters."""
-        for _, _, path in self._entries():
-            with contextlib.suppress(OSError):
-                os.remove(path)
+        with _locked(self._index if fcntl is not None else None) as fd:
+            for _, _, path in self._entries():
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+            if fd is not None:
+                _rewrite(fd, sum(e[1] for e in self._entries()))
         with self._lock:
             self.hits = self.misses = self.writes = self.corrupt = self.evictions = self.failed = 0
-            self._approx = 0
             self._warned.clear()
 
     def info(self) -> StoreInfo:
@@ -313,6 +374,31 @@ class Store:
         with self._lock:
             return StoreInfo(self.path, self.hits, self.misses, self.writes, self.corrupt, self.evictions,
                              self.failed, len(entries), sum(e[1] for e in entries), self.max_bytes)
+
+
+@contextlib.contextmanager
+def _locked(path: str | None) -> Any:
+    """The size index at ``path`` opened and locked exclusively (``fcntl.flock``: other processes and other
+    ``Store`` objects wait) for the block; None for ``path=None`` or when it cannot be opened."""
+    if path is None or fcntl is None:
+        yield None
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield None
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)   # releases the lock
+
+
+def _rewrite(fd: int, total: int) -> None:
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.ftruncate(fd, 0)
+    os.write(fd, str(max(total, 0)).encode())
 
 
 class _LayoutPickler(pickle.Pickler):

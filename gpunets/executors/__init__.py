@@ -96,7 +96,8 @@ def explain_auto(plan: Any) -> tuple[str, str]:
     when they run on one. From Python, one thread issues a GPU's kernels fastest: on an H200, eight lanes ran
     branches of small CuPy steps 2.3 times slower than serial, an array-API search 1.7 times slower, and
     saturating GEMMs no faster (docs/devices.md, "What overlaps on a GPU"); ``executor="streams"`` still runs
-    independent branches on their own CUDA streams.  Inside a task of another run,
+    independent branches on their own CUDA streams, issued since issue 36 by one thread (no GIL convoy), which
+    is expected to match serial, not yet measured to beat it.  Inside a task of another run,
     ``serial``: the outer run already uses the cores.  Else ``threads`` when at
     least two tasks on different lanes (independent branches) are each expected to
     take :data:`MIN_PARALLEL_SECONDS` or more (:func:`task_seconds`: measured in
@@ -114,8 +115,9 @@ def explain_auto(plan: Any) -> tuple[str, str]:
     if len(gpus) > 1:
         return "streams", f"the tasks run on {len(gpus)} GPUs ({', '.join(sorted(gpus))}): a lane per GPU"
     if gpus:
-        return "serial", (f"the tasks run on one GPU ({next(iter(gpus))}), whose kernels one thread issues fastest "
-                          "(lanes contend for the GIL); executor='streams' overlaps branches on CUDA streams")
+        return "serial", (f"the tasks run on one GPU ({next(iter(gpus))}), whose kernels one thread issues fastest; "
+                          "executor='streams' issues branches from one thread onto CUDA streams (not yet measured "
+                          "faster on one GPU)")
     heavy: list[Any] = []
     n_run, least = 0, MIN_PARALLEL_SECONDS
     for t in tasks:   # one cheap pass: auto must cost next to nothing beside a trivial task

@@ -36,7 +36,7 @@ logger = logging.getLogger("gpunets")
 
 _SHARED: dict[tuple[str, str], bool] = {}   # (scheduler address, store folder) -> every worker sees it
 _LOCK = threading.Lock()
-_OPEN: dict[tuple[str, int], Store] = {}     # on a worker: the stores its tasks run under, one per folder and size
+_OPEN: dict[tuple[str, int, bool], Store] = {}     # on a worker: the stores its tasks run under, one per folder and size
 
 
 def _sees(marker: str, token: str) -> bool:
@@ -93,16 +93,17 @@ def fit_and_write(store: Store, key: bytes, fn: Any, *args: Any) -> Any:
     return (est, {**info, WRITTEN: True}, *value[2:])
 
 
-def _opened(path: str, max_bytes: int) -> Store:
-    """The worker's :class:`Store` of ``path`` (opened once per process: its counters carry on)."""
+def _opened(path: str, max_bytes: int, outputs: bool = False) -> Store:
+    """The worker's :class:`Store` of ``path`` (opened once per process: its counters carry on), keeping
+    training outputs where the caller's does (``gn.Store(path, outputs=True)``)."""
     with _LOCK:
-        s = _OPEN.get((path, max_bytes))
+        s = _OPEN.get((path, max_bytes, outputs))
         if s is None:
-            s = _OPEN[(path, max_bytes)] = Store(path, max_bytes)
+            s = _OPEN[(path, max_bytes, outputs)] = Store(path, max_bytes, outputs=outputs)
         return s
 
 
-def under_store(where: tuple[str, int], payload: bytes, *args: Any) -> Any:
+def under_store(where: tuple[Any, ...], payload: bytes, *args: Any) -> Any:
     """Run a pickled task function (``payload``) on the worker with the store ``where`` (its folder and size)
     in force (``gn.config(store=...)``), as the caller's is on the in-process executors."""
     import cloudpickle
@@ -117,7 +118,7 @@ def in_store(store: Store, payloads: dict[int, bytes]) -> dict[int, bytes]:
     functions are not pickled again, only the folder's name goes with them."""
     import cloudpickle
 
-    where = (store.path, store.max_bytes)
+    where = (store.path, store.max_bytes, store.outputs)
     return {k: cloudpickle.dumps(partial(under_store, where, p)) for k, p in payloads.items()}
 
 

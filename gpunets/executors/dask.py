@@ -366,8 +366,8 @@ class DaskExecutor(Executor):
             fn = t.fn if swap is None else swap[t.key]
             if t.key in states:
                 fn = partial(_apply_fitted, fn.args[0], fn.args[1])
-            if run.plan.sklearn_config:   # scikit-learn's configuration is per thread: the caller's goes along
-                fn = partial(under_sklearn_config, run.plan.sklearn_config, fn)
+            if run.sklearn_config:   # scikit-learn's configuration is per thread: the caller's goes along
+                fn = partial(under_sklearn_config, run.sklearn_config, fn)
             try:
                 payloads[t.key] = cloudpickle.dumps(fn)
             except Exception as e:  # noqa: BLE001 - any pickling failure, reported naming the task

@@ -31,6 +31,7 @@ exception chained.  Machines trained before the failure keep their new state
 from __future__ import annotations
 
 import collections
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -39,9 +40,10 @@ from typing import Any
 from gpunets.base.exceptions import EvaluationError, FitError, GpunetsError, wrap_exception
 from gpunets.base.trace import Trace
 from gpunets.compute.estimators import sklearn_config
+from gpunets.devices.finite import run_config
 from gpunets.planning.plan import Plan, Task
 
-__all__ = ["Run"]
+__all__ = ["Run", "out_of_memory_detail"]
 
 _SENTINEL = object()
 
@@ -71,6 +73,9 @@ class Run:
         self.outputs_ready = False
         self.t0 = time.perf_counter()
         self.trace.origin = self.t0
+        # the caller's scikit-learn configuration, with assume_finite=True where the sources of a GPU run
+        # were checked once here (gpunets.devices.finite): the estimators then skip their host-syncing checks
+        self.sklearn_config = run_config(plan)
         for t in plan.tasks:
             if t.kind == "source":
                 self.values[t.key] = t.value
@@ -118,8 +123,12 @@ class Run:
 
     # --- running -----------------------------------------------------------------------
     def run_task(self, key: int, *, lane: Any = None, inputs: tuple[Any, ...] | None = None,
-                 device: str | None = None, before: Callable[[], None] | None = None) -> bool:
-        """Run task ``key`` here and now; return False if it failed."""
+                 device: str | None = None, before: Callable[[], None] | None = None,
+                 configured: bool = False) -> bool:
+        """Run task ``key`` here and now; return False if it failed.
+
+        ``configured=True``: the caller already runs under :attr:`sklearn_config` (a lane's whole loop).
+        """
         task = self.plan.tasks[key]
         fn = task.fn
         assert fn is not None   # only source tasks have no function, and they are done before the run starts
@@ -129,8 +138,8 @@ class Run:
         try:
             if before is not None:
                 before()
-            if self.plan.sklearn_config:   # the caller's scikit-learn configuration, in this thread too
-                with sklearn_config(self.plan.sklearn_config):
+            if self.sklearn_config and not configured:   # the caller's scikit-learn configuration, here too
+                with sklearn_config(self.sklearn_config):
                     value = fn(*inputs)
             else:
                 value = fn(*inputs)
@@ -188,8 +197,8 @@ class Run:
 
     def work(self, lane: Any, block: bool = False) -> None:
         """:meth:`_work` under the caller's scikit-learn configuration (it is per thread)."""
-        if self.plan.sklearn_config:
-            with sklearn_config(self.plan.sklearn_config):
+        if self.sklearn_config:
+            with sklearn_config(self.sklearn_config):
                 self._work(lane, block)
         else:
             self._work(lane, block)
@@ -229,8 +238,8 @@ class Run:
         once the last two, or three of the last eight, took longer (one slow task, a pause of the process, does
         not count; nor does time other processes take the core), when none is ready, or when the run is over or
         has failed."""
-        if self.plan.sklearn_config:
-            with sklearn_config(self.plan.sklearn_config):
+        if self.sklearn_config:
+            with sklearn_config(self.sklearn_config):
                 self._work_short(lane, seconds)
         else:
             self._work_short(lane, seconds)
@@ -295,17 +304,23 @@ class Run:
         if isinstance(exc, GpunetsError) and getattr(exc, "_gn_task_named", False):
             return exc  # already names its task (a nested network's error)
         detail = f"{type(exc).__name__}: {exc}"
+        oom = isinstance(exc, MemoryError) and str(task.device).startswith("cuda")
+        if oom:   # out of GPU memory: name the device, the bytes asked for and what else held memory there
+            detail += "; " + out_of_memory_detail(self, task, exc)
+            exc_for_type: BaseException = MemoryError(str(exc))   # CuPy's OutOfMemoryError takes (size, total)
+        else:
+            exc_for_type = exc
         if task.kind == "fit":
             label = self.plan.machine_label(task.machine) if task.machine is not None else task.label
             msg = (f"Machine {label} failed to fit ({detail}). Machines trained before it keep their new "
                    f"state and {label} keeps its previous one; fix the cause and call fit() again.")
-            err = wrap_exception(FitError, msg, exc)
+            err = wrap_exception(FitError, msg, exc_for_type)
         else:
             path = " <- ".join(t.label for t in self.plan.path_to_output(key)[1:4])
             mach = f" (machine {self.plan.machine_label(task.machine)})" if task.machine is not None else ""
             where = f"; needed by {path}" if path else ""
             msg = f"Evaluating node {task.label}{mach} failed ({detail}){where}."
-            err = wrap_exception(EvaluationError, msg, exc)
+            err = wrap_exception(EvaluationError, msg, exc_for_type)
         err._gn_task_named = True
         err._gn_original = exc
         return err
@@ -322,3 +337,42 @@ class Run:
     def results(self) -> list[Any]:
         self.raise_error()
         return [self.values[k] for k in self.plan.outputs]
+
+
+_OOM_BYTES = re.compile(r"allocating ([\d,]+) bytes")
+
+
+def out_of_memory_detail(run: Run, task: Task, exc: BaseException) -> str:
+    """What an out-of-memory error in a GPU task asked for and what else held the GPU's memory.
+
+    The bytes come from CuPy's message (``Out of memory allocating N bytes``); the memory held, from the
+    run's own values on that GPU (the largest three named by task) and CuPy's pool where it is loaded.
+    """
+    from gpunets.devices import _gpulibs
+    from gpunets.devices.value_types import is_cupy_array
+
+    m = _OOM_BYTES.search(str(exc))
+    asked = f"asked for {int(m.group(1).replace(',', '')):,} bytes" if m else "the size asked for is unknown"
+    dev = str(task.device)
+    ordinal = int(dev.split(":")[1]) if ":" in dev else 0
+    held: list[tuple[int, str]] = []
+    for t in run.plan.tasks:
+        v = run.values[t.key]
+        if v is not _SENTINEL and v is not None and is_cupy_array(v):
+            dv = getattr(getattr(v, "device", None), "id", ordinal)
+            if dv == ordinal:
+                held.append((int(v.nbytes), t.label))
+    held.sort(reverse=True)
+    total = sum(b for b, _ in held)
+    what = ", ".join(f"{label} {b:,} B" for b, label in held[:3]) or "none"
+    text = f"{asked} on {dev}; this run's values held {total:,} bytes there ({what})"
+    cp = _gpulibs.loaded_cupy()
+    pool = getattr(cp, "get_default_memory_pool", None) if cp is not None else None
+    if pool is not None:
+        try:
+            p = pool()
+            text += f", CuPy's pool {p.used_bytes():,} bytes in use of {p.total_bytes():,} held"
+        except Exception:  # noqa: BLE001 - a report must not fail on a broken pool  # pragma: no cover
+            pass
+    return (text + ". Hint: free GPU memory (del large arrays, cupy.get_default_memory_pool().free_all_blocks()), "
+            "use fewer streams (workers), or place this machine on the CPU")

@@ -27,8 +27,9 @@ from numba import cuda
 
 from gpunets.base.exceptions import DeviceUnavailableError
 from gpunets.devices import _gpulibs
-from gpunets.kernels import _labels
+from gpunets.kernels import _cached, _labels
 from gpunets.kernels import _validate as V
+from gpunets.kernels._cached import LAUNCH, LAUNCHES, launch_info, set_launch_path  # noqa: F401 - the path's API
 
 SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
 # Host code below reaches the CUDA API as ``numba.cuda``, never through the global ``cuda``: numba's simulator
@@ -78,7 +79,15 @@ def _host_path() -> bool:
 def accept(a: Any) -> bool:
     if SIMULATOR:
         return isinstance(a, np.ndarray) or (bool(_gpulibs.fake_gpu_count()) and isinstance(a, _cupy().ndarray))
-    return hasattr(a, "__cuda_array_interface__")
+    # a CuPy array by its type first: CuPy builds its __cuda_array_interface__ dict at every access
+    return type(a) is _cupy_ndarray() or hasattr(a, "__cuda_array_interface__")
+
+
+def _cupy_ndarray() -> Any:
+    try:
+        return getattr(_cupy(), "ndarray", None)
+    except ImportError:   # numba-cuda without CuPy: device arrays are numba's (or any __cuda_array_interface__)
+        return None
 
 
 def _load_numpy_support() -> None:
@@ -370,7 +379,8 @@ class _Launch:
     """
 
     def __init__(self, stream: Any) -> None:
-        self.stream = None
+        self._stream: Any = None
+        self._given: Any = None
         self.cupy_stream = None
         if _host_path():
             return
@@ -378,12 +388,22 @@ class _Launch:
         current = cp.cuda.get_current_stream()
         if stream is None:
             stream = current
-        self.stream = numba_stream(stream)
-        self.cupy_stream = stream if _is_cupy_stream(stream) else _cupy_stream_for(cp, self.stream)
+        self._given = stream
+        if _is_cupy_stream(stream):
+            self.cupy_stream = stream   # numba's stream is made only if numba's dispatcher launches (see stream)
+        else:
+            self.cupy_stream = _cupy_stream_for(cp, self.stream)
         if int(self.cupy_stream.ptr) != int(current.ptr):
             ev = cp.cuda.Event(disable_timing=True)
             ev.record(current)
             self.cupy_stream.wait_event(ev)
+
+    @property
+    def stream(self) -> Any:
+        """numba's stream for the kernel's (None on the simulator's host path), made at its first use."""
+        if self._stream is None and self._given is not None:
+            self._stream = numba_stream(self._given)
+        return self._stream
 
     def _on_stream(self, make: Any) -> Any:
         if self.cupy_stream is None:
@@ -395,6 +415,10 @@ class _Launch:
         if _host_path():
             return tuple(np.ascontiguousarray(a).reshape(-1) for a in arrays)
         cp = _cupy()
+        nd = getattr(cp, "ndarray", None)
+        if not SIMULATOR and nd is not None and all(type(a) is nd and a.ndim == 1 and a.flags.c_contiguous
+                                                    for a in arrays):
+            return tuple(arrays)   # already flat (the common case): no CuPy call, no stream switch
         return self._on_stream(lambda: tuple(cp.ascontiguousarray(cp.asarray(a)).reshape(-1) for a in arrays))
 
     def contiguous(self, arrays: tuple) -> tuple:
@@ -419,6 +443,12 @@ class _Launch:
             return
         blocks, threads = launch_config(n)
         kernel = _KERNELS[name]
+        if not SIMULATOR and _cached.LAUNCH["path"] != "dispatcher":
+            cached = cached_kernel(name, arrays[0].dtype, len(arrays))
+            if cached is not None:   # numba's PTX through CuPy: no dispatcher on the host (see _cached)
+                cached.launch(blocks, threads, self.cupy_stream, (arrays, *args))
+                _cached.LAUNCHES["cached"] += 1
+                return
         if _host_path():
             with _SIMULATOR_LAUNCH:
                 kernel[blocks, threads](arrays, *args)
@@ -427,12 +457,38 @@ class _Launch:
             with self.cupy_stream:  # type: ignore[union-attr]  # set whenever the fake GPU is on
                 _cupy().launch(lambda bufs: self._simulate(kernel, blocks, threads, bufs), (arrays, args),
                                what=f"kernel {name}")
+            _cached.LAUNCHES["dispatcher"] += 1
             return
         # sync=False: no host-side synchronisation of the exported stream (ordered on the GPU instead, above)
         dev = tuple(numba.cuda.as_cuda_array(a, sync=False) for a in arrays)
         rest = tuple(numba.cuda.as_cuda_array(x, sync=False) if hasattr(x, "__cuda_array_interface__") else x
                      for x in args)
         kernel[blocks, threads, self.stream](dev, *rest)
+        _cached.LAUNCHES["dispatcher"] += 1
+
+
+# ---- the launch path: numba's dispatcher, or numba's PTX through a cached CuPy handle (see _cached) ---------
+
+def _device_cc(cp: Any) -> tuple[int, tuple[int, int]]:
+    dev = int(cp.cuda.runtime.getDevice())
+    text = str(cp.cuda.Device(dev).compute_capability)   # "90" -> (9, 0), "100" -> (10, 0)
+    return dev, (int(text[:-1]), int(text[-1]))
+
+
+def cached_kernel(name: str, dtype: Any, k: int) -> Any:
+    """The cached launcher of kernel ``name`` for K arrays of ``dtype`` on the current device, compiled and
+    loaded at its first use; None where it cannot be (then the dispatcher launches, and the reason is kept)."""
+    return _cached.cached_kernel(name, dtype, k, _cupy(), _compile_cached)
+
+
+def _compile_cached(name: str, dtype: np.dtype, k: int, cp: Any) -> Any:
+    """A kernel's CachedKernel, or why it has none (NVVM, the loader or an ABI mismatch: the dispatcher runs it)."""
+    try:
+        _, cc = _device_cc(cp)
+        return _cached.compile_kernel(name, _KERNELS[name].py_func, launch_types(name, dtype, k), cc, cp)
+    except Exception as exc:   # noqa: BLE001 - reported by launch_info(); numba's dispatcher launches it
+        text = str(exc).strip()
+        return f"{type(exc).__name__}: {text.splitlines()[0] if text else repr(exc)}"
 
 
 def _elementwise(name: str, arrays: tuple, out_dtype: Any, stream: Any, *args) -> Any:

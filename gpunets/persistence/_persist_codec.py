@@ -50,6 +50,7 @@ from gpunets.core.nodes import AbstractNode, Node, Source, mark_data_not_saved
 from gpunets.devices._gpulibs import loaded_cupy
 from gpunets.devices.data import device_of, fortran_only, is_cudf, is_cupy_array, to_device
 from gpunets.devices.placement import CPU, Device, check_available, local_ordinal
+from gpunets.devices.store import Store
 from gpunets.executors import Executor, SerialExecutor, StreamsExecutor, ThreadsExecutor
 
 __all__ = ["Archive", "Ref", "Record", "Items", "HostValue", "Encoder", "Decoder", "DamagedFile"]
@@ -245,6 +246,12 @@ class Encoder:
                 raise TypeError(msg)
             args = x._constructor_args(for_pickle=True) if name != "dask" else {}
             return Record("executor", {"name": name, "args": self.value(args)})
+        if isinstance(x, Store):
+            msg = (f"Cannot save {x!r}: a store of fitted states is a folder of this machine, set with "
+                   f"gn.config(store=...), not part of a network; gn.save never writes one (and gn.load never opens "
+                   f"one: a file that names a store is refused). Set the attribute that holds it to None (or its "
+                   f"path, a string) before saving, and give the loading process its own gn.config(store=...).")
+            raise TypeError(msg)
         if _is_leaf(x):
             return x
         if type(x) in (list, tuple, set, frozenset):

@@ -26,6 +26,12 @@ and its version, read before anything else) and the payload, written with
    ``format="skops"``, which loads only types on a trusted list (gpunets'
    own, NumPy's, scikit-learn's, and those you name with ``trusted=[...]``).
 
+The loader, not the file, decides what a loaded network may do: a skops file, or a pickle loaded with
+``trusted=``, is checked as a whole before anything in it runs (:mod:`gpunets.persistence._persist_check`):
+nothing is called while it loads but what builds plain data, no file-touching class is admitted
+(:mod:`gpunets.persistence._persist_trust`), and the operations that call what an argument names get only
+names from fixed tables.  docs/persistence.md, "What a loaded file can do", says exactly what runs.
+
 The object saved is encoded by :mod:`gpunets.persistence._persist_codec`: the graph as a
 table (one entry per source, node and machine, referred to by index), so
 shared parts are written once and deep networks need no deep recursion.
@@ -47,11 +53,11 @@ True
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import json
 import os
 import pickle
+import pickletools
 import platform
 import re
 import tempfile
@@ -68,7 +74,13 @@ from gpunets import __version__
 from gpunets.base.exceptions import GpunetsError
 from gpunets.core.machines import Machine
 from gpunets.core.nodes import AbstractNode
+from gpunets.persistence._persist_check import PICKLE_HELPERS as _PICKLE_HELPERS
+from gpunets.persistence._persist_check import Unsafe, Untrusted, check_archive, check_pickle, check_skops
 from gpunets.persistence._persist_codec import Archive, DamagedFile, Decoder, Encoder
+from gpunets.persistence._persist_trust import TRUSTED_TYPES, never_reason
+from gpunets.persistence._persist_trust import is_metric as _is_metric
+from gpunets.persistence._persist_trust import resolve as _resolve  # noqa: F401 - its old place
+from gpunets.persistence._persist_trust import trusted_by_default as _trusted_by_default
 
 __all__ = ["save", "load", "FORMATS", "FORMAT_VERSION", "TRUSTED_TYPES", "PersistenceError", "UntrustedTypesError"]
 
@@ -81,34 +93,6 @@ FORMAT_VERSION = 1
 _META = "gpunets.json"
 _PAYLOAD = {"pickle": "payload.pkl", "skops": "payload.skops"}
 _MAGIC = "gpunets.save"
-
-#: Types and functions of gpunets (and of the Python library, for the node arithmetic) that the skops format
-#: loads without being named in ``trusted=``: plain data holders and the operations gpunets' own nodes use.
-TRUSTED_TYPES: tuple[str, ...] = (
-    "gpunets.persistence._persist_codec.Archive", "gpunets.persistence._persist_codec.Ref", "gpunets.persistence._persist_codec.Record",
-    "gpunets.persistence._persist_codec.Items", "gpunets.persistence._persist_codec.HostValue",
-    "gpunets.devices.placement.Device",
-    "gpunets.compose.stacking.StackingRegressor", "gpunets.compose.stacking.StackingClassifier",
-    "gpunets.core.ops.combine",
-    "gpunets.compose._stack_network.take_rows", "gpunets.compose._stack_network.assemble_folds", "gpunets.compose._stack_network.enforce_order",
-    "gpunets.compose._stack_network.concat_predictions", "gpunets.compose._stack_network.decode_labels",
-    "gpunets.compose._stack_network.MemberSummary", "gpunets.compose._stack_network.summarize_members", "gpunets.compose._stack_network.average_folds",
-    "gpunets.compose._stack_network.prefit_output", "gpunets.compose._stack_network.decode_multilabel", "gpunets.compose._stack_network.multilabel_proba",
-    "gpunets.compose._stack_network.enforce_order_partial",
-    "functools.partial",
-    "sklearn.utils._bunch.Bunch",
-    # a search's scorers: they hold a metric (a public function of sklearn.metrics, trusted below) and its kwargs
-    "sklearn.metrics._scorer._PassthroughScorer", "sklearn.metrics._scorer._Scorer",
-    "sklearn.metrics._scorer._MultimetricScorer",
-    *(f"_operator.{op}" for op in ("add", "sub", "mul", "truediv", "pow", "matmul", "neg", "abs", "getitem")),
-    # scikit-learn's cross-validation splitters (a stack's cv=): plain parameter holders, like its estimators
-    *(f"sklearn.model_selection._split.{name}" for name in (
-        "KFold", "StratifiedKFold", "GroupKFold", "StratifiedGroupKFold", "RepeatedKFold", "RepeatedStratifiedKFold",
-        "ShuffleSplit", "StratifiedShuffleSplit", "GroupShuffleSplit", "TimeSeriesSplit", "PredefinedSplit",
-        "LeaveOneOut", "LeavePOut", "LeaveOneGroupOut", "LeavePGroupsOut")),
-)
-
-
 
 class PersistenceError(GpunetsError, ValueError):
     """A file cannot be loaded: not written by :func:`gpunets.save`, or by an incompatible gpunets version."""
@@ -266,7 +250,7 @@ def _series(version: str) -> tuple[str, ...]:
 
 def _read_meta(zf: zipfile.ZipFile, path: str) -> dict[str, Any]:
     if _META not in zf.namelist():
-        raise _foreign(path, f"it is a zip archive without {_META}")
+        raise _foreign_zip(path, zf.namelist())
     raw = _read(zf, _META, path)
     try:
         meta = json.loads(raw)
@@ -299,71 +283,35 @@ def _type_names(trusted: Iterable[Any]) -> list[str]:
     return out
 
 
-def _resolve(name: str) -> Any:
-    """The object a full dotted name refers to (the longest importable module, then attributes), or None."""
-    parts = name.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        try:
-            obj: Any = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        try:
-            for attr in parts[i:]:
-                obj = getattr(obj, attr)
-        except AttributeError:
-            return None
-        return obj
-    return None
-
-
-#: What a pickle of NumPy arrays, scikit-learn estimators and gpunets' objects refers to besides classes.
-_PICKLE_HELPERS = frozenset({
-    "copyreg._reconstructor", "copyreg.__newobj__", "builtins.object", "builtins.set", "builtins.frozenset",
-    "builtins.slice", "builtins.complex", "builtins.bytearray", "builtins.range", "builtins.dict",
-    "builtins.list", "builtins.tuple", "collections.OrderedDict", "collections.defaultdict",
-    "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct",
-    "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar", "numpy.dtype", "numpy.ndarray",
-    "numpy.core.numeric._frombuffer", "numpy._core.numeric._frombuffer",
-    "numpy.random._pickle.__bit_generator_ctor", "numpy.random._pickle.__generator_ctor",
-    "numpy.random._pickle.__randomstate_ctor",
-})
-
-#: Classes of the trusted packages that are still not trusted by default (skops' own exceptions: a tree's node
-#: indices are not checked when it is built, so a crafted file could read memory out of bounds).
-_NOT_BY_DEFAULT = frozenset({"sklearn.tree._tree.Tree"})
-
-
-def _trusted_by_default(name: str, packages: tuple[str, ...] = ("gpunets",)) -> bool:
-    """The functions on :data:`TRUSTED_TYPES` and the classes of ``packages`` (types, not functions).
-
-    skops trusts NumPy's and scikit-learn's types itself, so its files add gpunets' classes only; a pickle loaded
-    with ``trusted=`` has no such list, and trusts gpunets', NumPy's and scikit-learn's classes here.
-    """
-    if name in TRUSTED_TYPES:
-        return True
-    if name.split(".")[0] not in packages or name in _NOT_BY_DEFAULT:
+def _admit_pickled(name: str, named: Sequence[str]) -> bool:
+    """Whether a pickle loaded with ``trusted=`` may name ``name`` (what it names, it may call)."""
+    if never_reason(name) is not None:
         return False
-    obj = _resolve(name)
-    # a trusted object under another name: where it was defined before gpunets' modules moved into packages
-    # (an old file), or where it is re-exported; the same object, so the same trust
-    if f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}" in TRUSTED_TYPES:
-        return True   # a class: loading builds data; a function is called when the network runs, so only
-    return isinstance(obj, type) or getattr(obj, "__gn_saved_operation__", False) is True   # those gpunets marks
+    return (name in named or name in _PICKLE_HELPERS or _is_metric(name)
+            or _trusted_by_default(name, ("gpunets", "numpy", "sklearn")))
 
 
-def _is_metric(name: str) -> bool:
-    """A public metric of ``sklearn.metrics`` (what a search's scorer calls)."""
-    if not name.startswith("sklearn.metrics."):
-        return False
-    import sklearn.metrics
-
-    obj = _resolve(name)
-    return callable(obj) and getattr(sklearn.metrics, getattr(obj, "__name__", ""), None) is obj
+def _untrusted_in_pickle(path: str, name: str) -> UntrustedTypesError:
+    msg = (f"gn.load: {path!r} (a pickle file) refers to {name!r}, which is not trusted: a pickle calls "
+           f"what it names while it loads, so nothing in the file was run. Trust it by name if you trust where "
+           f"the file comes from: gn.load(path, trusted=[{name!r}]) (or allow_pickle=True to trust the whole file).")
+    return UntrustedTypesError(msg)
 
 
-def _load_skops(payload: bytes, trusted: Sequence[Any] | None, path: str) -> Any:
+def _unsafe(path: str, exc: Unsafe) -> PersistenceError:
+    return PersistenceError(
+        f"gn.load: {path!r} is refused because of {exc.name}: {exc.why}. gn.load checks a whole file before "
+        f"anything in it runs, and nothing in this one was run: a loaded file may build data and call the "
+        f"operations gpunets' networks use, not what the file chooses (docs/persistence.md, 'What a loaded "
+        f"file can do'). If you made the file yourself, save it again with gn.save.")
+
+
+def _load_skops(payload: bytes, named: list[str], path: str) -> Any:
     sio = _skops_io()
-    named = _type_names(trusted or ())
+    try:
+        check_skops(payload, named)
+    except Unsafe as exc:
+        raise _unsafe(path, exc) from None
     try:
         found = set(sio.get_untrusted_types(data=payload))
     except Exception as exc:  # noqa: BLE001 - skops raises many kinds on a damaged payload
@@ -385,22 +333,32 @@ def _load_skops(payload: bytes, trusted: Sequence[Any] | None, path: str) -> Any
         raise _damaged(path, f"its skops payload cannot be rebuilt ({type(exc).__name__}: {exc})") from exc
 
 
-class _RestrictedUnpickler(pickle.Unpickler):
-    """Unpickles only trusted globals: what ``trusted=`` allows for a pickle file (the pickle docs' recipe)."""
+def _load_pickle(payload: bytes, named: list[str], path: str) -> Any:
+    """Unpickle with only trusted names, after checking the whole pickle's opcodes (nothing run before)."""
+    try:
+        check_pickle(payload, lambda name: _admit_pickled(name, named), named)
+    except Untrusted as exc:
+        raise _untrusted_in_pickle(path, exc.name) from None
+    except Unsafe as exc:
+        raise _unsafe(path, exc) from None
+    except ValueError as exc:   # pickletools: opcodes it cannot read
+        raise _damaged(path, f"its pickle payload cannot be read ({exc})") from exc
+    return _RestrictedUnpickler(payload, named, path).load()
 
-    def __init__(self, data: bytes, named: set[str], path: str) -> None:
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Unpickles only trusted globals: what ``trusted=`` allows for a pickle file (the pickle docs' recipe), a
+    second line behind :func:`~gpunets.persistence._persist_check.check_pickle`."""
+
+    def __init__(self, data: bytes, named: list[str], path: str) -> None:
         super().__init__(io.BytesIO(data))
         self.named, self.path = named, path
 
     def find_class(self, module: str, name: str) -> Any:
         full = f"{module}.{name}"
-        if (full in self.named or full in _PICKLE_HELPERS or _is_metric(full)
-                or _trusted_by_default(full, ("gpunets", "numpy", "sklearn"))):
+        if _admit_pickled(full, self.named):
             return super().find_class(module, name)
-        msg = (f"gn.load: {self.path!r} (a pickle file) refers to {full!r}, which is not trusted: a pickle calls "
-               f"what it names while it loads. Trust it by name if you trust where the file comes from: "
-               f"gn.load(path, trusted=[{full!r}]) (or allow_pickle=True to trust the whole file).")
-        raise UntrustedTypesError(msg)
+        raise _untrusted_in_pickle(self.path, full)
 
 
 def _damaged(path: str, why: str) -> PersistenceError:
@@ -408,9 +366,67 @@ def _damaged(path: str, why: str) -> PersistenceError:
                             f"fitted object, or restore the file from a copy.")
 
 
-def _foreign(path: str, why: str) -> PersistenceError:
+def _foreign(path: str, why: str, hint: str = "") -> PersistenceError:
     return PersistenceError(f"{path!r} is foreign: it was not written by gn.save ({why}); gn.load reads only "
-                            f"gn.save's files.")
+                            f"gn.save's files.{' ' + hint if hint else ''}")
+
+
+_RESAVE = ("To make a file gn.load reads, load the object where you trust the file and save it with "
+           "gn.save(obj, path) (format='skops' for a file you share).")
+
+#: The first bytes of the files joblib.dump writes with compress= (zlib, gzip, bz2, xz, lzma, lz4).
+_COMPRESSED = ((b"ZF", "zlib"), (b"\x78\x01", "zlib"), (b"\x78\x5e", "zlib"), (b"\x78\x9c", "zlib"),
+               (b"\x78\xda", "zlib"), (b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"),
+               (b"\x5d\x00\x00", "lzma"), (b"\x04\x22\x4d\x18", "lz4"))
+
+
+def _is_pickle(data: bytes, whole: bool) -> bool:
+    """Whether ``data`` reads as pickle opcodes (read with :mod:`pickletools`, never run)."""
+    if len(data) >= 2 and data[0] == 0x80 and 2 <= data[1] <= 5:
+        return True
+    if not whole or not data:
+        return False
+    try:
+        return any(op.name == "STOP" for op, _, _ in pickletools.genops(data))
+    except Exception:  # noqa: BLE001 - not opcodes
+        return False
+
+
+def _not_a_zip(path: str) -> PersistenceError:
+    """What a file that is not a zip archive is, if it is a pickle or joblib file (read, never run)."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        data = f.read(1 << 20)
+    if _is_pickle(data, whole=size <= len(data)):
+        joblib = b"joblib" in data
+        what = ("a joblib file (joblib.dump)" if joblib
+                else "a plain pickle file (pickle.dump, joblib.dump or cloudpickle)")
+        use = "joblib.load(path)" if joblib else "pickle.load (or joblib.load)"
+        return _foreign(path, f"it is not a zip archive: it is {what}",
+                        f"If you trust where it comes from, load it with {use}, which runs code chosen by whoever "
+                        f"wrote it. {_RESAVE}")
+    for magic, how in _COMPRESSED:
+        if data.startswith(magic):
+            return _foreign(path, f"it is not a zip archive: it looks like a {how}-compressed file, as "
+                                  f"joblib.dump(obj, path, compress=...) writes",
+                            f"If it is a joblib file and you trust where it comes from, load it with "
+                            f"joblib.load(path), which runs code chosen by whoever wrote it. {_RESAVE}")
+    return _foreign(path, "it is not a zip archive")
+
+
+def _foreign_zip(path: str, names: list[str]) -> PersistenceError:
+    """What a zip archive without gn.save's header is, where it is a file of a library users know."""
+    if "schema.json" in names:
+        return _foreign(path, f"it is a zip archive without {_META}: a skops file (skops.io.dump)",
+                        f"Check it with skops.io.get_untrusted_types(file=path), then load it with "
+                        f"skops.io.load(path, trusted=[...]). {_RESAVE}")
+    if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
+        return _foreign(path, f"it is a zip archive without {_META}: a PyTorch file (torch.save)",
+                        "Load it with torch.load(path, weights_only=True).")
+    if names and all(n.endswith(".npy") for n in names):
+        return _foreign(path, f"it is a zip archive without {_META}: a NumPy .npz file",
+                        "Load it with np.load(path).")
+    return _foreign(path, f"it is a zip archive without {_META}")
 
 
 def _open_archive(path: str) -> zipfile.ZipFile:
@@ -422,7 +438,7 @@ def _open_archive(path: str) -> zipfile.ZipFile:
         # a gn.save file begins with the local header of its metadata member: cut short or overwritten after it
         if head.startswith(b"PK\x03\x04") and _META.encode() in head:
             raise _damaged(path, "it is not a complete zip archive (truncated or overwritten)") from exc
-        raise _foreign(path, "it is not a zip archive") from exc
+        raise _not_a_zip(path) from exc
 
 
 def _read(zf: zipfile.ZipFile, name: str, path: str) -> bytes:
@@ -455,8 +471,10 @@ def load(path: str | os.PathLike[str], *, allow_pickle: bool = False,
         whoever wrote the file.
     trusted : list of str or type, optional
         Types (or functions) to trust beyond gpunets', NumPy's and scikit-learn's classes, by their full name
-        as the error lists them (``"mymodule.MyComposite"``).  For a pickle file, loading with ``trusted=``
-        refuses any other global the pickle names.
+        as the error lists them (``"mymodule.MyComposite"``): they are built, or called when the network runs
+        (in a pickle, also while it loads), unchecked.  For a pickle file, loading with ``trusted=`` refuses
+        any other global the pickle names.  Names that touch files (``numpy.memmap``, ``gn.Store``, ``os``...)
+        are refused whatever this says.
 
     Returns
     -------
@@ -466,9 +484,12 @@ def load(path: str | os.PathLike[str], *, allow_pickle: bool = False,
     Raises
     ------
     PersistenceError
-        A ``ValueError``: the file is *foreign* (not written by :func:`save`), *damaged* (written by it, then
-        cut short or altered), written by an incompatible gpunets version (both versions are named), or a
-        pickle file loaded without ``allow_pickle=True`` or ``trusted=``.
+        A ``ValueError``: the file is *foreign* (not written by :func:`save`; a pickle, joblib or skops file is
+        named as such, with what loads it), *damaged* (written by it, then cut short or altered), written by an
+        incompatible gpunets version (both versions are named), a pickle file loaded without
+        ``allow_pickle=True`` or ``trusted=``, or a file that uses a trusted name to do what a file may not
+        (call something while it loads, touch files, hand a call-anything operation a name or callable of its
+        choosing): the message names the culprit, and nothing in the file was run.
     UntrustedTypesError
         A ``TypeError``: the file holds types that are not trusted; the message names them.
 
@@ -503,12 +524,14 @@ def load(path: str | os.PathLike[str], *, allow_pickle: bool = False,
                    f"saved with gn.save(obj, path, format='skops').")
             raise PersistenceError(msg)
         payload = _read(zf, _PAYLOAD[fmt], path)
+    checked = fmt == "skops" or not allow_pickle   # allow_pickle=True: the caller trusts the whole file
     if fmt == "skops":
         archive = _load_skops(payload, named, path)
     else:
         try:
-            archive = (pickle.loads(payload) if allow_pickle
-                       else _RestrictedUnpickler(payload, set(named), path).load())
+            archive = pickle.loads(payload) if allow_pickle else _load_pickle(payload, named, path)
+        except PersistenceError:
+            raise
         except UntrustedTypesError:
             raise
         except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError,
@@ -516,6 +539,11 @@ def load(path: str | os.PathLike[str], *, allow_pickle: bool = False,
             raise _damaged(path, f"its pickle payload cannot be read ({type(exc).__name__}: {exc})") from exc
     if not isinstance(archive, Archive):
         raise _damaged(path, f"its payload is a {type(archive).__name__}, not a gpunets archive")
+    if checked:
+        try:
+            check_archive(archive, named)
+        except Unsafe as exc:
+            raise _unsafe(path, exc) from None
     try:
         return Decoder(archive, path).run()
     except DamagedFile as exc:

@@ -11,7 +11,11 @@ than a fresh fit of the whole network would, unless its fit found that its ``tra
 entry).  Otherwise the task made here computes ``fit_transform`` on a fresh copy of the machine's model and
 keeps only its output: the machine's fitted state is not replaced (its version,
 and what depends on it, stay as they are).  A machine keeping its outputs (``cache=True``) serves it from
-memory instead.
+memory instead.  That task is a fit that runs: its label says "fit_transform again" in the trace.
+
+A search's steps do the same in their own tasks (:func:`gpunets.tuning.tasks._training_rows`), where the
+search's report counts each such fit (``search_report_.again``, a nested record of its trace) and a store
+opened with ``outputs=True`` keeps the outputs instead (:mod:`gpunets.tuning.stored`).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ functions decide a fit's route (GPU twin, array API or CPU fallback) and report 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ from gpunets.base.config import get_config
 from gpunets.base.exceptions import NetworkError
 from gpunets.compute.estimators import is_frozen_estimator
 from gpunets.compute.models import is_cuml_estimator, resolve_estimator
+from gpunets.core.graph import machine_sources
 from gpunets.core.machines import Machine
 from gpunets.core.nodes import AbstractNode, Node, Source, data_not_saved, is_node
 from gpunets.core.weights import check_weight_rows, keywords_fallback
@@ -30,6 +32,7 @@ from gpunets.devices.placement import (
     same_device,
 )
 from gpunets.devices.value_types import host_only
+from gpunets.planning import crossover
 from gpunets.planning.tasks import _move
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,9 +48,21 @@ def _resolve_fit(b: _Builder, m: Machine, pending: Any, deps: Sequence[int] = ()
     """
     what = f"machine {m.label}"
     dev = b.placed(m.device, what, owner=m)
+    why = _PLACED   # machine -> why it went where it did at its last fit plan (the fit report's "placed")
+    asked = _asked(m.device)
     if dev.is_cuda and _placed_by_default(m.device) and (
             any(host_only(s._data) for s in _raw_sources(m)) or is_frozen_estimator(pending.estimator)):
         dev = CPU   # host-only data, or a FrozenEstimator: its fitted state is the host object it wraps
+        why[m] = ("auto: a FrozenEstimator (its state is a host object)" if is_frozen_estimator(pending.estimator)
+                  else "auto: data no GPU array holds (sparse, strings)")
+    elif dev.is_cuda and asked == "auto":
+        on_gpu, why[m] = _crossover(b, m, pending.estimator)
+        if not on_gpu:
+            dev = CPU
+    elif asked == "auto":
+        why[m] = "auto: no GPU here" if not device_exists("cuda") else "auto"
+    else:
+        why[m] = f"asked for {asked}" + ("" if dev.is_cuda or asked == "cpu" else ", no GPU here")
     if dev.is_cpu and not is_cuml_estimator(pending.estimator):
         return None, dev, "sklearn"
     r = keywords_fallback(resolve_estimator(pending.estimator, dev, what=what), pending.estimator,
@@ -61,6 +76,47 @@ def _resolve_fit(b: _Builder, m: Machine, pending: Any, deps: Sequence[int] = ()
 
         r = dataclasses.replace(r, estimator=pending.estimator)
     return r, r.device, r.path
+
+
+_PLACED: weakref.WeakKeyDictionary[Machine, str] = weakref.WeakKeyDictionary()
+
+
+def placed_reason(m: Machine) -> str:
+    """Why machine ``m`` trains where it does, as decided by its last fit plan ("" before any):
+    ``"asked for cuda:0"``, or ``device="auto"``'s reason (``"auto: 5,000 rows < 50,000, the GPU crossover for
+    Ridge"``, ``"auto: no GPU here"``...)."""
+    return _PLACED.get(m, "")
+
+
+def _crossover(b: _Builder, m: Machine, estimator: Any) -> tuple[bool, str]:
+    """(on the GPU?, why) for machine ``m`` placed by default where a GPU is: its training rows against the
+    crossover of its kind (:mod:`gpunets.planning.crossover`)."""
+    table = crossover.table()
+    kind = type(estimator).__name__
+    if not table or crossover.threshold(kind, table)[0] is None:
+        return crossover.decide(kind, None, table)
+    return crossover.decide(kind, _training_rows(b, m), table)
+
+
+def _training_rows(b: _Builder, m: Machine) -> int | None:
+    """The rows ``m`` trains on: the fit's ``rows=``, else its sources' (the most of them); None if unknown."""
+    rows = b.rows
+    if rows is not None and not isinstance(rows, slice):
+        try:
+            return len(rows)
+        except TypeError:
+            return None
+    counts = []
+    for s in machine_sources(m):
+        data = b.bindings.get(s._uid, s.data)
+        if data is not None:
+            try:
+                counts.append(n_rows(data))
+            except TypeError:
+                continue
+    if not counts:
+        return None
+    return len(range(*rows.indices(max(counts)))) if isinstance(rows, slice) else max(counts)
 
 
 def _raw_sources(m: Machine) -> list[Source]:

@@ -250,12 +250,13 @@ def fit_and_score_batch(rule: Any, ests: tuple[Any, ...], users: tuple[tuple[int
     states in force, each step is looked up first and each one the batch fits is kept (one entry each); one by
     one where the rule declines or the batch fails."""
     stage = X if isinstance(X, tasks.Stage) else None
-    rows = stage.train if stage is not None else X
+    rows, computed = tasks.materialize(stage.train if stage is not None else X)   # a loaded step's output, now
     if isinstance(rows, tasks.Failed):   # an upstream step failed: each candidate reports it
         return tuple(tasks.fit_and_score(est, None, {}, X, y, u, head, X_test, y_test, X_train, y_train)
                      for est, u in zip(ests, users))
     rows, y_fit = tasks.aligned(rows, y)
     x_key = stage.key if stage is not None else None
+    depth = len(stage.seconds) if stage is not None else 0
     lookups: list[Any] = ([stored.load_step(est, None, {}, rows, y_fit, x_key) for est in ests]
                           if _store.current_store() is not None else [None] * len(ests))
     todo = [i for i, found in enumerate(lookups) if found is None or found[0] is None]
@@ -269,10 +270,10 @@ def fit_and_score_batch(rule: Any, ests: tuple[Any, ...], users: tuple[tuple[int
     for i, step in enumerate(steps):
         if step is None:   # loaded from the store, or fitted on its own
             est, _, seconds, _, loaded = tasks._keyed_fit_step(ests[i], None, True, {}, rows, y_fit, x_key,
-                                                               lookup=lookups[i])
+                                                               lookup=lookups[i], depth=depth)
             steps[i] = (est, None, seconds, loaded)
     if stage is not None:
-        X_test, X_train, upstream, before = stage.test, stage.score, stage.seconds, stage.loaded
+        X_test, X_train, upstream, before = stage.test, stage.score, stage.seconds, stage.loaded + computed
     else:
         upstream, before = (), ()
     scores = _batch_scores(rule, [s[0] for s in steps], head, X_test, y_test, X_train, y_train)

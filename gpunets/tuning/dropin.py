@@ -3,7 +3,8 @@
 * ``n_jobs`` is mapped to ``workers`` (the executor's threads or lanes): ``None`` leaves the executor's
   default, ``-1`` all cores, ``-2`` all but one (joblib's rule), ``k > 0`` ``k`` workers;
 * ``verbose > 0`` prints scikit-learn's line per ``evaluate_candidates`` call ("Fitting 5 folds for each of
-  ...") and successive halving's rung summaries; ``verbose > 1`` its line per (candidate, fold) evaluation
+  ..."), saying how many of those fits run and how many results the store or the search's memory gives
+  (:func:`fitting_line`), and successive halving's rung summaries; ``verbose > 1`` its line per (candidate, fold) evaluation
   (``[CV 1/5] END ... total time=``, with the scores from ``verbose > 2`` and the ``START`` lines from
   ``verbose > 9``), in scikit-learn's order, printed once the network has run (:func:`print_fits`);
 * ``pre_dispatch`` is accepted and has no effect: the network's scheduler dispatches a task as soon as
@@ -226,6 +227,32 @@ def fitting(est: Any, X: Any, y: Any, fit_params: dict[str, Any]) -> Iterator[No
     with cur.sub.propagate_callback_context(est) if propagate else contextlib.nullcontext():
         cur.sub.call_on_fit_task_begin(estimator=cur.search, **cur.begun)
         yield
+
+
+def fitting_line(n_splits: int, n_candidates: int, to_fit: int, from_store: int) -> str:
+    """scikit-learn's ``verbose > 0`` line for one ``evaluate_candidates`` call, as it is where every
+    (candidate, fold) is fitted; else it says how many are fitted and where the others come from (the store of
+    fitted states, the search's memory of an earlier fit).
+
+    >>> fitting_line(5, 10, 50, 0)
+    'Fitting 5 folds for each of 10 candidates, totalling 50 fits'
+    >>> fitting_line(5, 10, 0, 50)
+    '5 folds for each of 10 candidates, totalling 50 fits: none to fit, 50 results loaded from the store'
+    >>> fitting_line(5, 15, 25, 50)
+    'Fitting 5 folds for each of 15 candidates, totalling 75 fits: 25 to fit, 50 results loaded from the store'
+    """
+    total = n_splits * n_candidates
+    line = f"{n_splits} folds for each of {n_candidates} candidates, totalling {total} fits"
+    if to_fit == total:
+        return "Fitting " + line
+    whence = []
+    if from_store:
+        whence.append(f"{from_store} results loaded from the store")
+    if total - to_fit - from_store:
+        whence.append(f"{total - to_fit - from_store} remembered from an earlier fit of this search")
+    if not to_fit:
+        return f"{line}: none to fit, " + ", ".join(whence)
+    return f"Fitting {line}: {to_fit} to fit, " + ", ".join(whence)
 
 
 def print_fits(verbose: int, candidates: list[dict[str, Any]], n_splits: int, outs: list[dict[str, Any]],

@@ -56,9 +56,7 @@ class Run:
                    f"(cv={s.cv!r} yielded no train/test split. Hint: pass cv=5, a splitter whose split() "
                    f"yields pairs, or a list of (train, test) index arrays.)")
             raise ValueError(msg)
-        if s.verbose > 0:
-            print(f"Fitting {len(splits)} folds for each of {len(candidates)} candidates, totalling "
-                  f"{len(splits) * len(candidates)} fits")
+        # the search's "Fitting ... folds" line (verbose > 0) is printed by its _evaluate, once it knows what is left
         evals = dropin.evaluations(s, callback_ctx, len(candidates) * len(splits))   # made ahead, in order
         s._gn_evaluations = evals
         try:

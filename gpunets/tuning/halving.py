@@ -37,7 +37,7 @@ from sklearn.model_selection._search_successive_halving import BaseSuccessiveHal
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import _num_samples
 
-from gpunets.tuning import dropin, memory, warm
+from gpunets.tuning import dropin, memory, stored, warm
 from gpunets.tuning.report import SearchReport
 from gpunets.tuning.search import _NetworkSearch
 
@@ -111,7 +111,11 @@ class _Halving(_NetworkSearch):
         _, param = warm.warm_target(self.estimator, self.resource) or (None, self.resource)
         # a rung of few tasks: its forests grow their trees on every lane (the lanes idle at its end help)
         jobs = warm.inner_jobs(len(candidates) * len(splits), warm.lanes(self.executor, dropin.workers(self)))
-        return warm.WarmPlan(param, self._resource_free_keys(candidates), mem.fold_keys(splits), mem.fitted, jobs)
+        budgets = [c.get(self.resource) for c in candidates]
+        plan = warm.WarmPlan(param, self._resource_free_keys(candidates), mem.fold_keys(splits), mem.fitted, jobs,
+                             budgets, mem.grown)
+        mem.plan = plan
+        return plan
 
     def _after_run(self, candidates: list[dict[str, Any]], splits: Any, outs: list[dict[str, Any]],
                    mem: Any) -> None:
@@ -119,10 +123,16 @@ class _Halving(_NetworkSearch):
         if not getattr(self, "_gn_warm", False):
             return
         keys, folds = self._resource_free_keys(candidates), mem.fold_keys(splits)
+        plan, mem.plan = mem.plan, None
         for i, est in enumerate(fitted):
             c, f = divmod(i, len(splits))
-            if est is not None and keys[c] is not None:
-                mem.fitted[(keys[c], folds[f])] = (candidates[c][self.resource], est)
+            if keys[c] is None or outs[i] is None or not stored.keepable(outs[i]):
+                continue
+            budget = candidates[c][self.resource]
+            lineage = (None if plan is None else plan.lineage(c, f)) or (budget,)
+            mem.grown[(keys[c], folds[f])] = (budget, lineage)   # the budgets it grew through: the next rung's keys
+            if est is not None:
+                mem.fitted[(keys[c], folds[f])] = (budget, est, lineage)
         # only this rung's fits can be continued: the previous rung's are dropped
         live = {(keys[c], folds[f]) for c in range(len(candidates)) for f in range(len(splits))}
         for k in [k for k in mem.fitted if k not in live]:

@@ -19,7 +19,9 @@ to :attr:`Memory.budget` bytes (the least recently used dropped first).
 
 New data (or data changed in place), another scoring, another ``error_score`` or another scikit-learn
 configuration (``set_config``) start a new memory.  A ``clone`` starts empty, and the memory is not pickled.
-Results that stop the search (a scorer that returns a non-number) and failed fits are never kept.
+Failures are never kept (:func:`~gpunets.tuning.stored.keepable`): a fit or a score that failed (scored
+``error_score``) or a result that stops the search (a scorer that returns a non-number) is computed again by the
+next ``fit``, as the fault may be gone (a flaky resource, memory).
 ``search.forget()`` empties it.
 
 >>> m = Memory("ctx")
@@ -57,8 +59,13 @@ class Memory:
     def __init__(self, context: Hashable) -> None:
         self.context = context
         self.results: dict[Hashable, dict[str, Any]] = {}
-        # an iteration budget warm-started: (candidate without its resource, fold) -> (resource, fitted step)
-        self.fitted: dict[Hashable, tuple[Any, Any]] = {}
+        # an iteration budget warm-started: (candidate without its resource, fold) -> (resource, fitted step,
+        # the budgets its fit grew through)
+        self.fitted: dict[Hashable, tuple[Any, ...]] = {}
+        # (candidate without its resource, fold) -> (resource, budgets grown through) of its last result; the
+        # plan of the rung that runs (gpunets.tuning.warm.WarmPlan)
+        self.grown: dict[Hashable, tuple[Any, tuple[Any, ...]]] = {}
+        self.plan: Any = None
         # fitted shared steps: (steps up to it, fold key or "all") -> (value, bytes), least recently used first
         self.steps: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self.steps_bytes = 0
@@ -142,23 +149,26 @@ class Memory:
         return None if hit is None else dict(hit)
 
     def put(self, key: Hashable | None, out: dict[str, Any]) -> None:
-        """Keep a copy of ``out`` (not a result that stops the search; its fitted step apart)."""
-        if key is None or out.get("_raise") is not None:
+        """Keep a copy of ``out`` (its fitted step apart); not a failure (:func:`~gpunets.tuning.stored.keepable`):
+        a fit or score that failed, or a result that stops the search, is computed again next time."""
+        if key is None or not stored.keepable(out):
             return
         out = stored.entry(out)
         with self._lock:
             self.results[key] = out
 
     def lookup(self, specs: list[Any], splits: list[tuple[np.ndarray, np.ndarray]],
-               extra: Any = None) -> tuple[list[Hashable | None], list[list[int]]]:
+               tags: list[Hashable | None] | None = None) -> tuple[list[Hashable | None], list[list[int]]]:
         """The key of every (candidate, fold), candidate-major, and per fold the candidates to run.
 
-        ``extra`` (a list, one per candidate) is added to each candidate's key."""
+        ``tags`` (one per (candidate, fold), candidate-major; None: a plain fit) tells a result that is not a plain
+        fit of the candidate on the fold: a warm-started one (:meth:`~gpunets.tuning.warm.WarmPlan.tags`)."""
         folds = self.fold_keys(splits)
         cands = [self.key_of(s) for s in specs]
-        if extra is not None:
-            cands = [None if c is None else (c, e) for c, e in zip(cands, extra)]
-        keys: list[Hashable | None] = [None if c is None else (c, f) for c in cands for f in folds]
+        pairs = [(c, f) for c in cands for f in folds]
+        if tags is not None:
+            pairs = [(c if t is None or c is None else (c, t), f) for (c, f), t in zip(pairs, tags)]
+        keys: list[Hashable | None] = [None if c is None else (c, f) for c, f in pairs]
         todo = [[c for c in range(len(specs)) if keys[c * len(splits) + f] not in self.results]
                 for f in range(len(splits))]
         return keys, todo
@@ -227,18 +237,19 @@ class _Keeping:
         return out
 
 
-def refit_kept(search: Any, best: Any, X: Any, y: Any, fit_params: dict[str, Any]) -> tuple[int, int] | None:
+def refit_kept(search: Any, best: Any, X: Any, y: Any, fit_params: dict[str, Any]) -> tuple[int, int, int] | None:
     """Refit ``best`` (a pipeline) on all rows with the upstream steps the search's memory keeps from an
     earlier refit on the same data, as ``Pipeline.fit`` would, looking in the store of fitted states for the
-    other steps (:class:`_Refit`): the number of step fits reused from memory and of steps loaded from the
-    store; None when this shortcut does not apply (``best.fit`` must then be called): a pipeline with ``memory``,
+    other steps (:class:`_Refit`): the number of step fits reused from memory, of steps loaded from the
+    store and of loaded steps fitted again for their output on the rows (:func:`~gpunets.tuning.tasks._training_rows`);
+    None when this shortcut does not apply (``best.fit`` must then be called): a pipeline with ``memory``,
     ``verbose``, ``transform_input``, fit parameters, callbacks, data off the host, or nothing kept."""
     from sklearn.pipeline import Pipeline
 
     mem = search.__dict__.get("_gn_memory")
     if (mem is None or type(best) is not Pipeline or fit_params or best.memory is not None or best.verbose
             or getattr(best, "transform_input", None) is not None or getattr(search, "_skl_callbacks", None)
-            or getattr(best, "_skl_callbacks", None) or not isinstance(X, np.ndarray)
+            or getattr(best, "_skl_callbacks", None) or not _host_table(X)
             or any(s is None or isinstance(s, str) for _, s in best.steps) or len(best.steps) < 2):
         return None
     keys = prefix_keys(best.steps)
@@ -261,7 +272,7 @@ def refit_kept(search: Any, best: Any, X: Any, y: Any, fit_params: dict[str, Any
     name, last = steps[-1]
     steps[-1] = (name, refit.last(last))
     best.steps = steps
-    return depth, refit.stored
+    return depth, refit.stored, refit.again
 
 
 class _Refit:
@@ -272,13 +283,24 @@ class _Refit:
     def __init__(self, X: Any, y: Any) -> None:
         self.Xt, self.y = X, y
         self.x_key: bytes | None = None   # the key of the rows the next step fits on (None: their content)
-        self.loaded: list[tuple[Any, bool]] = []   # loaded steps whose output is not computed yet
+        self.loaded: list[tuple[Any, bool, Any]] = []   # loaded steps whose output is not computed yet
         self.stored = 0
+        self.again = 0   # loaded steps fitted again (on a copy) for their output
 
     def rows(self) -> Any:
-        """The rows the next step fits on: the loaded steps' outputs computed now."""
-        for est, same in self.loaded:
-            self.Xt = tasks._training_rows(est, {}, self.Xt, self.y, same)
+        """The rows the next step fits on: the loaded steps' outputs computed now (from the deepest whose
+        output the store keeps, ``gn.Store(path, outputs=True)``)."""
+        for i in range(len(self.loaded) - 1, -1, -1):
+            est, _, key = self.loaded[i]
+            kept = stored.load_output(key) if training_output_differs(est) else None
+            if kept is not None:
+                self.Xt, self.loaded = kept, self.loaded[i + 1:]
+                break
+        for est, same, key in self.loaded:
+            self.Xt, did = tasks._training_rows(est, {}, self.Xt, self.y, same)
+            if did:
+                self.again += 1
+                stored.keep_output(key, self.Xt)
         self.loaded.clear()
         return self.Xt
 
@@ -287,7 +309,7 @@ class _Refit:
         hit, key, same = stored.load_step(est, None, {}, self.Xt if self.x_key is None else None, self.y,
                                           self.x_key)
         if hit is not None:
-            self.loaded.append((hit, same))
+            self.loaded.append((hit, same, key))
             self.stored += 1
             self.x_key = stored.stage_key(key)
             return hit
@@ -295,6 +317,8 @@ class _Refit:
         self.Xt = est.fit_transform(X, self.y) if hasattr(est, "fit_transform") else est.fit(X, self.y).transform(X)
         same = key is not None and training_output_differs(est) and transform_gives(est, X, self.Xt)
         stored.keep_step(key, est, None, same)
+        if training_output_differs(est):
+            stored.keep_output(key, self.Xt)   # only where the store keeps outputs
         self.x_key = stored.stage_key(key)
         return est
 
@@ -309,6 +333,12 @@ class _Refit:
         est.fit(self.rows(), self.y)
         stored.keep_step(key, est)
         return est
+
+
+def _host_table(X: Any) -> bool:
+    """Whether ``X`` is host data the refit's steps are keyed by: a NumPy array or a pandas DataFrame (a
+    ColumnTransformer's columns by name), not data on a GPU."""
+    return isinstance(X, np.ndarray) or type(X).__module__.split(".")[0] == "pandas"
 
 
 def prefix_keys(steps: list[tuple[str, Any]]) -> list[Hashable]:

@@ -37,7 +37,9 @@ class SearchReport:
     Attributes
     ----------
     fits : dict
-        ``{step label: fits done}`` over every fold (the refit excluded).
+        ``{step label: fits that ran}`` over every fold (the refit excluded): step fits loaded from the store
+        are not fits (see ``loaded``); a fit run again on a copy of a loaded step to get its training output
+        (``fit_transform`` may differ from ``transform``: ``PCA``, ``TargetEncoder``) is one (see ``again``).
     naive : dict
         ``{step label: candidates × folds}``: what a search fitting each candidate on its own would do.
     transforms : int
@@ -49,15 +51,20 @@ class SearchReport:
         ``{candidate index: (its parameters, the last line of its first error)}`` for every candidate
         that failed on some fold (its scores are ``error_score``).
     ran : dict or None
-        ``{step label: fit tasks the executor ran}``, read from the run's trace: equal to ``fits`` when
-        each shared fit ran once (more only when Dask reran tasks of a worker that died); None when
-        the executor recorded no trace (``DaskExecutor(trace=False)``).
+        ``{step label: fits that ran}``, read from the run's trace: its fit tasks, less those that loaded
+        their step from the store, plus the fits run again inside them (each a nested record of the trace,
+        ``trace.nested``, labelled "fit_transform again"); equal to ``fits`` when each shared fit ran once
+        (more only when Dask reran tasks of a worker that died); None when the executor recorded no trace
+        (``DaskExecutor(trace=False)``).
     where : dict or None
-        ``{step label: {lane: fits}}``: where the fits ran (on Dask, each worker's address; else
-        the executor's lane); None with ``ran``.
+        ``{step label: {lane: fit tasks}}``: where the step's fit tasks ran (on Dask, each worker's address;
+        else the executor's lane), those that loaded their step included; None with ``ran``.
     remembered : int
-        (candidate, fold) results the search's memory gave instead of fitting them again (a fit
-        resumed after an interrupt, or a grid grown on the same data: :mod:`gpunets.tuning.memory`).
+        (candidate, fold) results not computed again: given by the search's memory (a fit resumed after an
+        interrupt, or a grid grown on the same data: :mod:`gpunets.tuning.memory`) or loaded from the store
+        (``results_stored`` of them).
+    results_stored : int
+        (candidate, fold) results loaded from the store of fitted states (an earlier search's, in any process).
     reused : dict
         ``{step label: fits taken from the search's memory}``: upstream steps fitted on the same fold by an
         earlier ``fit`` of the search (a widened grid, a resumed fit: :mod:`gpunets.tuning.memory`), not
@@ -67,6 +74,8 @@ class SearchReport:
     refit_stored : int
         Steps of the refit on all rows loaded from the store of fitted states (an earlier search's refit,
         or an upstream step of an earlier refit); a refit whose every step is stored computes nothing.
+    refit_again : int
+        Loaded steps of the refit fitted again (on a copy) for their output on all rows, as ``again``.
     warm : int
         Last-step fits that continued the candidate's fit of the previous rung (successive halving with
         an iteration budget as the resource, warm-started) instead of refitting it.
@@ -76,8 +85,17 @@ class SearchReport:
         fit bit for bit; counted in ``fits``.
     stored : int
         Step fits loaded from the store of fitted states instead of fitted (``gn.config(store=...)``,
-        docs/store.md; also those loaded on Dask workers that share the store, counted back with the scores);
-        :attr:`fitted` gives the fits that ran.
+        docs/store.md; also those loaded on Dask workers that share the store, counted back with the scores):
+        the sum of ``loaded``.
+    loaded : dict
+        ``{step label: step fits loaded from the store}`` (not counted in ``fits``).
+    again : dict
+        ``{step label: fits run again}``: a loaded step whose ``fit_transform`` may differ from its
+        ``transform`` is fitted again on a copy to pass on its fit's output bit for bit (counted in ``fits``);
+        ``gn.Store(path, outputs=True)`` keeps those outputs instead (docs/store.md, "Training outputs").
+    outputs : int
+        Training outputs of loaded steps read from the store (``gn.Store(path, outputs=True)``) instead of
+        fitting again.
     rungs : list of SearchReport
         Successive halving: the report of each rung (one network each); these totals are their sums.
     trace : Trace or None
@@ -101,6 +119,11 @@ class SearchReport:
     warm: int = 0
     batched: int = 0
     stored: int = 0
+    loaded: dict[str, int] = field(default_factory=dict)
+    again: dict[str, int] = field(default_factory=dict)
+    outputs: int = 0
+    results_stored: int = 0
+    refit_again: int = 0
     rungs: list[SearchReport] = field(default_factory=list, repr=False)
     trace: Any = field(default=None, repr=False)
 
@@ -133,6 +156,12 @@ class SearchReport:
             out.warm += r.warm
             out.batched += r.batched
             out.stored += r.stored
+            for k, v in r.loaded.items():
+                out.loaded[k] = out.loaded.get(k, 0) + v
+            for k, v in r.again.items():
+                out.again[k] = out.again.get(k, 0) + v
+            out.outputs += r.outputs
+            out.results_stored += r.results_stored
         offset = 0
         for r in reports:   # candidate indices of cv_results_ (rung after rung)
             for c, e in r.errors.items():
@@ -158,12 +187,47 @@ class SearchReport:
 
     @property
     def fitted(self) -> int:
-        """Step fits that ran: those done, less those loaded from the store.
+        """Step fits that ran (those run again for a loaded step's output included).
 
         >>> SearchReport({"pca": 2, "ridge": 6}, {}, stored=7).fitted
-        1
+        8
         """
-        return sum(self.fits.values()) - self.stored
+        return sum(self.fits.values())
+
+    def count_done(self, done: Iterable[tuple[str, Any]]) -> None:
+        """Count what the step tasks did with the store: ``(step label, gpunets.tuning.stored.Done)`` pairs,
+        each once.  A loaded step fit leaves ``fits`` (and ``ran``) for ``loaded``; a fit run again for a loaded
+        step's output joins ``fits`` and ``again`` (and ``ran``, with a nested record in ``trace``).  Call it
+        after :meth:`read_trace`.
+
+        >>> from gpunets.tuning.stored import done
+        >>> r = SearchReport({"pca": 3, "ridge": 6}, {"pca": 6, "ridge": 6}, ran={"pca": 3, "ridge": 6})
+        >>> r.count_done([("pca", done("loaded", 1)), ("pca", done("again", 1)), ("pca", done("loaded", 1))])
+        >>> r.fits, r.loaded, r.again, r.stored, r.ran
+        ({'pca': 2, 'ridge': 6}, {'pca': 2}, {'pca': 1}, 2, {'pca': 2, 'ridge': 6})
+        """
+        from gpunets.base.trace import TraceRecord
+
+        for step, d in done:
+            what = getattr(d, "what", "loaded")
+            if what == "output":
+                self.outputs += 1
+                continue
+            sign = -1 if what == "loaded" else 1
+            book = self.loaded if what == "loaded" else self.again
+            book[step] = book.get(step, 0) + 1
+            self.fits[step] = self.fits.get(step, 0) + sign
+            if self.ran is not None:
+                self.ran[step] = self.ran.get(step, 0) + sign
+            if what == "again" and self.trace is not None and self.trace.origin is not None:
+                import os
+
+                here = getattr(d, "pid", 0) == os.getpid()
+                start = d.start - self.trace.origin if here else 0.0
+                self.trace.nested.append(TraceRecord(
+                    -1, "fit", f"{fit_name(step)}: fit_transform again (the training output of a stored fit)",
+                    f"{fit_name(step)} (inside)", "cpu", start, start + d.seconds, "task", parent=fit_name(step)))
+        self.stored = sum(self.loaded.values())
 
     def read_trace(self, records: Iterable[Any]) -> None:
         """Fill ``ran`` and ``where`` from the trace records of the search's run.
@@ -200,29 +264,73 @@ class SearchReport:
         self.ran, self.where = (ran, where) if seen else (None, None)
 
     def __repr__(self) -> str:
+        """The fits that ran, what the store and the search's memory gave instead, per step.
+
+        >>> SearchReport({}, {}, remembered=50, results_stored=50)
+        SearchReport (nothing fitted: all 50 (candidate, fold) results loaded from the store, 0.000 s)
+        """
         done, naive = self.total
         ran = self.ran is not None
-        lines = [f"SearchReport ({done} fits instead of {naive}, {self.seconds:.3f} s)",
-                 f"  {'step':<24} {'fits':>6} {'naive':>6}" + (f" {'ran':>6}  where" if ran else "")]
-        for k in self.fits:
-            line = f"  {k:<24} {self.fits[k]:>6} {self.naive[k]:>6}"
-            if self.ran is not None and self.where is not None:
-                line += f" {self.ran[k]:>6}  " + ", ".join(f"{n} on {lane}" for lane, n in self.where[k].items())
-            lines.append(line)
+        store = bool(self.stored or self.loaded or self.again or self.outputs)
+        if not self.fits and not naive:   # no network ran: every result was there already
+            whence = _whence(self.remembered, self.results_stored)
+            lines = [f"SearchReport (nothing fitted: all {self.remembered} (candidate, fold) results {whence}, "
+                     f"{self.seconds:.3f} s)"]
+        else:
+            head = f"SearchReport ({done} fits instead of {naive}"
+            if self.stored:
+                head += f", {self.stored} loaded from the store"
+            lines = [head + f", {self.seconds:.3f} s)",
+                     f"  {'step':<24} {'fits':>6}" + (f" {'loaded':>6}" if store else "") + f" {'naive':>6}"
+                     + (f" {'ran':>6}  where (fit tasks)" if ran else "")]
+            for k in self.fits:
+                line = f"  {k:<24} {self.fits[k]:>6}" + (f" {self.loaded.get(k, 0):>6}" if store else "")
+                line += f" {self.naive.get(k, 0):>6}"
+                if self.ran is not None and self.where is not None:
+                    line += f" {self.ran.get(k, 0):>6}  " + ", ".join(f"{n} on {lane}"
+                                                                     for lane, n in self.where.get(k, {}).items())
+                lines.append(line)
         if self.batched:
             lines.append(f"  {self.batched} last-step fits done in batches (gpunets.tuning.batched)")
-        if self.remembered or self.warm:
-            lines.append(f"  {self.remembered} (candidate, fold) results remembered, {self.warm} warm-started fits")
-        if self.stored or self.refit_stored:
-            lines.append(f"  {self.stored} step fits loaded from the store, {self.fitted} fitted"
-                         + (f"; {self.refit_stored} steps of the refit loaded" if self.refit_stored else ""))
+        if (self.remembered or self.warm) and (self.fits or naive):
+            lines.append(f"  {self.remembered} (candidate, fold) results {_whence(self.remembered, self.results_stored)}"
+                         f", {self.warm} warm-started fits")
+        if store:
+            line = f"  {self.stored} step fits loaded from the store"
+            if self.again:
+                line += (f"; {sum(self.again.values())} of them fitted again for their training output (counted in "
+                         f"fits: {', '.join(f'{k}: {v}' for k, v in self.again.items())}; "
+                         "gn.Store(path, outputs=True) keeps such outputs)")
+            if self.outputs:
+                line += f"; {self.outputs} training outputs loaded"
+            lines.append(line)
+        if self.refit_stored or self.refit_again:
+            lines.append(f"  {self.refit_stored} steps of the refit loaded from the store"
+                         + (f", {self.refit_again} fitted again for their output" if self.refit_again else ""))
         if self.reused or self.refit_reused:
             lines.append(f"  {sum(self.reused.values())} upstream step fits reused from the search's memory "
                          f"({', '.join(f'{k}: {v}' for k, v in self.reused.items()) or 'none'}), "
                          f"{self.refit_reused} in the refit")
         for i, r in enumerate(self.rungs):
             done, naive = r.total
-            lines.append(f"  rung {i}: {r.candidates} candidates, {done} fits instead of {naive} "
-                         f"({r.warm} warm, {naive - done} shared fits saved, {r.remembered} remembered)")
+            if naive:
+                lines.append(f"  rung {i}: {r.candidates} candidates, {done} fits instead of {naive} "
+                             f"({r.warm} warm, {r.stored} loaded, {r.remembered} results remembered)")
+            else:
+                lines.append(f"  rung {i}: {r.candidates} candidates, nothing fitted: all {r.remembered} results "
+                             f"{_whence(r.remembered, r.results_stored)}")
         lines += [f"  candidate {i} {params} failed: {err}" for i, (params, err) in self.errors.items()]
         return "\n".join(lines)
+
+
+def _whence(remembered: int, from_store: int) -> str:
+    """Where ``remembered`` (candidate, fold) results came from.
+
+    >>> _whence(6, 2)
+    "not computed again (2 loaded from the store, 4 from the search's memory)"
+    """
+    if from_store == remembered:
+        return "loaded from the store"
+    if not from_store:
+        return "remembered (the search's memory)"
+    return f"not computed again ({from_store} loaded from the store, {remembered - from_store} from the search's memory)"

@@ -132,15 +132,22 @@ class _NetworkSearch(BaseSearchCV):
         return tags
 
     def _run_search(self, evaluate_candidates: Any, *, callback_ctx: Any = None) -> None:
-        candidates = self._candidates()
+        # the candidates drawn once per fit (by _check_candidates): a RandomState object given as random_state
+        # advances with each draw, and scikit-learn draws once
+        candidates = self.__dict__.pop("_gn_candidates", None)
+        if candidates is None:
+            candidates = self._candidates()
         ctx = dropin.subcontext(callback_ctx, "search", max_subtasks=len(candidates) * self.n_splits_,
                                 sequential_subtasks=False).call_on_fit_task_begin(estimator=self)
         evaluate_candidates(candidates, callback_ctx=ctx)
         ctx.call_on_fit_task_end(estimator=self)
 
     def _check_candidates(self) -> None:
-        """Refuse an empty search before anything is built."""
-        if not self._candidates():
+        """Refuse an empty search before anything is built; the candidates are kept for :meth:`_run_search`
+        (drawn once: scikit-learn's search samples a ``RandomState`` object once per fit)."""
+        candidates = self._candidates()
+        self._gn_candidates = candidates
+        if not candidates:
             msg = (f"{type(self).__name__} has no candidate to evaluate: the parameter grid is empty. "
                    "Hint: give at least one value per parameter, e.g. {'alpha': [0.1, 1.0]}.")
             raise ValueError(msg)
@@ -224,7 +231,7 @@ class _NetworkSearch(BaseSearchCV):
                     Xf, yf = Xr(X, y)   # upstream steps kept from an earlier refit on the same data, else fit
                     kept = memory.refit_kept(self, self.best_estimator_, Xf, yf, fit_params)
                     if kept is not None:
-                        report.refit_reused, report.refit_stored = kept
+                        report.refit_reused, report.refit_stored, report.refit_again = kept
                     else:   # one task: a forest grows its trees on the search's lanes
                         with warm.threaded_trees(self.best_estimator_, warm.lanes(self.executor, workers)):
                             if y is not None:
@@ -259,6 +266,7 @@ class _NetworkSearch(BaseSearchCV):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.pop("_gn_memory", None)   # the search's memory of fitted results stays in this process
+        state.pop("_gn_candidates", None)   # left by a fit that stopped before evaluating
         return state
 
     def _evaluate(self, candidates: list[dict[str, Any]], splits: list[tuple[np.ndarray, np.ndarray]],
@@ -270,21 +278,31 @@ class _NetworkSearch(BaseSearchCV):
         if mem is None or self.__dict__.get("_gn_memory") is not mem:   # the data fingerprinted once per fit
             mem = shared["memory"] = memory.of(self, X, y, fit_params, score_params, scorers)
         specs = mem.specs(base, candidates, cache=not is_composite(base))   # unknown names raise here
-        extra = self._warm_keys(candidates)
-        keys, todo = mem.lookup(specs, splits, extra)
+        # a warm-started iteration budget: each (candidate, fold) continued from a previous fit is another result,
+        # keyed with the budgets it grew through (never served to a cold search, nor a cold one to it)
+        warm = self._warm_plan(candidates, splits, mem)
+        tags = None if warm is None else warm.tags()
+        keys, todo = mem.lookup(specs, splits, tags)
         if self._watched() is not None:   # callbacks watch every evaluation's fit: none from the memory
             todo = [list(range(len(specs))) for _ in splits]
         # results kept in the store of fitted states (docs/store.md): a search run again in a new process
-        skeys = stored.result_keys(self, specs, splits, X, y, fit_params, score_params) if extra is None else None
-        if skeys is not None:
+        skeys = stored.result_keys(self, specs, splits, X, y, fit_params, score_params, tags)
+        from_store = _load_stored(mem, keys, skeys, todo, len(splits))
+        if warm is not None and any(todo):   # a warm result neither kept nor continuable (its previous fit is not
+            cold_keys, _ = mem.lookup(specs, splits)   # in memory: loaded, or another process's): a cold fit
+            cold_skeys = stored.result_keys(self, specs, splits, X, y, fit_params, score_params)
             for f, cands in enumerate(todo):
                 for c in list(cands):
                     i = c * len(splits) + f
-                    hit = stored.load_result(skeys[i]) if keys[i] is not None else None
-                    if isinstance(hit, dict):
-                        mem.put(keys[i], hit)
-                        cands.remove(c)
-        warm = self._warm_plan(candidates, splits, mem)
+                    if warm.go_cold(c, f):
+                        keys[i] = cold_keys[i]
+                        if skeys is not None and cold_skeys is not None:
+                            skeys[i] = cold_skeys[i]
+                        if keys[i] is not None and keys[i] in mem.results:
+                            cands.remove(c)
+            from_store += _load_stored(mem, keys, skeys, todo, len(splits))
+        if self.verbose > 0:   # scikit-learn's line, saying what is left to fit
+            print(dropin.fitting_line(len(splits), len(candidates), sum(len(t) for t in todo), from_store))
         outs: list[Any] = [mem.get(k) for k in keys]
         if any(todo):
             def record(c: int, f: int, out: dict[str, Any]) -> None:
@@ -314,6 +332,7 @@ class _NetworkSearch(BaseSearchCV):
         else:
             report = SearchReport(fits={}, naive={})
         report.remembered = sum(len(splits) - len(t) for t in _by_candidate(todo, len(specs)))
+        report.results_stored = from_store
         report.candidates = len(specs)
         self._gn_reports.append(report)
         self._after_run(candidates, splits, outs, mem)
@@ -331,9 +350,6 @@ class _NetworkSearch(BaseSearchCV):
         if gpu is not None or composite or self._gn_record is None or memory.is_dask(executor):
             return None
         return self.__dict__.get("_gn_memory")
-
-    def _warm_keys(self, candidates: list[dict[str, Any]]) -> Any:
-        return None
 
     def _warm_plan(self, candidates: list[dict[str, Any]], splits: Any, mem: Any) -> Any:
         return None
@@ -420,12 +436,20 @@ class _NetworkSearch(BaseSearchCV):
         start = time.perf_counter()
         outs = evaluate(target, output="device", executor=executor, workers=workers)
         report.seconds = time.perf_counter() - start
-        # step fits loaded (a token per load, also from Dask workers), last steps fitted in a batch (tuning.batched)
-        report.stored = len({t for o in outs for t in o.pop("_stored", ())})
+        # last steps fitted in a batch (tuning.batched); what the step tasks did with the store (also on Dask
+        # workers): each stored.Done once, named by the step of the candidate whose result carried it
         report.batched = sum(bool(o.pop("_batched", False)) for o in outs)
+        done: dict[Any, str] = {}
+        for (c, _), o in zip(pairs_done, outs):
+            for d in o.pop("_stored", ()):
+                if d not in done:
+                    depth = getattr(d, "depth", 0)
+                    own = steps[c] if steps is not None else []
+                    done[d] = own[depth][0] if depth < len(own) else (names[-1] if names else "?")
         trace = last_trace()
-        report.read_trace(() if trace is None else trace.records)   # the fits that ran, and where
         report.trace = trace
+        report.read_trace(() if trace is None else trace.records)   # the fit tasks that ran, and where
+        report.count_done((step, d) for d, step in done.items())
         return dict(zip(pairs_done, outs)), report
 
     def _fold_nodes(self, X: Any, y: Any, splits: list[tuple[np.ndarray, np.ndarray]], specs: list[Any],
@@ -477,6 +501,24 @@ class _NetworkSearch(BaseSearchCV):
                 fold.candidate(steps[c], warm=None if warm is None else warm.step(c, f), keys=keys[c])
             score_nodes.append(dict(zip(run, fold.scores())))
         return score_nodes
+
+
+def _load_stored(mem: Any, keys: list[Any], skeys: list[bytes | None] | None, todo: list[list[int]],
+                 n_splits: int) -> int:
+    """Take from the store the results of ``todo`` it holds under ``skeys`` into the memory (under ``keys``);
+    how many it took."""
+    if skeys is None:
+        return 0
+    taken = 0
+    for f, cands in enumerate(todo):
+        for c in list(cands):
+            i = c * n_splits + f
+            hit = stored.load_result(skeys[i]) if keys[i] is not None else None
+            if isinstance(hit, dict):
+                mem.put(keys[i], hit)
+                cands.remove(c)
+                taken += 1
+    return taken
 
 
 def _small_folds(X: Any, splits: list[tuple[np.ndarray, np.ndarray]]) -> bool:

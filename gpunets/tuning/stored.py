@@ -9,13 +9,19 @@ key of the upstream step's fit (carried by the :class:`~gpunets.tuning.tasks.Sta
 search run again, in this process or a new one, loads every step it fitted before, and a grid widened with new
 values of the last step loads the shared upstream steps and fits only the new candidates' last steps.
 
+A loaded step whose ``fit_transform`` may differ from its ``transform`` (:mod:`gpunets.planning.outputs` says
+why) is fitted again on a copy for its training output, unless the store keeps training outputs
+(``gn.Store(path, outputs=True)``: :func:`keep_output`, :func:`load_output`; such entries hold data derived
+from the training rows, so only by this opt-in).
+
 The tasks read the store in force where they run: the caller's ``gn.config(store=...)`` travels with them on
 the serial, threads and streams executors, and on Dask to workers that share the store's folder (the executor
 checks it once per cluster, :mod:`gpunets.executors._dask_store`).  There each step fit is looked up and
 written on the worker that runs it, and each (candidate, fold) result is written by the task that scores it
 (:class:`Keeping`): the client sends keys, never fitted steps, and a search stopped midway (Ctrl-C, a lost
-worker, a timeout) keeps what finished.  The step fits loaded on a worker come back to the client's
-``search_report_.stored`` with the scores (a token per load, ``_stored`` in the task's result).  Where the
+worker, a timeout) keeps what finished.  What the step tasks did with the store comes back to the client's
+``search_report_`` with the scores (a :class:`Done` per step fit loaded, per fit run again for a loaded
+step's training output, per training output read: ``_stored`` in the task's result).  Where the
 workers do not see the folder the store is the client's only: the client looks up each (candidate, fold)
 result before the run and writes the new ones when the run ends; the steps fit on the workers as without a
 store.
@@ -29,7 +35,8 @@ True
 from __future__ import annotations
 
 import logging
-from typing import Any
+import os
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -45,12 +52,72 @@ from gpunets.planning.stored import GPU_ROUTES, state_of, write_state
 
 logger = logging.getLogger("gpunets")
 
-__all__ = ["load_step", "step_key", "stage_key", "data_key", "load_result", "keep_result", "keep_step", "result_keys", "entry", "Keeping", "keep_in",
-           "PRIVATE"]
+__all__ = ["load_step", "step_key", "stage_key", "data_key", "load_result", "keep_result", "keep_step", "result_keys",
+           "entry", "keepable", "Keeping", "keep_in", "PRIVATE", "Done", "done", "load_output", "keep_output", "outputs_kept"]
 
 #: The keys of a task's result that are not part of scikit-learn's result, hence never remembered nor stored:
 #: a warm-started fit, the tokens of the step fits loaded from the store, whether the task wrote the result.
 PRIVATE = ("_fitted", "_stored", "_kept", "_batched")
+
+
+class Done(NamedTuple):
+    """One thing a step task did that the search's report counts, carried back with the scores (``_stored`` in a
+    task's result; a value that reaches several results is counted once, by ``token``).
+
+    ``what``: ``"loaded"``, a step fit loaded from the store; ``"again"``, a fit run again on a copy of a loaded
+    step for its training output (``fit_transform`` may differ from ``transform``: PCA, TargetEncoder; a fit
+    that runs, counted as one); ``"output"``, that training output loaded from the store instead
+    (``gn.Store(path, outputs=True)``).  ``depth``: the step's place in the candidate's pipeline (0: the first).
+    ``seconds``: how long the fit run again took (0 otherwise).
+    """
+
+    what: str
+    depth: int
+    token: bytes
+    seconds: float = 0.0
+    start: float = 0.0   # time.perf_counter() when the fit run again started, in process ``pid``
+    pid: int = 0
+
+
+def done(what: str, depth: int, seconds: float = 0.0) -> Done:
+    """A :class:`Done` with a fresh token (``seconds``: a fit that just ended, after running that long).
+
+    >>> d = done("loaded", 1)
+    >>> d.what, d.depth, len(d.token), d == done("loaded", 1)
+    ('loaded', 1, 8, False)
+    """
+    import time
+
+    return Done(what, depth, os.urandom(8), seconds, time.perf_counter() - seconds, os.getpid())
+
+
+def outputs_kept() -> bool:
+    """Whether the store in force keeps training outputs (``gn.Store(path, outputs=True)``)."""
+    s = _store.current_store()
+    return bool(getattr(s, "outputs", False))
+
+
+def _output_key(key: bytes) -> bytes:
+    return digest(b"gnoutput", key)
+
+
+def load_output(key: bytes | None) -> Any:
+    """The training output kept with the step fit stored under ``key`` (:func:`keep_output`), else None; read
+    only from a store that keeps outputs."""
+    s = _store.current_store()
+    if key is None or s is None or not getattr(s, "outputs", False):
+        return None
+    got = s.get(_output_key(key))
+    return got[0] if isinstance(got, tuple) and len(got) == 1 else None
+
+
+def keep_output(key: bytes | None, out: Any) -> None:
+    """Keep ``out``, the training output of the step fit stored under ``key`` (its ``fit_transform``'s), where
+    the store in force opted in (``outputs=True``: such an entry holds data derived from the training rows);
+    nothing otherwise."""
+    s = _store.current_store()
+    if key is not None and s is not None and getattr(s, "outputs", False) and out is not None:
+        s.put(_output_key(key), (out,))
 
 
 def data_key(x: Any) -> bytes | None:
@@ -89,16 +156,17 @@ def step_key(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: Any,
 
 
 def load_result(key: bytes | None) -> Any:
-    """The (candidate, fold) result stored under ``key`` (see :func:`keep_result`), else None."""
+    """The (candidate, fold) result stored under ``key`` (see :func:`keep_result`), else None (a failure that an
+    older version stored is not served)."""
     s = _store.current_store()
     got = s.get(key) if key is not None and s is not None else None
-    return got if isinstance(got, dict) else None
+    return got if isinstance(got, dict) and keepable(got) else None
 
 
 def keep_result(key: bytes | None, out: dict[str, Any]) -> None:
     """Write a (candidate, fold) result (:func:`entry`) under ``key`` (nothing without a key or a store)."""
     s = _store.current_store()
-    if key is not None and s is not None:
+    if key is not None and s is not None and keepable(out):
         s.put(key, out)
 
 
@@ -170,6 +238,22 @@ def keep_step(key: bytes | None, est: Any, route: Any = None, same_output: bool 
     write_state(s, key, est, info)
 
 
+def keepable(out: Any) -> bool:
+    """Whether a (candidate, fold) result may be remembered or stored: not a failure.  A fit that failed
+    (``fit_error``), a score that failed (``error_score`` with a "Scoring failed" warning) or one that stops the
+    search (``_raise``) may not fail next time (a flaky resource, memory, a fixed bug): it is never kept, so the
+    next search fits it again.
+
+    >>> keepable({"fit_error": None, "test_scores": 0.5}), keepable({"fit_error": "Traceback...", "test_scores": 0})
+    (True, False)
+    >>> keepable({"fit_error": None, "test_scores": 0.0, "_warnings": ["Scoring failed. The score on ..."]})
+    False
+    """
+    if not isinstance(out, dict) or out.get("_raise") is not None or out.get("fit_error") is not None:
+        return False
+    return not any(isinstance(w, str) and w.startswith("Scoring failed") for w in out.get("_warnings") or ())
+
+
 def entry(out: dict[str, Any]) -> dict[str, Any]:
     """The (candidate, fold) result ``out`` as it is remembered and stored: its :data:`PRIVATE` keys dropped.
 
@@ -192,7 +276,7 @@ class Keeping:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         out = self.fn(*args, **kwargs)
         s = _store.current_store()
-        if s is not None and isinstance(out, dict) and out.get("_raise") is None and s.put(self.key, entry(out)):
+        if s is not None and keepable(out) and s.put(self.key, entry(out)):
             out["_kept"] = True
         return out
 
@@ -204,12 +288,14 @@ def keep_in(score_node: Any, key: bytes | None) -> None:
 
 
 def result_keys(search: Any, specs: list[Any], splits: list[Any], X: Any, y: Any, fit_params: dict[str, Any],
-                score_params: dict[str, Any]) -> list[bytes | None] | None:
+                score_params: dict[str, Any], tags: list[Any] | None = None) -> list[bytes | None] | None:
     """The store key of every (candidate, fold) result of ``search``, candidate-major (None: no store).
 
     A result (scikit-learn's ``_fit_and_score`` output: scores and times) is keyed by the candidate (class and
     hyperparameters), the fold's rows, and the search's context: the data's content, the fit and score
-    parameters, the scoring, ``return_train_score``, ``error_score``, the search's device and the versions.
+    parameters, the scoring, ``return_train_score``, ``error_score``, the search's device and the versions;
+    ``tags`` (per (candidate, fold); None: a plain fit) by how it was fitted otherwise: a warm-started fit by
+    the budgets it grew through (:meth:`~gpunets.tuning.warm.WarmPlan.tags`).
     """
     if _store.current_store() is None:
         return None
@@ -230,4 +316,6 @@ def result_keys(search: Any, specs: list[Any], splits: list[Any], X: Any, y: Any
         cand = stable_key(spec, own)
         versions = library_versions(own - {"gpunets"})
         out += [None if cand is None or f is None else digest(b"gnresult", context, cand, f, versions) for f in folds]
+    if tags is not None:
+        out = [k if k is None or t is None else digest(b"gnwarm", k, repr(t).encode()) for k, t in zip(out, tags)]
     return out

@@ -6,7 +6,6 @@ Module-level functions so that the network pickles (Dask).  A fit or score that 
 
 from __future__ import annotations
 
-import os
 import time
 import traceback
 from typing import Any, NamedTuple
@@ -22,6 +21,7 @@ from gpunets.compute.estimators import (
     writes_inputs,
 )
 from gpunets.compute.models import fit_context, prepare_inputs
+from gpunets.core.machines import OPERATIONS
 from gpunets.core.nodes import source
 from gpunets.devices.data import check_placeable, take_rows
 from gpunets.tuning import dropin, stored
@@ -43,7 +43,56 @@ class Stage(NamedTuple):
     score: Any
     seconds: tuple[float, ...]
     key: Any = None   # the store key of the values it holds (:mod:`gpunets.tuning.stored`), or None
-    loaded: tuple[bytes, ...] = ()   # a token per step fit of its chain loaded from the store (counted once each)
+    loaded: tuple[Any, ...] = ()   # what its chain's tasks did with the store (stored.Done: counted once each)
+
+
+class Deferred:
+    """A loaded step's output on its training rows, computed only when a later step needs it: with a store that
+    keeps training outputs (``gn.Store(path, outputs=True)``) the later step, loaded too, may find its own
+    output there, and then this one is never computed.  Computed once in a process (:meth:`compute`); a copy
+    sent to another process computes its own."""
+
+    def __init__(self, est: Any, fit_params: dict[str, Any], X: Any, y: Any, same: bool, key: Any,
+                 depth: int) -> None:
+        import threading
+
+        self.args = (est, fit_params, X, y, same, key, depth)
+        self._lock = threading.Lock()
+        self._value: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"args": self.args, "_value": self._value}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        import threading
+
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def compute(self) -> tuple[Any, tuple[Any, ...]]:
+        """``(the output, what computing it did: stored.Done values)``; what it did is told once, to the first
+        caller in this process (the others are given the output only)."""
+        with self._lock:
+            if self._value is not None:
+                return self._value, ()
+            est, fit_params, X, y, same, key, depth = self.args
+            kept = stored.load_output(key) if training_output_differs(est) else None
+            if kept is not None:   # the upstream rows are not needed
+                self._value = kept
+                return kept, (stored.done("output", depth),)
+            X, before = materialize(X)
+            out, did = _training_rows(est, fit_params, X, y, same, None, depth)
+            if did:   # fitted again: kept where the store keeps outputs
+                stored.keep_output(key, out)
+            self._value = out
+            return out, before + did
+
+
+def materialize(X: Any) -> tuple[Any, tuple[Any, ...]]:
+    """``(X, ())``, or a :class:`Deferred` output computed: ``(its value, what computing it did)``."""
+    if isinstance(X, Deferred):
+        return X.compute()
+    return X, ()
 
 
 def aligned(*values: Any) -> tuple[Any, ...]:
@@ -110,9 +159,9 @@ def moved(route: Any, *values: Any) -> tuple[Any, ...]:
 
 @saved_operation
 def fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: Any,
-             y: Any, own: bool = False) -> tuple[Any, Any, float, tuple[bytes, ...]]:
+             y: Any, own: bool = False) -> tuple[Any, Any, float, tuple[Any, ...]]:
     """Fit one step: ``(fitted, transformed training rows or None, seconds, loaded)``, as Pipeline's fit does
-    (``loaded``: one token if the fit was loaded from the store, see :attr:`Stage.loaded`).
+    (``loaded``: what it did with the store, :class:`~gpunets.tuning.stored.Done` values, see :attr:`Stage.loaded`).
 
     ``route`` is the step's :class:`~gpunets.compute.models.Resolved` on a GPU (its estimator is the one fitted),
     None on the CPU; ``X`` is the training rows, or the previous step's :class:`Stage`; ``own``: ``X`` is this
@@ -124,14 +173,17 @@ def fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: An
 
 def _keyed_fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any], X: Any, y: Any,
                     x_key: bytes | None = None, own: bool = False,
-                    lookup: Any = None) -> tuple[Any, Any, float, Any, tuple[bytes, ...]]:
-    """:func:`fit_step`, its store key and loaded token: a step stored under that key is loaded, not fitted
-    (docs/store.md).  ``x_key``: the key of the rows ``X`` (a :class:`Stage` carries its own); ``lookup``: what
-    :func:`~gpunets.tuning.stored.load_step` gave for it already."""
+                    lookup: Any = None, depth: int = 0,
+                    defer: bool = False) -> tuple[Any, Any, float, Any, tuple[Any, ...]]:
+    """:func:`fit_step`, its store key and what it did with the store (:class:`~gpunets.tuning.stored.Done`
+    values): a step stored under that key is loaded, not fitted (docs/store.md).  ``x_key``: the key of the rows
+    ``X`` (a :class:`Stage` carries its own); ``lookup``: what :func:`~gpunets.tuning.stored.load_step` gave for
+    it already; ``depth``: the step's place in its pipeline (a :class:`Stage` gives it); ``defer``: a loaded
+    upstream step may pass on its training output as a :class:`Deferred` (a store that keeps outputs)."""
     from sklearn.base import clone
 
     if isinstance(X, Stage):
-        X, x_key = X.train, X.key
+        X, x_key, depth = X.train, X.key, len(X.seconds)
     if isinstance(X, Failed):
         X = X.as_fit()
         return X, X, 0.0, None, ()
@@ -140,31 +192,57 @@ def _keyed_fit_step(est: Any, route: Any, last: bool, fit_params: dict[str, Any]
     start = time.perf_counter()
     hit, key, same = stored.load_step(est, route, fit_params, X, y, x_key) if lookup is None else lookup
     est = hit if hit is not None else clone(est if route is None else route.estimator)
+    before: tuple[Any, ...] = ()
     try:
+        if hit is not None:
+            loaded = (stored.done("loaded", depth),)
+            if last:
+                return est, None, time.perf_counter() - start, key, loaded
+            if defer and route is None and stored.outputs_kept():
+                # computed (or read from the store) only if no later step's kept output will do
+                out = Deferred(est, fit_params, X, y, same, key, depth)
+                return est, out, time.perf_counter() - start, key, loaded
+            kept = stored.load_output(key) if route is None and training_output_differs(est) else None
+            if kept is not None:   # its fit's output, kept by a store that keeps outputs: the rows are not needed
+                return est, kept, time.perf_counter() - start, key, (*loaded, stored.done("output", depth))
+        X, before = materialize(X)
+        X = aligned(X)[0]
         with on_device(route):
             X, y = moved(route, X, y)
-            if hit is not None:   # loaded: only the training rows' transform is left to compute
-                out = None if last else _training_rows(est, fit_params, X, y, same)
-                return est, out, time.perf_counter() - start, key, (os.urandom(8),)
+            if hit is not None:   # loaded: only the training rows' output is left to compute
+                out, did = _training_rows(est, fit_params, X, y, same, None, depth)
+                if did:   # a fit run again for its output: kept where the store keeps outputs
+                    stored.keep_output(key if route is None else None, out)
+                return est, out, time.perf_counter() - start, key, (*before, *loaded, *did)
             out = _fit_step(est, last, fit_params, X, y, start, own)
             same = (key is not None and not last and training_output_differs(est)   # read only from the store
                     and transform_gives(est, X, out[1]))
         stored.keep_step(key, est, route, same)
-        return (*out, key, ())
+        if not last and route is None and training_output_differs(est):
+            stored.keep_output(key, out[1])   # only where the store keeps outputs (gn.Store(outputs=True))
+        return (*out, key, before)
     except Exception as e:  # noqa: BLE001 - reported by candidate through error_score
         failed = Failed(e, traceback.format_exc(), time.perf_counter() - start)
         return failed, failed, failed.seconds, None, ()
 
 
-def _training_rows(est: Any, fit_params: dict[str, Any], X: Any, y: Any, same: bool) -> Any:
-    """A loaded step's output on its training rows, as its fit gave it: ``transform``, or, where
-    ``fit_transform`` may differ (``TargetEncoder``, ``PCA``), ``fit_transform`` on a copy (the copy is dropped;
-    gpunets.planning.outputs says why)."""
+def _training_rows(est: Any, fit_params: dict[str, Any], X: Any, y: Any, same: bool, key: Any = None,
+                   depth: int = 0) -> tuple[Any, tuple[Any, ...]]:
+    """A loaded step's output on its training rows, as its fit gave it, and what that took
+    (:class:`~gpunets.tuning.stored.Done` values): ``transform``; where ``fit_transform`` may differ
+    (``TargetEncoder``, ``PCA``) the output kept with the fit under ``key`` (``gn.Store(path, outputs=True)``),
+    else ``fit_transform`` on a copy, a fit that runs (``"again"``; the copy is dropped; gpunets.planning.outputs
+    says why)."""
     from sklearn.base import clone
 
     if same or not training_output_differs(est):
-        return est.transform(*own_inputs(est, (X,)))
-    return _fit_step(clone(est), False, fit_params, X, y, 0.0)[1]
+        return est.transform(*own_inputs(est, (X,))), ()
+    kept = stored.load_output(key)
+    if kept is not None:
+        return kept, (stored.done("output", depth),)
+    start = time.perf_counter()
+    out = _fit_step(clone(est), False, fit_params, X, y, 0.0)[1]
+    return out, (stored.done("again", depth, time.perf_counter() - start),)
 
 
 def _fit_step(est: Any, last: bool, fit_params: dict[str, Any], X: Any, y: Any,
@@ -216,7 +294,8 @@ def fit_stage(est: Any, route: Any, fit_params: dict[str, Any], score: bool, y: 
         X, X_test, X_score, secs, before, x_key = X.train, X.test, X.score, X.seconds, X.loaded, X.key
     same = X_score is X   # the rows to score are the training rows (train scores)
     X_test, X_score = aligned(X_test, X_score)
-    est, out, seconds, key, loaded = _keyed_fit_step(est, route, False, fit_params, X, y, x_key)
+    est, out, seconds, key, loaded = _keyed_fit_step(est, route, False, fit_params, X, y, x_key, depth=len(secs),
+                                                     defer=not score)
     if same and writes_inputs(est) and not isinstance(out, Failed):
         # scikit-learn's _fit_and_score scores the X_train its fit wrote into (copy=False): the rows are
         # this fit's output, transformed again
@@ -242,7 +321,7 @@ def score_on(route: Any, *args: Any) -> dict[str, Any]:
         return score_one(*values)
 
 
-@saved_operation
+@saved_operation(checked={0: "callable"})
 def score_one(scorer: Any, error_score: Any, train: bool, n_test: int, n_scores: tuple[str, ...] | None,
               score_params: tuple[dict[str, Any], dict[str, Any]] | None, est: Any, X_test: Any, y_test: Any,
               X_train: Any, y_train: Any, *seconds: float) -> dict[str, Any]:
@@ -513,9 +592,13 @@ def frozen_model(est: Any) -> tuple[Any, None, float]:
     return est, None, 0.0
 
 
-@saved_operation
+@saved_operation(checked={0: "operation"})
 def apply_op(op: str, est: Any, *values: Any) -> Any:
-    """A machine operation (``predict``, ``transform``...) of a fitted model."""
+    """A machine operation (``predict``, ``transform``...: one of :data:`~gpunets.core.machines.OPERATIONS`, never
+    another method) of a fitted model."""
+    if op not in OPERATIONS:
+        msg = f"apply_op: {op!r} is not a machine operation; operations are {list(OPERATIONS)}."
+        raise ValueError(msg)
     failed = _first_failed((est, *values))
     if failed is not None:
         return failed
@@ -525,7 +608,7 @@ def apply_op(op: str, est: Any, *values: Any) -> Any:
         return Failed(e, traceback.format_exc(), fit=False)
 
 
-@saved_operation
+@saved_operation(checked={0: "callable"})
 def call_fn(fn: Any, *values: Any) -> Any:
     """A plain node of a composite's network (``gn.node(fn, ...)``, ``gn.mean``...)."""
     failed = _first_failed(values)
@@ -569,7 +652,7 @@ class Replay:
         return type(self._spec).score(self, X, y, sample_weight=sample_weight)
 
 
-@saved_operation
+@saved_operation(checked={1: "operations", 2: "callable"})
 def score_replay(spec: Any, ops: tuple[str, ...], scorer: Any, error_score: Any, train: bool, n_test: int,
                  n_scores: tuple[str, ...] | None, fit_seconds: float, y_test: Any, y_train: Any,
                  *values: Any) -> dict[str, Any]:

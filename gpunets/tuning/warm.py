@@ -28,7 +28,7 @@ from gpunets.base.saved import saved_operation
 from gpunets.compute.estimators import own_inputs
 from gpunets.executors.base import default_workers
 from gpunets.tuning.networks import is_composite, pipeline_steps
-from gpunets.tuning.tasks import Failed, Stage, aligned, moved, on_device, score_fit
+from gpunets.tuning.tasks import Failed, Stage, aligned, materialize, moved, on_device, score_fit
 
 __all__ = ["WarmPlan", "check_warm", "inner_jobs", "lanes", "threaded_trees", "warm_fit_and_score", "warm_target"]
 
@@ -94,19 +94,74 @@ def check_warm(search: Any) -> bool:
 class WarmPlan:
     """For one rung: per (candidate, fold), the fitted last step of the previous rung to continue from.
 
-    ``keys[c]`` is candidate ``c``'s key without its resource, ``folds[f]`` fold ``f``'s key; the memory's
-    ``fitted`` maps ``(candidate key, fold key)`` to ``(resource value, fitted step)``; ``jobs``: the threads
-    a forest's fit builds its trees on in this rung (:func:`inner_jobs`)."""
+    ``keys[c]`` is candidate ``c``'s key without its resource, ``folds[f]`` fold ``f``'s key, ``budgets[c]`` its
+    resource value; the memory's ``fitted`` maps ``(candidate key, fold key)`` to ``(resource value, fitted step,
+    the budgets its fit grew through)``; ``jobs``: the threads a forest's fit builds its trees on in this rung
+    (:func:`inner_jobs`)."""
 
     def __init__(self, param: str, keys: list[Hashable | None], folds: list[Hashable], fitted: dict[Any, Any],
-                 jobs: int = 1) -> None:
+                 jobs: int = 1, budgets: list[Any] | None = None, grown: dict[Any, Any] | None = None) -> None:
         self.param, self.keys, self.folds, self.fitted, self.jobs = param, keys, folds, fitted, jobs
+        self.budgets = budgets if budgets is not None else [None] * len(keys)
+        # (candidate key, fold key) -> (budget, budgets grown through) of its last result, computed or kept
+        self.grown = grown if grown is not None else {}
+        self.cold: set[tuple[int, int]] = set()
+
+    def _before(self, c: int, f: int) -> tuple[Any, ...] | None:
+        """The budgets the previous result of candidate ``c`` on fold ``f`` grew through, when this one grows it."""
+        key = self.keys[c]
+        hit = None if key is None else self.grown.get((key, self.folds[f]))
+        if hit is None:
+            return None
+        try:
+            grows = bool(hit[0] <= self.budgets[c])
+        except TypeError:
+            grows = False
+        return tuple(hit[1]) if grows else None
+
+    def _previous(self, c: int, f: int) -> Any:
+        """The fitted step of that previous result, where the memory keeps it (fitted here, not loaded)."""
+        key, before = self.keys[c], self._before(c, f)
+        hit = None if key is None or before is None else self.fitted.get((key, self.folds[f]))
+        return hit if hit is not None and tuple(hit[2]) == before else None
 
     def step(self, c: int, f: int) -> tuple[Any, str, int]:
         """``(the fitted step to continue, or None, the step's parameter, the threads of its fit)``."""
-        key = self.keys[c]
-        hit = None if key is None else self.fitted.get((key, self.folds[f]))
+        hit = None if (c, f) in self.cold else self._previous(c, f)
         return (None if hit is None else hit[1]), self.param, self.jobs
+
+    def go_cold(self, c: int, f: int) -> bool:
+        """Candidate ``c`` on fold ``f``, whose warm result is not kept: fit it cold when its previous fit is not
+        at hand (True: its key is a cold fit's now)."""
+        if self.lineage(c, f) is None or self._previous(c, f) is not None:
+            return False
+        self.cold.add((c, f))
+        return True
+
+    def lineage(self, c: int, f: int) -> tuple[Any, ...] | None:
+        """The budgets candidate ``c``'s fit on fold ``f`` grows through (the previous result's, then its own);
+        None when it is a plain (cold) fit: nothing to continue.
+
+        >>> grown = {("k", "f"): (2, (2,))}
+        >>> plan = WarmPlan("n_estimators", ["k"], ["f"], {}, budgets=[6], grown=grown)
+        >>> plan.lineage(0, 0), WarmPlan("n_estimators", ["k"], ["f"], {}, budgets=[6]).lineage(0, 0)
+        ((2, 6), None)
+        """
+        before = None if (c, f) in self.cold else self._before(c, f)
+        return None if before is None else (*before, self.budgets[c])
+
+    def tags(self) -> list[Hashable | None]:
+        """Per (candidate, fold), candidate-major, what its result's key adds to a plain fit's: ``("warm", the
+        budgets it grows through)`` for a warm-started fit, None for a cold one.  A warm result differs from a
+        cold one where the warm start is not exact (gradient boosting, solvers restarting from the previous
+        coefficients): keyed so, a cold search (``warm_start=False``, a ``GridSearchCV`` of a rung's candidates)
+        never gets it, nor a warm search a cold one."""
+        out: list[Hashable | None] = []
+        for c in range(len(self.keys)):
+            for f in range(len(self.folds)):
+                lin = self.lineage(c, f)
+                out.append(None if lin is None else ("warm", self.param, lin))
+        return out
 
 
 # A rung of fewer tasks than this many per lane leaves lanes idle at its end (its last tasks are few and long):
@@ -197,16 +252,17 @@ def _continuable_copy(fitted: Any) -> Any:
     return copy.deepcopy(fitted)
 
 
-@saved_operation
+@saved_operation(checked={2: "parameter"})
 def warm_fit_and_score(est: Any, previous: Any, param: str, route: Any, fit_params: dict[str, Any], X: Any, y: Any,
                        users: tuple[int, ...], head: tuple[Any, ...], X_test: Any, y_test: Any, X_train: Any,
                        y_train: Any, jobs: int = 1) -> dict[str, Any]:
     """Fit a candidate's last step, continuing ``previous`` (its fit on this fold in the previous rung) when
     there is one, and score it: scikit-learn's ``_fit_and_score`` output, the fitted step under ``_fitted``.
     A forest grows its trees on ``jobs`` threads (:func:`threaded_trees`)."""
+    computed: tuple[Any, ...] = ()
     if isinstance(X, Stage):
         X_stage: Any = X
-        X = X.train
+        X, computed = materialize(X.train)   # a loaded step's output, computed now (gpunets.tuning.tasks.Deferred)
     else:
         X_stage = None
     start = time.perf_counter()
@@ -228,6 +284,8 @@ def warm_fit_and_score(est: Any, previous: Any, param: str, route: Any, fit_para
     if X_stage is not None:
         X_test = X_stage
     out = score_fit(route, users, head, step, X_test, y_test, X_train, y_train)
+    if computed:
+        out["_stored"] = (*out.get("_stored", ()), *computed)
     if not isinstance(step[0], Failed):
         out["_fitted"] = step[0]
     return out
