@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from gpunets.planning.plan import Plan
 
 # labels (Ridge, Ridge#2) are made in machines.py, below the compile layer that needs them too
-__all__ = ["FitReport", "ActionMap", "Report", "labels", "report", "fitted_params", "explain"]
+__all__ = ["FitReport", "ActionMap", "Report", "labels", "report", "fitted_params", "explain", "is_internal"]
 
 
 def explain(plan: Plan, rows: Any = None, force: bool = False) -> dict[Machine, str]:
@@ -235,9 +235,16 @@ class FitReport:
         cols = ["machine", "action", "why", "asked", "device", "path", "lane", "seconds"]
         return pd.DataFrame(self.rows(), columns=cols)
 
-    def _title(self) -> str:
-        return (f"FitReport ({self.executor}, {_plural(len(self.actions), 'machine')}, "
-                f"{self.trace.wall_time * 1e3:.1f} ms)")
+    def _title(self, shown: int | None = None) -> str:
+        n = len(self.actions) if shown is None else shown
+        return f"FitReport ({self.executor}, {_plural(n, 'machine')}, {self.trace.wall_time * 1e3:.1f} ms)"
+
+    def _shown(self) -> tuple[list[dict[str, Any]], int]:
+        """The rows of the machines the user wrote, and how many internal helpers are left out of the display
+        (:func:`is_internal`; :meth:`rows`, :meth:`to_frame` and ``actions`` still hold every machine)."""
+        rows = self.rows()
+        shown = [r for r in rows if not is_internal(r["machine"])]
+        return shown, len(rows) - len(shown)
 
     @property
     def gpu_busy(self) -> float | None:
@@ -256,13 +263,18 @@ class FitReport:
         return r["device"] if asked in ("auto", r["device"]) else f"{r['device']} (asked {asked})"
 
     def __repr__(self) -> str:
-        rows = self.rows()
+        rows, hidden = self._shown()
+        m = max([7] + [len(r["machine"]) for r in rows])   # every column as wide as its widest cell
         w = max([8] + [len(self._device_text(r)) for r in rows])
         a = max([7] + [len(r["action"]) for r in rows])   # "update (warm)" widens the column
-        lines = [self._title(), f"  {'machine':<24} {'action':<{a}} {'device':<{w}} {'lane':<5} {'ms':>9}  why"]
+        n = max([4] + [len(str(r["lane"])) for r in rows])
+        lines = [self._title(len(rows)), f"  {'machine':<{m}}  {'action':<{a}}  {'device':<{w}}  {'lane':<{n}}  "
+                 f"{'ms':>9}  why"]
         for r in rows:
-            lines.append(f"  {r['machine']:<24} {r['action']:<{a}} {self._device_text(r):<{w}} {str(r['lane']):<5} "
-                         f"{r['seconds'] * 1e3:>9.2f}  {r['why']}")
+            lines.append(f"  {r['machine']:<{m}}  {r['action']:<{a}}  {self._device_text(r):<{w}}  "
+                         f"{str(r['lane']):<{n}}  {r['seconds'] * 1e3:>9.2f}  {r['why']}".rstrip())
+        if hidden:
+            lines.append(f"  (and {_plural(hidden, 'internal helper machine')} of the network: rows() lists them)")
         gpu = [r for r in rows if r["path"] in ("cuml", "array_api", "cpu_fallback")]
         if gpu:
             lines.append("  routes: " + ", ".join(f"{r['machine']} {r['path']}" for r in gpu))
@@ -278,10 +290,22 @@ class FitReport:
             f"<tr><td>{escape(r['machine'])}</td><td>{r['action']}</td><td>{escape(r['why'])}</td>"
             f"<td>{escape(self._device_text(r))}</td><td>{escape(str(r['path']))}</td><td>{r['lane']}</td>"
             f"<td>{r['seconds'] * 1e3:.2f}</td></tr>"
-            for r in self.rows())
-        return ("<table><caption>" + escape(self._title()) + "</caption>"
+            for r in self._shown()[0])
+        return ("<table><caption>" + escape(self._title(len(self._shown()[0]))) + "</caption>"
                 "<tr><th>machine</th><th>action</th><th>why</th><th>device</th><th>path</th><th>lane</th>"
                 "<th>ms</th></tr>" + cells + "</table>")
+
+
+def is_internal(label: str) -> bool:
+    """Whether a machine label names a helper gpunets adds to a network, not a machine the user wrote: its last
+    ``__`` part is in angle brackets or square brackets (a ColumnTransformer's ``<stack>``, a stack's
+    ``[cv report]``). A fold of the user's estimator (``ridge[fold 0]``) is the user's.
+
+    >>> [is_internal(x) for x in ("columntransformer__<stack>", "[cv report]", "ridge[fold 0]", "pre__num")]
+    [True, True, False, False]
+    """
+    last = label.rsplit("__", 1)[-1]
+    return last.startswith(("<", "[")) or last.endswith(">")
 
 
 def _machines_of(target: Any) -> tuple[Machine, ...]:
@@ -289,7 +313,10 @@ def _machines_of(target: Any) -> tuple[Machine, ...]:
         return upstream_machines(list(target.args)) + (target,)
     if is_node(target):
         return upstream_machines([target])
-    msg = f"expected a node or a machine, got {target!r} of type {type(target).__name__}."
+    msg = f"expected a node or a machine, got {target!r:.200} of type {type(target).__name__}."
+    if hasattr(type(target), "fit_report_") or hasattr(type(target), "report_"):   # a composite (from_sklearn's)
+        msg += (" Hint: a composite reports on its own network: model.report_ (per machine) and "
+                "model.fit_report_ (its last fit).")
     raise TypeError(msg)
 
 

@@ -16,11 +16,13 @@ import numpy as np
 from sklearn.base import ClassifierMixin, RegressorMixin, TransformerMixin, clone
 from sklearn.utils.validation import check_is_fitted
 
+from gpunets.base.exceptions import EvaluationError, FitError
 from gpunets.compose.composite import COMPOSITE_OPERATIONS, Composite
 from gpunets.compose.routing import routing_enabled
 from gpunets.compute.estimators import training_output_differs
 from gpunets.core.graph import upstream_machines
-from gpunets.sklearn_import._base import Context, build, converts_as, first_part, operations
+from gpunets.sklearn_import._base import Context, build, converts_as, first_part, is_passthrough, operations
+from gpunets.sklearn_import.errors import as_sklearn, check_columns, used_columns
 from gpunets.sklearn_import.fit_params import route_fit_params
 from gpunets.sklearn_import.forests import n_chunks
 from gpunets.sklearn_import.names import feature_names_out
@@ -121,6 +123,11 @@ class _FromSklearn(Composite):
             _check_n_features(self, X, reset=True)
         except (TypeError, ValueError):  # 1-D input (text): no n_features_in_, as in scikit-learn
             pass
+        from sklearn.compose import ColumnTransformer
+
+        first = first_part(self.sklearn_estimator)
+        self._gn_used_columns = (used_columns(first, X) if converts_as(first, ColumnTransformer)
+                                 and hasattr(X, "columns") else None)
         return X, y
 
     def _gn_validate_call(self, X: Any, op: str) -> Any:
@@ -130,7 +137,18 @@ class _FromSklearn(Composite):
         X = _as_input(X)
         if not converts_as(first_part(self.sklearn_estimator), ColumnTransformer):  # it selects by name itself
             _check_feature_names(self, X, reset=False)
+        else:   # scikit-learn's "columns are missing", before anything runs
+            check_columns(self.__dict__.get("_gn_used_columns"), X)
         return X
+
+    def _gn_call(self, op: str, X: Any) -> Any:
+        try:
+            return super()._gn_call(op, X)
+        except (FitError, EvaluationError) as e:   # scikit-learn's exception, then where it happened
+            new = as_sklearn(e, op, self.sklearn_estimator)
+            if new is None:
+                raise
+            raise new from e
 
     def _gn_fit_network(self, X: Any, y: Any, fit_params: dict[str, Any]) -> None:
         if fit_params and routing_enabled():
@@ -145,6 +163,11 @@ class _FromSklearn(Composite):
             self._gn_adopt_from = original  # read (once) by network(), which installs the fitted states
         try:
             super()._gn_fit_network(X, y, fit_params)
+        except (FitError, EvaluationError) as e:   # scikit-learn's exception, then where it happened
+            new = as_sklearn(e, "fit", self.sklearn_estimator)
+            if new is None:
+                raise
+            raise new from e
         finally:
             self.__dict__.pop("_gn_adopt_from", None)
 
@@ -201,9 +224,29 @@ class _FromSklearn(Composite):
             inner = get_tags(self.sklearn_estimator)
             tags.input_tags = inner.input_tags
             tags.target_tags = inner.target_tags
+            tags.input_tags.allow_nan = _allows_nan(self.sklearn_estimator)
         except Exception:  # noqa: BLE001, S110 - tags are advisory
             pass
         return tags
+
+
+def _allows_nan(est: Any) -> bool:
+    """Whether ``est`` takes NaN in its input: a Pipeline when every step does (scikit-learn's own Pipeline
+    leaves its ``allow_nan`` tag False; a network of steps that all take NaN does take it), else its tag.
+
+    >>> from sklearn.pipeline import make_pipeline
+    >>> from sklearn.preprocessing import StandardScaler
+    >>> from sklearn.linear_model import Ridge
+    >>> _allows_nan(make_pipeline(StandardScaler())), _allows_nan(make_pipeline(StandardScaler(), Ridge()))
+    (True, False)
+    """
+    from sklearn.pipeline import Pipeline
+    from sklearn.utils import get_tags
+
+    if converts_as(est, Pipeline):
+        steps = [s for _, s in est.steps if not is_passthrough(s)]
+        return bool(steps) and all(_allows_nan(s) for s in steps)
+    return bool(get_tags(est).input_tags.allow_nan)
 
 
 class FromSklearnRegressor(RegressorMixin, _FromSklearn):

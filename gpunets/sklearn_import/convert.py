@@ -6,7 +6,7 @@ from typing import Any
 
 from gpunets.sklearn_import.composite import make_composite
 
-__all__ = ["from_sklearn", "not_an_estimator"]
+__all__ = ["from_sklearn", "not_an_estimator", "unknown_options"]
 
 
 def not_an_estimator(obj: Any) -> TypeError:
@@ -18,8 +18,32 @@ def not_an_estimator(obj: Any) -> TypeError:
                      f"{kind}: {obj!r:.80}.{hint}")
 
 
+def unknown_options(given: dict[str, Any]) -> TypeError:
+    """The error for keyword arguments ``from_sklearn`` does not take, with a hint for scikit-learn's habits.
+
+    >>> print(unknown_options({"n_jobs": -1}))
+    from_sklearn() got an unexpected keyword argument 'n_jobs'. Hint: gpunets' name for n_jobs is workers: from_sklearn(..., workers=None) runs on all cores (the default; n_jobs=k is workers=k). from_sklearn takes executor=, device=, workers=, reuse_fitted= and split_forests=.
+    """
+    name = sorted(given)[0]
+    hints = {
+        "n_jobs": ("gpunets' name for n_jobs is workers: from_sklearn(..., workers=None) runs on all cores "
+                   "(the default; n_jobs=k is workers=k)."),
+        "memory": ("a converted composition keeps its fitted parts between fits itself; on disk, across processes: "
+                   "gn.set_config(store='path/to/dir') (docs/store.md)."),
+        "verbose": "the fit's report says what ran: model.fit_report_ (or gn.config(progress=True)).",
+    }
+    if "__" in name or name in ("steps", "transformers", "estimators"):
+        hint = (f"parameters of the composition are set on it before converting, or with "
+                f"model.set_params({name}=...) after.")
+    else:
+        hint = hints.get(name, "")
+    msg = (f"from_sklearn() got an unexpected keyword argument {name!r}.{' Hint: ' + hint if hint else ''} "
+           "from_sklearn takes executor=, device=, workers=, reuse_fitted= and split_forests=.")
+    return TypeError(msg)
+
+
 def from_sklearn(estimator: Any, *, executor: Any = "auto", device: Any = "auto", workers: int | None = None,
-                 reuse_fitted: bool = False, split_forests: bool | None = None) -> Any:
+                 reuse_fitted: bool = False, split_forests: bool | None = None, **unknown: Any) -> Any:
     """Turn a scikit-learn composition into a gpunets composite whose network mirrors it.
 
     ``Pipeline``, ``FeatureUnion``, ``ColumnTransformer``, ``VotingRegressor`` /
@@ -59,7 +83,8 @@ def from_sklearn(estimator: Any, *, executor: Any = "auto", device: Any = "auto"
     Raises
     ------
     TypeError
-        ``estimator`` is not a scikit-learn estimator.
+        ``estimator`` is not a scikit-learn estimator, or a keyword argument is not one of the above
+        (scikit-learn's ``n_jobs`` is ``workers`` here: the error says so).
 
     Examples
     --------
@@ -75,6 +100,8 @@ def from_sklearn(estimator: Any, *, executor: Any = "auto", device: Any = "auto"
     >>> model.set_params(ridge__alpha=3.0).fit(X, y).fit_report_.actions.by_label()
     {'standardscaler': 'skip', 'ridge': 'update'}
     """
+    if unknown:
+        raise unknown_options(unknown)
     if isinstance(estimator, type) or not (callable(getattr(estimator, "fit", None))
                                            and callable(getattr(estimator, "get_params", None))):
         raise not_an_estimator(estimator)

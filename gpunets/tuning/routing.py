@@ -10,10 +10,53 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from gpunets.base.config import config, get_config
 from gpunets.compute.models import fit_context
 from gpunets.devices.data import to_device
+from gpunets.devices.placement import Device, check_available, device_exists
 from gpunets.tuning import tasks
 from gpunets.tuning.report import SearchReport
+
+
+def jobs_executor(executor: Any, n_jobs: Any, gpu: Any = None) -> Any:
+    """The executor a search's network runs on: ``executor``, or, where it is ``"auto"`` and ``n_jobs`` is set,
+    what scikit-learn's ``n_jobs`` promises (issue 35 item 11).
+
+    ``n_jobs=k`` (k > 1, or -1: all cores) fits candidates and folds side by side: ``"threads"`` (its ``workers``
+    come from ``n_jobs``, see :func:`gpunets.tuning.dropin.workers`; each task's BLAS/OpenMP threads are capped
+    as the threads executor does); ``n_jobs=1``: ``"serial"``. ``n_jobs=None``, an executor given by name or
+    object, a configured default other than ``"auto"``, or a search on a GPU (``gpu``, where one thread issues
+    the kernels fastest): unchanged. Returns None for ``"auto"`` (the run chooses, docs/executors.md).
+
+    >>> jobs_executor("auto", 2), jobs_executor("auto", -1), jobs_executor("auto", 1), jobs_executor("auto", None)
+    ('threads', 'threads', 'serial', None)
+    >>> jobs_executor("serial", 2), jobs_executor("auto", 2, gpu="cuda:0")
+    ('serial', None)
+    """
+    if executor not in ("auto", None):
+        return executor
+    if n_jobs is None or gpu is not None or get_config()["executor"] not in ("auto", None):
+        return None
+    return "serial" if int(n_jobs) == 1 else "threads"
+
+
+@contextlib.contextmanager
+def quiet_fallback(search: Any, device: Any) -> Iterator[None]:
+    """Within the block (a search's network run on ``device``): where ``device`` is a GPU absent here and the
+    fallback policy is ``"warn"``, one :class:`~gpunets.devices.placement.DeviceFallbackWarning` naming the search
+    the user wrote (once per search object), and no other: its internal nodes and steps fall back silently
+    (issue 35 item 14; before: a logged line per step and fold, and a warning per internal node such as
+    ``take(X, ...)``). ``fallback="raise"`` still raises, ``"silent"`` stays silent."""
+    dev = None if device in (None, "auto") else Device.parse(device)
+    if dev is None or not dev.is_cuda or device_exists(dev) or get_config()["fallback"] != "warn":
+        yield
+        return
+    steps = getattr(search.estimator, "steps", None)
+    parts = (f" (its steps {', '.join(type(s).__name__ for _, s in steps if s not in (None, 'passthrough'))})"
+             if steps else f" (its {type(search.estimator).__name__} fits)")
+    check_available(dev, what=f"{type(search).__name__}(device={device!r}){parts}", owner=search)
+    with config(fallback="silent"):
+        yield
 
 
 @contextlib.contextmanager

@@ -77,6 +77,8 @@ from gpunets.tuning.routing import (
     _pipeline_score_routing,
     _refit_context,
     _routed_by_step,
+    jobs_executor,
+    quiet_fallback,
 )
 
 __all__ = ["GridSearchCV", "RandomizedSearchCV", "SearchReport", "SERIAL_MAX_VALUES", "SERIAL_TASK_SECONDS"]
@@ -119,6 +121,15 @@ class _NetworkSearch(BaseSearchCV):
 
     def _candidates(self) -> list[dict[str, Any]]:  # pragma: no cover - subclasses
         raise NotImplementedError
+
+    def __sklearn_tags__(self) -> Any:
+        """scikit-learn's search tags, and the estimator's ``multi_output``: a search of a multi-output
+        estimator takes a 2-D target as it does (scikit-learn's ``check_supervised_y_2d``)."""
+        from sklearn.utils import get_tags
+
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = get_tags(self.estimator).target_tags.multi_output
+        return tags
 
     def _run_search(self, evaluate_candidates: Any, *, callback_ctx: Any = None) -> None:
         # the candidates drawn once per fit (by _check_candidates): a RandomState object given as random_state
@@ -304,7 +315,7 @@ class _NetworkSearch(BaseSearchCV):
             args = (specs, X, y, splits, scorers, fit_params, score_params, todo, warm, workers)
             try:
                 if device is not None and device != "auto":
-                    with config(device=device), override_placement(device):  # nodes take their placement when built
+                    with config(device=device), override_placement(device), quiet_fallback(self, device):
                         new, report = self._run_network(*args)
                 else:
                     new, report = self._run_network(*args)
@@ -409,7 +420,7 @@ class _NetworkSearch(BaseSearchCV):
         # scikit-learn's order: candidate-major, fold-minor
         pairs_done = [(c, f) for c in range(len(specs)) for f in range(len(splits)) if c in score_nodes[f]]
         ordered = [score_nodes[f][c] for c, f in pairs_done]
-        executor = None if self.executor == "auto" else self.executor
+        executor = jobs_executor(self.executor, self.n_jobs, gpu)   # n_jobs=2: candidates side by side
         if self._gn_record is not None and not memory.is_dask(executor):
             # each result kept by the task that computes it: an interrupted fit continues where it stopped
             for pair, n in zip(pairs_done, ordered):
