@@ -416,3 +416,40 @@ def _issue(what: str, inputs: list[ndarray]) -> tuple[int, int]:
         return s.key, _seq[s.key]
 
 
+# --- device attributes and memory -----------------------------------------------------------------------------
+
+def _device_attribute(attr: int, device: int) -> int:
+    Device(device)   # an invalid ordinal raises, as CUDA does
+    if attr == 16:   # cudaDevAttrMultiProcessorCount: a small GPU
+        return 4
+    raise CUDARuntimeError(f"fake GPU: device attribute {attr} is not modelled (only the SM count, 16)")
+
+
+class OutOfMemoryError(MemoryError):
+    """``cupy.cuda.memory.OutOfMemoryError``: an allocation the device (or the pool's limit) could not serve."""
+
+    def __init__(self, size: int, total: int, limit: int = 0) -> None:
+        msg = f"Out of memory allocating {size:,} bytes (allocated so far: {total:,} bytes)."
+        if limit:
+            msg = msg[:-2] + f", limit set to: {limit:,} bytes)."
+        super().__init__(msg)
+
+
+class _MemoryPool:
+    """``cupy.get_default_memory_pool()``: the fake allocates nothing through a pool (both counts are 0)."""
+
+    def used_bytes(self) -> int:
+        return 0
+
+    def total_bytes(self) -> int:
+        return 0
+
+    def free_all_blocks(self, stream: Any = None) -> None:
+        return None
+
+
+_POOL = _MemoryPool()
+
+
+def _memory_pool() -> _MemoryPool:
+    return _POOL

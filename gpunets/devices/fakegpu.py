@@ -86,14 +86,17 @@ from gpunets.devices._fakecuda import (
     Device,
     Event,
     ExternalStream,
+    OutOfMemoryError,
     Stream,
     _allocator,
     _buffers,
     _count,
     _current_device,
+    _device_attribute,
     _implicit,
     _issue,
     _lock,
+    _memory_pool,
     _state,
     count_host_read,
     get_current_stream,
@@ -536,43 +539,6 @@ def _pointer_attributes(ptr: int) -> Any:
     if arr is None:
         raise CUDARuntimeError(f"cudaErrorInvalidValue: invalid argument (no fake device memory at {int(ptr):#x})")
     return types.SimpleNamespace(device=arr._dev, type=2, devicePointer=int(ptr))
-
-
-def _device_attribute(attr: int, device: int) -> int:
-    Device(device)   # an invalid ordinal raises, as CUDA does
-    if attr == 16:   # cudaDevAttrMultiProcessorCount: a small GPU
-        return 4
-    raise CUDARuntimeError(f"fake GPU: device attribute {attr} is not modelled (only the SM count, 16)")
-
-
-class OutOfMemoryError(MemoryError):
-    """``cupy.cuda.memory.OutOfMemoryError``: an allocation the device (or the pool's limit) could not serve."""
-
-    def __init__(self, size: int, total: int, limit: int = 0) -> None:
-        msg = f"Out of memory allocating {size:,} bytes (allocated so far: {total:,} bytes)."
-        if limit:
-            msg = msg[:-2] + f", limit set to: {limit:,} bytes)."
-        super().__init__(msg)
-
-
-class _MemoryPool:
-    """``cupy.get_default_memory_pool()``: the fake allocates nothing through a pool (both counts are 0)."""
-
-    def used_bytes(self) -> int:
-        return 0
-
-    def total_bytes(self) -> int:
-        return 0
-
-    def free_all_blocks(self, stream: Any = None) -> None:
-        return None
-
-
-_POOL = _MemoryPool()
-
-
-def _memory_pool() -> _MemoryPool:
-    return _POOL
 
 
 def _build(count: int) -> Any:

@@ -415,3 +415,21 @@ def record_in(score_node: Any, record: Any, pair: tuple[int, int]) -> None:
     """Make ``score_node`` (a node of its own: one (candidate, fold)'s score) record its result as it runs."""
     if isinstance(score_node, Node) and callable(score_node.operation):
         score_node.operation = Recorded(score_node.operation, record, pair)
+
+
+def load_stored(mem: Any, keys: list[Any], skeys: list[bytes | None] | None, todo: list[list[int]],
+                 n_splits: int) -> int:
+    """Take from the store the results of ``todo`` it holds under ``skeys`` into the memory (under ``keys``);
+    how many it took."""
+    if skeys is None:
+        return 0
+    taken = 0
+    for f, cands in enumerate(todo):
+        for c in list(cands):
+            i = c * n_splits + f
+            hit = stored.load_result(skeys[i]) if keys[i] is not None else None
+            if isinstance(hit, dict):
+                mem.put(keys[i], hit)
+                cands.remove(c)
+                taken += 1
+    return taken

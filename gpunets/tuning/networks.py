@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from sklearn.base import clone
 from sklearn.pipeline import Pipeline
+from sklearn.utils.validation import _check_method_params
 
 from gpunets.compose._composite_ops import same_value
 from gpunets.compose.composite import Composite
@@ -28,7 +29,7 @@ from gpunets.compute.models import resolve_estimator
 from gpunets.core.fitted_machine import MACHINE_VALUE, view_of_estimator
 from gpunets.core.graph import op_nodes, upstream_machines
 from gpunets.core.nodes import AbstractNode, Node, Source, node
-from gpunets.tuning import batched, tasks
+from gpunets.tuning import batched, memory, tasks
 from gpunets.tuning.memory import prefix_keys
 from gpunets.tuning.report import SearchReport, batch_fit_name, fit_name
 
@@ -375,3 +376,53 @@ def _op_order(n: AbstractNode) -> list[AbstractNode]:
 def fold_data(X: Any, y: Any, train: np.ndarray, test: np.ndarray) -> tuple[Any, Any, Any, Any]:
     """The fold's rows, selected now (composites validate them when their network is built)."""
     return tasks.take(X, train), tasks.take(y, train), tasks.take(X, test), tasks.take(y, test)
+
+
+def fold_nodes(estimator: Any, kept: Any, hooked: bool, X: Any, y: Any, splits: list[tuple[np.ndarray, np.ndarray]],
+               specs: list[Any], steps: Any, composite: bool, by_step: Any, score_params: dict[str, Any],
+               weights: bool, score_args: tuple[Any, ...], train_score: bool, report: SearchReport,
+               gpu: Any, todo: list[list[int]], warm: Any = None) -> list[dict[int, Any]]:
+    """Per fold, ``{candidate: its score node}`` for the candidates ``todo`` gives that fold (``kept``: the
+    search memory's fitted shared steps, on the host, or None; ``hooked``: callbacks watch each evaluation).
+
+    ``warm`` (an iteration budget as the resource): per (candidate, fold), the fitted last step to
+    continue from (or None: a first fit), the resource's step parameter and its value."""
+    from sklearn.utils import get_tags
+
+    Xs, ys = tasks.as_node(X, "X"), tasks.as_node(y, "y")
+    pairwise = get_tags(estimator).input_tags.pairwise
+    folds = kept.fold_keys(splits) if kept is not None else None
+    keys: dict[int, Any] = {}
+    score_nodes = []
+    for f, (train, test) in enumerate(splits):
+        if not todo[f]:
+            score_nodes.append({})
+            continue
+        if composite:
+            fold: Any = CompositeFold(report, fold_data(X, y, train, test), score_args, train_score)
+        else:
+            if pairwise:
+                Xtr, Xte = node(tasks.take_pairwise, Xs, train, train), node(tasks.take_pairwise, Xs, test, train)
+            else:
+                Xtr, Xte = node(tasks.take, Xs, train), node(tasks.take, Xs, test)
+            ytr = None if ys is None else node(tasks.take, ys, train)
+            yte = None if ys is None else node(tasks.take, ys, test)
+            fp = {name: _check_method_params(X, params=p, indices=train) for name, p in by_step.items()}
+            sp = None
+            if weights:
+                sp = (_check_method_params(X, params=score_params, indices=test),
+                      _check_method_params(X, params=score_params, indices=train))
+            fold = StepsFold(report, (Xtr, Xte, ytr, yte, len(test)), fp, score_args, train_score, sp, gpu,
+                             None if kept is None else memory.FoldSteps(kept, folds[f]), batch=not hooked)
+        run = todo[f]
+        for c in run:
+            if composite:
+                fold.candidate(specs[c])
+                continue
+            if c not in keys:
+                keys[c] = memory.prefix_keys(steps[c])
+                if hooked:   # each evaluation fits its own estimator, as the callbacks expect to see it
+                    keys[c] = [*keys[c][:-1], (keys[c][-1], ("evaluation", c))]
+            fold.candidate(steps[c], warm=None if warm is None else warm.step(c, f), keys=keys[c])
+        score_nodes.append(dict(zip(run, fold.scores())))
+    return score_nodes

@@ -29,7 +29,13 @@ import numpy as np
 import sklearn
 
 from gpunets.base.config import config, get_config
+from gpunets.compute.models import resolve_estimator
+from gpunets.devices import store
+from gpunets.devices.data import device_of, to_device
+from gpunets.devices.placement import Device
+from gpunets.devices.value_types import array_namespace, is_cupy_array
 from gpunets.tuning import onepass
+from gpunets.tuning.networks import pipeline_steps
 from gpunets.tuning.onepass import Decline, Fold, Moments
 from gpunets.tuning.report import SearchReport
 
@@ -84,7 +90,6 @@ def _no(why: str) -> OnePass:
 # --- what qualifies --------------------------------------------------------------------------------------------
 
 def _candidate_steps(spec: Any) -> list[tuple[str, Any]] | None:
-    from gpunets.tuning.networks import pipeline_steps
 
     steps = pipeline_steps(spec)
     if steps is None:
@@ -149,7 +154,6 @@ def _static(search: Any, warm: Any) -> str | None:
     """Why the search's settings keep it off the path, or None."""
     from sklearn.utils.metadata_routing import _routing_enabled
 
-    from gpunets.devices import store
 
     if not get_config()["one_pass"]:
         return "off (the default: gn.config(one_pass=True) turns it on)"
@@ -166,7 +170,6 @@ def _static(search: Any, warm: Any) -> str | None:
 
 def _arrays(X: Any, y: Any) -> Any:
     """``(X, Y as 2-D, 1-D target?, namespace)`` or a reason to decline."""
-    from gpunets.devices.value_types import array_namespace, is_cupy_array
 
     if type(y).__name__ == "Series" and type(y).__module__.startswith("pandas"):
         y = y.to_numpy()
@@ -195,7 +198,6 @@ def _moments(X: Any, Y: Any, xp: Any, groups: list[np.ndarray], weights: dict[An
     """Per group of rows, per weight key, the moments of ``[X - x0, Y - y0]`` (``x0``, ``y0``: the column means,
     a shift that keeps the sums well-conditioned), one GEMM per chunk of rows; the columns' least and greatest
     values over all rows (a column constant there is constant in every fold); one copy to the host."""
-    from gpunets.devices.data import to_device
 
     d, t = X.shape[1], Y.shape[1]
     p = d + t
@@ -338,7 +340,6 @@ def _self_check(spec: Any, state: Any, score: float, train_score: float | None, 
     """scikit-learn's own fit and score of one (candidate, fold) against the rule's: None if equal to TOL."""
     from sklearn.base import clone
 
-    from gpunets.devices.data import to_device
 
     train, test = split
     Xh, yh = np.asarray(to_device(X, "cpu")), np.asarray(to_device(y, "cpu"))
@@ -365,9 +366,6 @@ def _self_check(spec: Any, state: Any, score: float, train_score: float | None, 
 def _refit_route(search: Any, X: Any, plan: list[tuple[Any, Any, Any]], labels: list[str]) -> Any:
     """The refit's route as the network path gives it: on the search's GPU (its ``device``, else the rows'), the
     array-API twins where every step has one."""
-    from gpunets.compute.models import resolve_estimator
-    from gpunets.devices.data import device_of
-    from gpunets.devices.placement import Device
 
     dev = device_of(X) if search.device in (None, "auto") else Device.parse(search.device)
     if not dev.is_cuda:

@@ -70,7 +70,7 @@ from gpunets.executors import ThreadsExecutor, check_executor_spec
 from gpunets.tuning import dropin, memory, onepass_search, stored, tasks, warm
 from gpunets.tuning.evaluation import Run as _Run
 from gpunets.tuning.evaluation import by_candidate as _by_candidate
-from gpunets.tuning.networks import SKLEARN_CONFIG, CompositeFold, StepsFold, fold_data, is_composite, pipeline_steps
+from gpunets.tuning.networks import SKLEARN_CONFIG, fold_nodes, is_composite, pipeline_steps
 from gpunets.tuning.report import SearchReport
 from gpunets.tuning.routing import (
     _fit_params_by_step,
@@ -287,7 +287,7 @@ class _NetworkSearch(BaseSearchCV):
             todo = [list(range(len(specs))) for _ in splits]
         # results kept in the store of fitted states (docs/store.md): a search run again in a new process
         skeys = stored.result_keys(self, specs, splits, X, y, fit_params, score_params, tags)
-        from_store = _load_stored(mem, keys, skeys, todo, len(splits))
+        from_store = memory.load_stored(mem, keys, skeys, todo, len(splits))
         if warm is not None and any(todo):   # a warm result neither kept nor continuable (its previous fit is not
             cold_keys, _ = mem.lookup(specs, splits)   # in memory: loaded, or another process's): a cold fit
             cold_skeys = stored.result_keys(self, specs, splits, X, y, fit_params, score_params)
@@ -300,7 +300,7 @@ class _NetworkSearch(BaseSearchCV):
                             skeys[i] = cold_skeys[i]
                         if keys[i] is not None and keys[i] in mem.results:
                             cands.remove(c)
-            from_store += _load_stored(mem, keys, skeys, todo, len(splits))
+            from_store += memory.load_stored(mem, keys, skeys, todo, len(splits))
         if self.verbose > 0:   # scikit-learn's line, saying what is left to fit
             print(dropin.fitting_line(len(splits), len(candidates), sum(len(t) for t in todo), from_store))
         outs: list[Any] = [mem.get(k) for k in keys]
@@ -413,8 +413,9 @@ class _NetworkSearch(BaseSearchCV):
         token = SKLEARN_CONFIG.set(sklearn.get_config() if _routing_enabled() else None)
         try:
             with device_block(str(gpu) if gpu is not None else "cpu"):
-                score_nodes = self._fold_nodes(X, y, splits, specs, steps, composite, by_step, score_params,
-                                               weights, score_args, train_score, report, gpu, todo, warm)
+                score_nodes = fold_nodes(self.estimator, self._kept_steps(gpu, composite), self._watched() is not None,
+                                         X, y, splits, specs, steps, composite, by_step, score_params,
+                                         weights, score_args, train_score, report, gpu, todo, warm)
         finally:
             SKLEARN_CONFIG.reset(token)
         # scikit-learn's order: candidate-major, fold-minor
@@ -457,73 +458,6 @@ class _NetworkSearch(BaseSearchCV):
         report.count_done((step, d) for d, step in done.items())
         return dict(zip(pairs_done, outs)), report
 
-    def _fold_nodes(self, X: Any, y: Any, splits: list[tuple[np.ndarray, np.ndarray]], specs: list[Any],
-                    steps: Any, composite: bool, by_step: Any, score_params: dict[str, Any], weights: bool,
-                    score_args: tuple[Any, ...], train_score: bool, report: SearchReport,
-                    gpu: Any, todo: list[list[int]], warm: Any = None) -> list[dict[int, Any]]:
-        """Per fold, ``{candidate: its score node}`` for the candidates ``todo`` gives that fold.
-
-        ``warm`` (an iteration budget as the resource): per (candidate, fold), the fitted last step to
-        continue from (or None: a first fit), the resource's step parameter and its value."""
-        from sklearn.utils import get_tags
-
-        Xs, ys = tasks.as_node(X, "X"), tasks.as_node(y, "y")
-        pairwise = get_tags(self.estimator).input_tags.pairwise
-        kept = self._kept_steps(gpu, composite)   # the memory's fitted shared steps, on the host, not on Dask
-        hooked = self._watched() is not None
-        folds = kept.fold_keys(splits) if kept is not None else None
-        keys: dict[int, Any] = {}
-        score_nodes = []
-        for f, (train, test) in enumerate(splits):
-            if not todo[f]:
-                score_nodes.append({})
-                continue
-            if composite:
-                fold: Any = CompositeFold(report, fold_data(X, y, train, test), score_args, train_score)
-            else:
-                if pairwise:
-                    Xtr, Xte = node(tasks.take_pairwise, Xs, train, train), node(tasks.take_pairwise, Xs, test, train)
-                else:
-                    Xtr, Xte = node(tasks.take, Xs, train), node(tasks.take, Xs, test)
-                ytr = None if ys is None else node(tasks.take, ys, train)
-                yte = None if ys is None else node(tasks.take, ys, test)
-                fp = {name: _check_method_params(X, params=p, indices=train) for name, p in by_step.items()}
-                sp = None
-                if weights:
-                    sp = (_check_method_params(X, params=score_params, indices=test),
-                          _check_method_params(X, params=score_params, indices=train))
-                fold = StepsFold(report, (Xtr, Xte, ytr, yte, len(test)), fp, score_args, train_score, sp, gpu,
-                                 None if kept is None else memory.FoldSteps(kept, folds[f]), batch=not hooked)
-            run = todo[f]
-            for c in run:
-                if composite:
-                    fold.candidate(specs[c])
-                    continue
-                if c not in keys:
-                    keys[c] = memory.prefix_keys(steps[c])
-                    if hooked:   # each evaluation fits its own estimator, as the callbacks expect to see it
-                        keys[c] = [*keys[c][:-1], (keys[c][-1], ("evaluation", c))]
-                fold.candidate(steps[c], warm=None if warm is None else warm.step(c, f), keys=keys[c])
-            score_nodes.append(dict(zip(run, fold.scores())))
-        return score_nodes
-
-
-def _load_stored(mem: Any, keys: list[Any], skeys: list[bytes | None] | None, todo: list[list[int]],
-                 n_splits: int) -> int:
-    """Take from the store the results of ``todo`` it holds under ``skeys`` into the memory (under ``keys``);
-    how many it took."""
-    if skeys is None:
-        return 0
-    taken = 0
-    for f, cands in enumerate(todo):
-        for c in list(cands):
-            i = c * n_splits + f
-            hit = stored.load_result(skeys[i]) if keys[i] is not None else None
-            if isinstance(hit, dict):
-                mem.put(keys[i], hit)
-                cands.remove(c)
-                taken += 1
-    return taken
 
 
 def _small_folds(X: Any, splits: list[tuple[np.ndarray, np.ndarray]]) -> bool:
