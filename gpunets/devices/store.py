@@ -7,7 +7,7 @@ same key is loaded instead (the fit report's action ``"stored"``).  The key is m
 the training data's content and rows, the upstream machines' keys, the device kind and the versions of gpunets
 and of the estimator's library.  This module only keeps bytes under keys.
 
-Each entry is one file, ``<dir>/<2 hex>/<32 hex>.gnst``: a header (magic, gpunets version, a blake2b checksum
+Each entry is one file, ``<dir>/<2 hex>/<32 hex>.gnst``: a header (magic, gpunets version, a CRC-32 checksum
 of the payload, its length) and the payload, a pickle of the fitted estimator.  So
 
 * a corrupt or truncated entry fails its checksum: it is dropped and counted (``corrupt``), never served;
@@ -48,6 +48,7 @@ import re
 import tempfile
 import threading
 import warnings
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,9 +69,14 @@ __all__ = ["Store", "StoreInfo", "StoreWarning", "store_info", "store_clear", "c
 #: The size bound of a store given as a path (``gn.set_config(store="dir")``): 8 GiB.
 DEFAULT_MAX_BYTES = 8 << 30
 
-_MAGIC = b"GNSTORE1"
+#: An entry's first bytes: its payload is checked by CRC-32 (``zlib.crc32``: every burst of up to 32 damaged bits
+#: and all but 1 in 2**32 other damage is caught; the length in the header catches a truncation).
+_MAGIC = b"GNSTORE2"
+#: The first format's (read, never written): a blake2b digest of the payload, 32 bytes; 5 times slower to check.
+_MAGIC_BLAKE2B = b"GNSTORE1"
 _SUFFIX = ".gnst"
 _NAME = re.compile(r"^[0-9a-f]{32}\.gnst$")
+_INDEX_WIDTH = 20   # the digits of any byte count (< 10**20), padded with spaces
 _INDEX = ".size"   # the bytes the entries hold, kept by every writer under a file lock (:meth:`Store._account`)
 
 
@@ -205,11 +211,11 @@ class Store:
 
         ``probe=True``: a second look for the same fit in another form (a GPU state's CPU twin); its absence
         is not counted as a miss."""
-        payload = self.get_bytes(key, probe)
+        payload = self._read(key, probe)
         if payload is None:
             return None
         try:
-            return pickle.loads(payload)
+            return pickle.loads(payload)   # from the file's bytes as read: no copy of the payload first
         except Exception:  # noqa: BLE001 - a class that no longer loads: a miss, and the entry goes
             self._drop(self._file(key), corrupt=True)
             with self._lock:
@@ -220,6 +226,15 @@ class Store:
     def get_bytes(self, key: bytes, probe: bool = False) -> bytes | None:
         """The payload stored under ``key``, checksum verified; None when there is none (counted, unless
         ``probe``)."""
+        payload = self._read(key, probe)
+        if payload is None:
+            return None
+        with payload:
+            return bytes(payload)
+
+    def _read(self, key: bytes, probe: bool) -> memoryview | None:
+        """The payload stored under ``key`` as a view of the file's bytes (read once, checked once, never
+        copied), or None, counted as :meth:`get_bytes` says."""
         path = self._file(key)
         try:
             with open(path, "rb") as f:
@@ -396,9 +411,9 @@ def _locked(path: str | None) -> Any:
 
 
 def _rewrite(fd: int, total: int) -> None:
-    os.lseek(fd, 0, os.SEEK_SET)
-    os.ftruncate(fd, 0)
-    os.write(fd, str(max(total, 0)).encode())
+    """Write ``total`` over the size index: in place, padded to 20 characters (any count it held, written by
+    any version, is overwritten whole), so no truncation (a metadata write that costs more than the entry's)."""
+    os.pwrite(fd, str(max(total, 0)).ljust(_INDEX_WIDTH).encode(), 0)
 
 
 class _LayoutPickler(pickle.Pickler):
@@ -448,14 +463,25 @@ def _write(f: Any, data: bytes) -> None:
 
 
 def _encode(payload: bytes) -> bytes:
+    """An entry: the header (:data:`_MAGIC`, the gpunets version, the payload's CRC-32 and length), then the
+    payload."""
     version = VERSION.encode()
-    check = hashlib.blake2b(payload, digest_size=32).digest()
-    return b"".join((_MAGIC, len(version).to_bytes(2, "little"), version, check,
+    return b"".join((_MAGIC, len(version).to_bytes(2, "little"), version, zlib.crc32(payload).to_bytes(4, "little"),
                      len(payload).to_bytes(8, "little"), payload))
 
 
-def _decode(data: bytes) -> bytes | None:
-    if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 2:
+def _decode(data: bytes) -> memoryview | None:
+    """The payload of an entry of this version whose length and checksum match, as a view of ``data`` (no
+    copy), else None.  An entry of the first format (:data:`_MAGIC_BLAKE2B`) is checked by its blake2b digest.
+
+    >>> bytes(_decode(_encode(b"state")))
+    b'state'
+    >>> damaged = bytearray(_encode(b"state")); damaged[-1] ^= 1
+    >>> _decode(bytes(damaged)) is None, _decode(_encode(b"state")[:-1]) is None
+    (True, True)
+    """
+    crc = data.startswith(_MAGIC)
+    if not (crc or data.startswith(_MAGIC_BLAKE2B)) or len(data) < len(_MAGIC) + 2:
         return None
     i = len(_MAGIC)
     n = int.from_bytes(data[i:i + 2], "little")
@@ -463,15 +489,23 @@ def _decode(data: bytes) -> bytes | None:
     if data[i:i + n] != VERSION.encode():
         return None
     i += n
-    check, length = data[i:i + 32], int.from_bytes(data[i + 32:i + 40], "little")
-    payload = data[i + 40:]
-    if len(payload) != length or hashlib.blake2b(payload, digest_size=32).digest() != check:
+    width = 4 if crc else 32
+    check, length = data[i:i + width], int.from_bytes(data[i + width:i + width + 8], "little")
+    payload = memoryview(data)[i + width + 8:]
+    if len(payload) != length:
+        return None
+    if crc:
+        ok = zlib.crc32(payload) == int.from_bytes(check, "little")
+    else:
+        ok = hashlib.blake2b(payload, digest_size=32).digest() == check
+    if not ok:
+        payload.release()
         return None
     return payload
 
 
 def _other_version(data: bytes) -> bool:
-    if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 2:
+    if not (data.startswith(_MAGIC) or data.startswith(_MAGIC_BLAKE2B)) or len(data) < len(_MAGIC) + 2:
         return False
     i = len(_MAGIC)
     n = int.from_bytes(data[i:i + 2], "little")

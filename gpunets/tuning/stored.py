@@ -53,7 +53,8 @@ from gpunets.planning.stored import GPU_ROUTES, state_of, write_state
 logger = logging.getLogger("gpunets")
 
 __all__ = ["load_step", "step_key", "stage_key", "data_key", "load_result", "keep_result", "keep_step", "result_keys",
-           "entry", "keepable", "Keeping", "keep_in", "PRIVATE", "Done", "done", "load_output", "keep_output", "outputs_kept"]
+           "entry", "keepable", "Keeping", "keep_in", "PRIVATE", "Done", "done", "load_output", "keep_output", "outputs_kept",
+           "shared_key", "load_shared", "keep_shared"]
 
 #: The keys of a task's result that are not part of scikit-learn's result, hence never remembered nor stored:
 #: a warm-started fit, the tokens of the step fits loaded from the store, whether the task wrote the result.
@@ -118,6 +119,39 @@ def keep_output(key: bytes | None, out: Any) -> None:
     s = _store.current_store()
     if key is not None and s is not None and getattr(s, "outputs", False) and out is not None:
         s.put(_output_key(key), (out,))
+
+
+def shared_key(rule: str, group: Any, X: Any, y: Any, x_key: bytes | None = None) -> bytes | None:
+    """The store key of what a batch of last steps shares on ``X, y`` (``x_key``: ``X``'s key, when an upstream
+    step gave it): the rule's name and group (every parameter but the batched one), the rows' and ``y``'s
+    content and the versions; None unless the store in force keeps training outputs (such sums of the training
+    rows are data derived from them: :func:`keep_shared`)."""
+    if not outputs_kept() or group is None:
+        return None
+    xk = x_key if x_key is not None else data_key(X)
+    yk = data_key(y)
+    if xk is None or yk is None:
+        return None
+    return digest(b"gnshared", rule.encode(), repr(group).encode(), xk, yk, _store.VERSION.encode(),
+                  library_versions({"numpy", "scipy", "sklearn"}))
+
+
+def load_shared(key: bytes | None, kind: Any) -> Any:
+    """The shared part kept under ``key`` by :func:`keep_shared` for a batch of this ``kind`` (the libraries'
+    versions, the rows' dtype and layout), else None."""
+    s = _store.current_store()
+    if key is None or s is None or not getattr(s, "outputs", False):
+        return None
+    got = s.get(key)
+    return got[1] if isinstance(got, tuple) and len(got) == 2 and got[0] == kind else None
+
+
+def keep_shared(key: bytes | None, kind: Any, value: Any) -> None:
+    """Keep ``value``, the shared part of a batch of ``kind`` (sums of its training rows: ``Ridge``'s ``XᵀX``,
+    ``Xᵀy`` and offsets), under ``key``, where the store in force keeps training outputs; nothing otherwise."""
+    s = _store.current_store()
+    if key is not None and s is not None and getattr(s, "outputs", False):
+        s.put(key, (kind, value))
 
 
 def data_key(x: Any) -> bytes | None:
