@@ -72,6 +72,11 @@ DEFAULT_MAX_BYTES = 8 << 30
 #: An entry's first bytes: its payload is checked by CRC-32 (``zlib.crc32``: every burst of up to 32 damaged bits
 #: and all but 1 in 2**32 other damage is caught; the length in the header catches a truncation).
 _MAGIC = b"GNSTORE2"
+#: An entry whose large arrays follow its pickle, raw (:func:`_pack`); checked as :data:`_MAGIC`'s.
+_BUFFERED = b"GNSTOREB"
+#: The size from which an array's bytes are written apart from the pickle, and the alignment of their start.
+_OUT_OF_BAND = 1 << 16
+_ALIGN = 64
 #: The first format's (read, never written): a blake2b digest of the payload, 32 bytes; 5 times slower to check.
 _MAGIC_BLAKE2B = b"GNSTORE1"
 _SUFFIX = ".gnst"
@@ -215,6 +220,8 @@ class Store:
         if payload is None:
             return None
         try:
+            if payload.obj[:len(_BUFFERED)] == _BUFFERED:   # large arrays: views of the entry's bytes
+                return _unpack(payload, len(payload.obj) - len(payload))
             return pickle.loads(payload)   # from the file's bytes as read: no copy of the payload first
         except Exception:  # noqa: BLE001 - a class that no longer loads: a miss, and the entry goes
             self._drop(self._file(key), corrupt=True)
@@ -237,8 +244,11 @@ class Store:
         copied), or None, counted as :meth:`get_bytes` says."""
         path = self._file(key)
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            with open(path, "rb", buffering=0) as f:   # into one writable buffer: the arrays' memory, if views
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                n = f.readinto(data)
+            if n != len(data):
+                del data[n or 0:]
         except OSError:
             if not probe:
                 with self._lock:
@@ -257,7 +267,12 @@ class Store:
         return payload
 
     def put(self, key: bytes, obj: Any) -> bool:
-        """Store ``obj`` (pickled) under ``key``; False when it was not written (one warning says why)."""
+        """Store ``obj`` (pickled) under ``key``; False when it was not written (one warning says why).  Its
+        large arrays (:data:`_OUT_OF_BAND` bytes and more) are written after the pickle, raw and aligned, and
+        read back as views of the entry's bytes, never copied (:func:`_pack`)."""
+        packed = _dumps_buffered(obj)
+        if packed is not None:
+            return self._put(key, _pack(*packed), _BUFFERED)
         try:
             payload = dumps(obj)
         except Exception as e:  # noqa: BLE001 - an unpicklable fitted state: not stored, said once
@@ -269,8 +284,11 @@ class Store:
 
     def put_bytes(self, key: bytes, payload: bytes) -> bool:
         """Write ``payload`` under ``key`` atomically (temporary file, then :func:`os.replace`)."""
+        return self._put(key, payload, _MAGIC)
+
+    def _put(self, key: bytes, payload: bytes, magic: bytes) -> bool:
         path = self._file(key)
-        data = _encode(payload)
+        data = _encode(payload, magic)
         folder = os.path.dirname(path)
         tmp = None
         try:
@@ -462,12 +480,71 @@ def _write(f: Any, data: bytes) -> None:
     f.write(data)
 
 
-def _encode(payload: bytes) -> bytes:
-    """An entry: the header (:data:`_MAGIC`, the gpunets version, the payload's CRC-32 and length), then the
+def _encode(payload: bytes, magic: bytes = b"GNSTORE2") -> bytes:
+    """An entry: the header (``magic``, the gpunets version, the payload's CRC-32 and length), then the
     payload."""
     version = VERSION.encode()
-    return b"".join((_MAGIC, len(version).to_bytes(2, "little"), version, zlib.crc32(payload).to_bytes(4, "little"),
+    return b"".join((magic, len(version).to_bytes(2, "little"), version, zlib.crc32(payload).to_bytes(4, "little"),
                      len(payload).to_bytes(8, "little"), payload))
+
+
+def _header_size() -> int:
+    """The bytes before an entry's payload (:func:`_encode`)."""
+    return len(_MAGIC) + 2 + len(VERSION.encode()) + 4 + 8
+
+
+def _dumps_buffered(obj: Any) -> tuple[bytes, list[memoryview]] | None:
+    """``obj`` pickled with its buffers of :data:`_OUT_OF_BAND` bytes or more (NumPy arrays) apart (pickle
+    protocol 5), or None where it has none, CuPy is loaded or it does not pickle so (:func:`dumps` then)."""
+    if _gpulibs.loaded_cupy() is not None:
+        return None
+    bufs: list[memoryview] = []
+
+    def apart(buf: pickle.PickleBuffer) -> bool:
+        raw = buf.raw()
+        if raw.nbytes < _OUT_OF_BAND:
+            return True    # in the pickle
+        bufs.append(raw)
+        return False
+
+    try:
+        stream = pickle.dumps(obj, protocol=5, buffer_callback=apart)
+    except Exception:  # noqa: BLE001 - pickled by dumps, which says why if it cannot
+        return None
+    return (stream, bufs) if bufs else None
+
+
+def _pack(stream: bytes, bufs: list[memoryview]) -> bytes:
+    """The payload of an entry with buffers apart: their count and lengths, the pickle, then each buffer raw,
+    starting at a multiple of :data:`_ALIGN` bytes from the entry's start (so a view of it is aligned)."""
+    head = b"".join((len(bufs).to_bytes(4, "little"), *(b.nbytes.to_bytes(8, "little") for b in bufs),
+                     len(stream).to_bytes(8, "little"), stream))
+    parts: list[Any] = [head]
+    pos = _header_size() + len(head)
+    for b in bufs:
+        pad = -pos % _ALIGN
+        parts += [bytes(pad), b]
+        pos += pad + b.nbytes
+    return b"".join(parts)
+
+
+def _unpack(payload: memoryview, start: int) -> Any:
+    """The object of a payload made by :func:`_pack` that starts ``start`` bytes into its entry: its buffers
+    are views of the payload (of the entry's bytes as read), not copies."""
+    n = int.from_bytes(payload[:4], "little")
+    lengths = [int.from_bytes(payload[4 + 8 * j:12 + 8 * j], "little") for j in range(n)]
+    i = 4 + 8 * n
+    m = int.from_bytes(payload[i:i + 8], "little")
+    pos = i + 8 + m
+    views = []
+    for length in lengths:
+        pos += -(start + pos) % _ALIGN
+        views.append(payload[pos:pos + length])
+        pos += length
+    if pos != len(payload):
+        msg = "an entry's buffers do not fill its payload"
+        raise ValueError(msg)
+    return pickle.loads(payload[i + 8:i + 8 + m], buffers=views)
 
 
 def _decode(data: bytes) -> memoryview | None:
@@ -480,7 +557,7 @@ def _decode(data: bytes) -> memoryview | None:
     >>> _decode(bytes(damaged)) is None, _decode(_encode(b"state")[:-1]) is None
     (True, True)
     """
-    crc = data.startswith(_MAGIC)
+    crc = data.startswith(_MAGIC) or data.startswith(_BUFFERED)
     if not (crc or data.startswith(_MAGIC_BLAKE2B)) or len(data) < len(_MAGIC) + 2:
         return None
     i = len(_MAGIC)
@@ -505,7 +582,7 @@ def _decode(data: bytes) -> memoryview | None:
 
 
 def _other_version(data: bytes) -> bool:
-    if not (data.startswith(_MAGIC) or data.startswith(_MAGIC_BLAKE2B)) or len(data) < len(_MAGIC) + 2:
+    if not any(data.startswith(m) for m in (_MAGIC, _BUFFERED, _MAGIC_BLAKE2B)) or len(data) < len(_MAGIC) + 2:
         return False
     i = len(_MAGIC)
     n = int.from_bytes(data[i:i + 2], "little")
