@@ -220,8 +220,9 @@ class Store:
         if payload is None:
             return None
         try:
-            if payload.obj[:len(_BUFFERED)] == _BUFFERED:   # large arrays: views of the entry's bytes
-                return _unpack(payload, len(payload.obj) - len(payload))
+            whole: bytearray = payload.obj  # type: ignore[assignment]  # the entry's bytes, as read
+            if whole[:len(_BUFFERED)] == _BUFFERED:   # large arrays: views of the entry's bytes
+                return _unpack(payload, len(whole) - len(payload))
             return pickle.loads(payload)   # from the file's bytes as read: no copy of the payload first
         except Exception:  # noqa: BLE001 - a class that no longer loads: a miss, and the entry goes
             self._drop(self._file(key), corrupt=True)
@@ -547,7 +548,7 @@ def _unpack(payload: memoryview, start: int) -> Any:
     return pickle.loads(payload[i + 8:i + 8 + m], buffers=views)
 
 
-def _decode(data: bytes) -> memoryview | None:
+def _decode(data: bytes | bytearray) -> memoryview | None:
     """The payload of an entry of this version whose length and checksum match, as a view of ``data`` (no
     copy), else None.  An entry of the first format (:data:`_MAGIC_BLAKE2B`) is checked by its blake2b digest.
 
@@ -581,7 +582,7 @@ def _decode(data: bytes) -> memoryview | None:
     return payload
 
 
-def _other_version(data: bytes) -> bool:
+def _other_version(data: bytes | bytearray) -> bool:
     if not any(data.startswith(m) for m in (_MAGIC, _BUFFERED, _MAGIC_BLAKE2B)) or len(data) < len(_MAGIC) + 2:
         return False
     i = len(_MAGIC)
