@@ -441,8 +441,8 @@ class _LayoutPickler(pickle.Pickler):
     and the matrix products of the loaded state rounded differently from the fitted one's: a state loaded from
     the store must answer as the one that was fitted, bit for bit."""
 
-    def __init__(self, f: Any, cp: Any) -> None:
-        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
+    def __init__(self, f: Any, cp: Any, buffer_callback: Any = None) -> None:
+        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=buffer_callback)
         self._ndarray = cp.ndarray
 
     def reducer_override(self, obj: Any) -> Any:
@@ -496,9 +496,9 @@ def _header_size() -> int:
 
 def _dumps_buffered(obj: Any) -> tuple[bytes, list[memoryview]] | None:
     """``obj`` pickled with its buffers of :data:`_OUT_OF_BAND` bytes or more (NumPy arrays) apart (pickle
-    protocol 5), or None where it has none, CuPy is loaded or it does not pickle so (:func:`dumps` then)."""
-    if _gpulibs.loaded_cupy() is not None:
-        return None
+    protocol 5; CuPy's arrays with their memory layout, :class:`_LayoutPickler`), or None where it has none
+    or it does not pickle so (:func:`dumps` then)."""
+    cp = _gpulibs.loaded_cupy()
     bufs: list[memoryview] = []
 
     def apart(buf: pickle.PickleBuffer) -> bool:
@@ -509,7 +509,12 @@ def _dumps_buffered(obj: Any) -> tuple[bytes, list[memoryview]] | None:
         return False
 
     try:
-        stream = pickle.dumps(obj, protocol=5, buffer_callback=apart)
+        if cp is None:
+            stream = pickle.dumps(obj, protocol=5, buffer_callback=apart)
+        else:
+            out = io.BytesIO()
+            _LayoutPickler(out, cp, apart).dump(obj)
+            stream = out.getvalue()
     except Exception:  # noqa: BLE001 - pickled by dumps, which says why if it cannot
         return None
     return (stream, bufs) if bufs else None
