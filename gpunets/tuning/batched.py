@@ -279,11 +279,13 @@ def fit_and_score_batch(rule: Any, ests: tuple[Any, ...], users: tuple[tuple[int
     rows, y_fit = tasks.aligned(rows, y)
     x_key = stage.key if stage is not None else None
     depth = len(stage.seconds) if stage is not None else 0
-    lookups: list[Any] = ([stored.load_step(est, None, {}, rows, y_fit, x_key) for est in ests]
+    y_key = stored.data_key(y_fit) if _store.current_store() is not None else None   # once for the batch
+    lookups: list[Any] = ([stored.load_step(est, None, {}, rows, y_fit, x_key, y_key) for est in ests]
                           if _store.current_store() is not None else [None] * len(ests))
     todo = [i for i, found in enumerate(lookups) if found is None or found[0] is None]
     steps: list[Any] = [None] * len(ests)
-    skey = stored.shared_key(rule.name, rule.group_key(ests[todo[0]]), rows, y_fit, x_key) if len(todo) > 1 else None
+    skey = stored.shared_key(rule.name, rule.group_key(ests[todo[0]]), rows, y_fit, x_key, y_key) \
+        if len(todo) > 1 else None
     fitted, secs = fit_batch(rule, [ests[i] for i in todo], rows, y_fit, skey) if len(todo) > 1 else (None, 0.0)
     batch = set(todo) if fitted is not None else set()   # the candidates the batch fitted
     for i, est in zip(todo, fitted or ()):
