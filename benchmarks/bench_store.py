@@ -32,8 +32,6 @@ import tempfile
 import time
 from typing import Any
 
-import numpy as np
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 

@@ -7,7 +7,7 @@ same key is loaded instead (the fit report's action ``"stored"``).  The key is m
 the training data's content and rows, the upstream machines' keys, the device kind and the versions of gpunets
 and of the estimator's library.  This module only keeps bytes under keys.
 
-Each entry is one file, ``<dir>/<2 hex>/<32 hex>.gnst``: a header (magic, gpunets version, a blake2b checksum
+Each entry is one file, ``<dir>/<2 hex>/<32 hex>.gnst``: a header (magic, gpunets version, a CRC-32 checksum
 of the payload, its length) and the payload, a pickle of the fitted estimator.  So
 
 * a corrupt or truncated entry fails its checksum: it is dropped and counted (``corrupt``), never served;
@@ -48,6 +48,7 @@ import re
 import tempfile
 import threading
 import warnings
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,9 +69,19 @@ __all__ = ["Store", "StoreInfo", "StoreWarning", "store_info", "store_clear", "c
 #: The size bound of a store given as a path (``gn.set_config(store="dir")``): 8 GiB.
 DEFAULT_MAX_BYTES = 8 << 30
 
-_MAGIC = b"GNSTORE1"
+#: An entry's first bytes: its payload is checked by CRC-32 (``zlib.crc32``: every burst of up to 32 damaged bits
+#: and all but 1 in 2**32 other damage is caught; the length in the header catches a truncation).
+_MAGIC = b"GNSTORE2"
+#: An entry whose large arrays follow its pickle, raw (:func:`_pack`); checked as :data:`_MAGIC`'s.
+_BUFFERED = b"GNSTOREB"
+#: The size from which an array's bytes are written apart from the pickle, and the alignment of their start.
+_OUT_OF_BAND = 1 << 16
+_ALIGN = 64
+#: The first format's (read, never written): a blake2b digest of the payload, 32 bytes; 5 times slower to check.
+_MAGIC_BLAKE2B = b"GNSTORE1"
 _SUFFIX = ".gnst"
 _NAME = re.compile(r"^[0-9a-f]{32}\.gnst$")
+_INDEX_WIDTH = 20   # the digits of any byte count (< 10**20), padded with spaces
 _INDEX = ".size"   # the bytes the entries hold, kept by every writer under a file lock (:meth:`Store._account`)
 
 
@@ -205,11 +216,14 @@ class Store:
 
         ``probe=True``: a second look for the same fit in another form (a GPU state's CPU twin); its absence
         is not counted as a miss."""
-        payload = self.get_bytes(key, probe)
+        payload = self._read(key, probe)
         if payload is None:
             return None
         try:
-            return pickle.loads(payload)
+            whole: bytearray = payload.obj  # type: ignore[assignment]  # the entry's bytes, as read
+            if whole[:len(_BUFFERED)] == _BUFFERED:   # large arrays: views of the entry's bytes
+                return _unpack(payload, len(whole) - len(payload))
+            return pickle.loads(payload)   # from the file's bytes as read: no copy of the payload first
         except Exception:  # noqa: BLE001 - a class that no longer loads: a miss, and the entry goes
             self._drop(self._file(key), corrupt=True)
             with self._lock:
@@ -220,10 +234,22 @@ class Store:
     def get_bytes(self, key: bytes, probe: bool = False) -> bytes | None:
         """The payload stored under ``key``, checksum verified; None when there is none (counted, unless
         ``probe``)."""
+        payload = self._read(key, probe)
+        if payload is None:
+            return None
+        with payload:
+            return bytes(payload)
+
+    def _read(self, key: bytes, probe: bool) -> memoryview | None:
+        """The payload stored under ``key`` as a view of the file's bytes (read once, checked once, never
+        copied), or None, counted as :meth:`get_bytes` says."""
         path = self._file(key)
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            with open(path, "rb", buffering=0) as f:   # into one writable buffer: the arrays' memory, if views
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                n = f.readinto(data)
+            if n != len(data):
+                del data[n or 0:]
         except OSError:
             if not probe:
                 with self._lock:
@@ -242,7 +268,12 @@ class Store:
         return payload
 
     def put(self, key: bytes, obj: Any) -> bool:
-        """Store ``obj`` (pickled) under ``key``; False when it was not written (one warning says why)."""
+        """Store ``obj`` (pickled) under ``key``; False when it was not written (one warning says why).  Its
+        large arrays (:data:`_OUT_OF_BAND` bytes and more) are written after the pickle, raw and aligned, and
+        read back as views of the entry's bytes, never copied (:func:`_pack`)."""
+        packed = _dumps_buffered(obj)
+        if packed is not None:
+            return self._put(key, _pack(*packed), _BUFFERED)
         try:
             payload = dumps(obj)
         except Exception as e:  # noqa: BLE001 - an unpicklable fitted state: not stored, said once
@@ -254,8 +285,11 @@ class Store:
 
     def put_bytes(self, key: bytes, payload: bytes) -> bool:
         """Write ``payload`` under ``key`` atomically (temporary file, then :func:`os.replace`)."""
+        return self._put(key, payload, _MAGIC)
+
+    def _put(self, key: bytes, payload: bytes, magic: bytes) -> bool:
         path = self._file(key)
-        data = _encode(payload)
+        data = _encode(payload, magic)
         folder = os.path.dirname(path)
         tmp = None
         try:
@@ -396,9 +430,9 @@ def _locked(path: str | None) -> Any:
 
 
 def _rewrite(fd: int, total: int) -> None:
-    os.lseek(fd, 0, os.SEEK_SET)
-    os.ftruncate(fd, 0)
-    os.write(fd, str(max(total, 0)).encode())
+    """Write ``total`` over the size index: in place, padded to 20 characters (any count it held, written by
+    any version, is overwritten whole), so no truncation (a metadata write that costs more than the entry's)."""
+    os.pwrite(fd, str(max(total, 0)).ljust(_INDEX_WIDTH).encode(), 0)
 
 
 class _LayoutPickler(pickle.Pickler):
@@ -407,8 +441,8 @@ class _LayoutPickler(pickle.Pickler):
     and the matrix products of the loaded state rounded differently from the fitted one's: a state loaded from
     the store must answer as the one that was fitted, bit for bit."""
 
-    def __init__(self, f: Any, cp: Any) -> None:
-        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
+    def __init__(self, f: Any, cp: Any, buffer_callback: Any = None) -> None:
+        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=buffer_callback)
         self._ndarray = cp.ndarray
 
     def reducer_override(self, obj: Any) -> Any:
@@ -447,15 +481,90 @@ def _write(f: Any, data: bytes) -> None:
     f.write(data)
 
 
-def _encode(payload: bytes) -> bytes:
+def _encode(payload: bytes, magic: bytes = b"GNSTORE2") -> bytes:
+    """An entry: the header (``magic``, the gpunets version, the payload's CRC-32 and length), then the
+    payload."""
     version = VERSION.encode()
-    check = hashlib.blake2b(payload, digest_size=32).digest()
-    return b"".join((_MAGIC, len(version).to_bytes(2, "little"), version, check,
+    return b"".join((magic, len(version).to_bytes(2, "little"), version, zlib.crc32(payload).to_bytes(4, "little"),
                      len(payload).to_bytes(8, "little"), payload))
 
 
-def _decode(data: bytes) -> bytes | None:
-    if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 2:
+def _header_size() -> int:
+    """The bytes before an entry's payload (:func:`_encode`)."""
+    return len(_MAGIC) + 2 + len(VERSION.encode()) + 4 + 8
+
+
+def _dumps_buffered(obj: Any) -> tuple[bytes, list[memoryview]] | None:
+    """``obj`` pickled with its buffers of :data:`_OUT_OF_BAND` bytes or more (NumPy arrays) apart (pickle
+    protocol 5; CuPy's arrays with their memory layout, :class:`_LayoutPickler`), or None where it has none
+    or it does not pickle so (:func:`dumps` then)."""
+    cp = _gpulibs.loaded_cupy()
+    bufs: list[memoryview] = []
+
+    def apart(buf: pickle.PickleBuffer) -> bool:
+        raw = buf.raw()
+        if raw.nbytes < _OUT_OF_BAND:
+            return True    # in the pickle
+        bufs.append(raw)
+        return False
+
+    try:
+        if cp is None:
+            stream = pickle.dumps(obj, protocol=5, buffer_callback=apart)
+        else:
+            out = io.BytesIO()
+            _LayoutPickler(out, cp, apart).dump(obj)
+            stream = out.getvalue()
+    except Exception:  # noqa: BLE001 - pickled by dumps, which says why if it cannot
+        return None
+    return (stream, bufs) if bufs else None
+
+
+def _pack(stream: bytes, bufs: list[memoryview]) -> bytes:
+    """The payload of an entry with buffers apart: their count and lengths, the pickle, then each buffer raw,
+    starting at a multiple of :data:`_ALIGN` bytes from the entry's start (so a view of it is aligned)."""
+    head = b"".join((len(bufs).to_bytes(4, "little"), *(b.nbytes.to_bytes(8, "little") for b in bufs),
+                     len(stream).to_bytes(8, "little"), stream))
+    parts: list[Any] = [head]
+    pos = _header_size() + len(head)
+    for b in bufs:
+        pad = -pos % _ALIGN
+        parts += [bytes(pad), b]
+        pos += pad + b.nbytes
+    return b"".join(parts)
+
+
+def _unpack(payload: memoryview, start: int) -> Any:
+    """The object of a payload made by :func:`_pack` that starts ``start`` bytes into its entry: its buffers
+    are views of the payload (of the entry's bytes as read), not copies."""
+    n = int.from_bytes(payload[:4], "little")
+    lengths = [int.from_bytes(payload[4 + 8 * j:12 + 8 * j], "little") for j in range(n)]
+    i = 4 + 8 * n
+    m = int.from_bytes(payload[i:i + 8], "little")
+    pos = i + 8 + m
+    views = []
+    for length in lengths:
+        pos += -(start + pos) % _ALIGN
+        views.append(payload[pos:pos + length])
+        pos += length
+    if pos != len(payload):
+        msg = "an entry's buffers do not fill its payload"
+        raise ValueError(msg)
+    return pickle.loads(payload[i + 8:i + 8 + m], buffers=views)
+
+
+def _decode(data: bytes | bytearray) -> memoryview | None:
+    """The payload of an entry of this version whose length and checksum match, as a view of ``data`` (no
+    copy), else None.  An entry of the first format (:data:`_MAGIC_BLAKE2B`) is checked by its blake2b digest.
+
+    >>> bytes(_decode(_encode(b"state")))
+    b'state'
+    >>> damaged = bytearray(_encode(b"state")); damaged[-1] ^= 1
+    >>> _decode(bytes(damaged)) is None, _decode(_encode(b"state")[:-1]) is None
+    (True, True)
+    """
+    crc = data.startswith(_MAGIC) or data.startswith(_BUFFERED)
+    if not (crc or data.startswith(_MAGIC_BLAKE2B)) or len(data) < len(_MAGIC) + 2:
         return None
     i = len(_MAGIC)
     n = int.from_bytes(data[i:i + 2], "little")
@@ -463,15 +572,23 @@ def _decode(data: bytes) -> bytes | None:
     if data[i:i + n] != VERSION.encode():
         return None
     i += n
-    check, length = data[i:i + 32], int.from_bytes(data[i + 32:i + 40], "little")
-    payload = data[i + 40:]
-    if len(payload) != length or hashlib.blake2b(payload, digest_size=32).digest() != check:
+    width = 4 if crc else 32
+    check, length = data[i:i + width], int.from_bytes(data[i + width:i + width + 8], "little")
+    payload = memoryview(data)[i + width + 8:]
+    if len(payload) != length:
+        return None
+    if crc:
+        ok = zlib.crc32(payload) == int.from_bytes(check, "little")
+    else:
+        ok = hashlib.blake2b(payload, digest_size=32).digest() == check
+    if not ok:
+        payload.release()
         return None
     return payload
 
 
-def _other_version(data: bytes) -> bool:
-    if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 2:
+def _other_version(data: bytes | bytearray) -> bool:
+    if not any(data.startswith(m) for m in (_MAGIC, _BUFFERED, _MAGIC_BLAKE2B)) or len(data) < len(_MAGIC) + 2:
         return False
     i = len(_MAGIC)
     n = int.from_bytes(data[i:i + 2], "little")

@@ -73,13 +73,16 @@ class RidgeRule:
         return ("Ridge", tuple((k, repr(v)) for k, v in params.items()))
 
     @staticmethod
-    def fit(ests: list[Any], X: Any, y: Any) -> list[Any] | None:
+    def fit(ests: list[Any], X: Any, y: Any, key: bytes | None = None) -> list[Any] | None:
         """Each of ``ests`` fitted on ``X, y``, or None where the rows are not ones the shared path covers, or,
-        in a kind's first batch, the first candidate's fit differs from its own ``fit`` by a bit."""
+        in a kind's first batch, the first candidate's fit differs from its own ``fit`` by a bit.
+
+        ``key``: where the store in force keeps training outputs (:func:`~gpunets.tuning.stored.shared_key`),
+        the shared part (the offsets and scale, ``XᵀX``, ``Xᵀy``: sums of the training rows) is read from the
+        store under it, else computed and kept there, so a widened search skips it; the kind's first batch in
+        a process still compares its first candidate with scikit-learn's own fit."""
         from scipy import linalg
         from sklearn.base import clone
-        from sklearn.linear_model._base import _preprocess_data
-        from sklearn.utils.extmath import safe_sparse_dot
 
         target = _target(y)
         if (type(X) is not np.ndarray or target is None or X.ndim != 2
@@ -97,14 +100,16 @@ class RidgeRule:
             if {k: v for k, v in vars(first).items() if k.endswith("_") and k not in ("coef_", "intercept_")} \
                     != attributes:
                 return None
-        Xc, yc, X_offset, y_offset, X_scale, _ = _preprocess_data(X, target, fit_intercept=fit_intercept, copy=True,
-                                                                  sample_weight=None, rescale_with_sw=False)
-        n_features = Xc.shape[1]
-        A = safe_sparse_dot(Xc.T, Xc, dense_output=True)
-        Xy = safe_sparse_dot(Xc.T, np.reshape(yc, (-1, 1)), dense_output=True)
+        shared = stored.load_shared(key, kind)
+        kept = shared is None
+        if shared is None:
+            shared = _ridge_sums(X, target, fit_intercept)
+        A, Xy, X_offset, y_offset, X_scale = shared
+        n_features = A.shape[0]
+        dtype = A.dtype
         fitted: list[Any] = []
         for est in ests:
-            alpha = np.asarray(est.alpha, dtype=Xc.dtype).ravel()
+            alpha = np.asarray(est.alpha, dtype=dtype).ravel()
             Ai = A.copy()
             Ai.flat[:: n_features + 1] += alpha[0]
             try:
@@ -123,12 +128,27 @@ class RidgeRule:
                 return None
             _CHECKED[kind] = True
             fitted[0] = first
+        if kept:
+            stored.keep_shared(key, kind, shared)
         return fitted
 
     @staticmethod
     def predict(est: Any, X: Any) -> Any:
         """``LinearModel._decision_function`` of rows ``est.predict`` accepts unchanged."""
         return X @ est.coef_ + est.intercept_
+
+
+def _ridge_sums(X: Any, target: Any, fit_intercept: bool) -> tuple[Any, ...]:
+    """What every alpha's fit on ``X, target`` shares: ``(XᵀX, Xᵀy, X_offset, y_offset, X_scale)`` of the rows
+    centred as ``Ridge.fit`` centres them."""
+    from sklearn.linear_model._base import _preprocess_data
+    from sklearn.utils.extmath import safe_sparse_dot
+
+    Xc, yc, X_offset, y_offset, X_scale, _ = _preprocess_data(X, target, fit_intercept=fit_intercept, copy=True,
+                                                              sample_weight=None, rescale_with_sw=False)
+    A = safe_sparse_dot(Xc.T, Xc, dense_output=True)
+    Xy = safe_sparse_dot(Xc.T, np.reshape(yc, (-1, 1)), dense_output=True)
+    return A, Xy, X_offset, y_offset, X_scale
 
 
 RULES: tuple[Any, ...] = (RidgeRule,)
@@ -229,12 +249,14 @@ def pick(values: tuple[Any, ...], i: int) -> Any:
     return values[i]
 
 
-def fit_batch(rule: Any, ests: list[Any], X: Any, y: Any) -> tuple[list[Any] | None, float]:
+def fit_batch(rule: Any, ests: list[Any], X: Any, y: Any,
+              key: bytes | None = None) -> tuple[list[Any] | None, float]:
     """``(the fitted candidates or None, seconds)``; None where the rule declines or anything raised (the
-    candidates are then fitted one by one, with their own errors and warnings)."""
+    candidates are then fitted one by one, with their own errors and warnings).  ``key``: the store key of
+    the batch's shared part (:func:`~gpunets.tuning.stored.shared_key`; None: not stored)."""
     start = time.perf_counter()
     try:
-        fitted = rule.fit(ests, X, y)
+        fitted = rule.fit(ests, X, y, key) if key is not None else rule.fit(ests, X, y)
     except Exception:  # noqa: BLE001 - the candidates are fitted one by one, which reports it
         fitted = None
     return fitted, time.perf_counter() - start
@@ -257,11 +279,14 @@ def fit_and_score_batch(rule: Any, ests: tuple[Any, ...], users: tuple[tuple[int
     rows, y_fit = tasks.aligned(rows, y)
     x_key = stage.key if stage is not None else None
     depth = len(stage.seconds) if stage is not None else 0
-    lookups: list[Any] = ([stored.load_step(est, None, {}, rows, y_fit, x_key) for est in ests]
+    y_key = stored.data_key(y_fit) if _store.current_store() is not None else None   # once for the batch
+    lookups: list[Any] = ([stored.load_step(est, None, {}, rows, y_fit, x_key, y_key) for est in ests]
                           if _store.current_store() is not None else [None] * len(ests))
     todo = [i for i, found in enumerate(lookups) if found is None or found[0] is None]
     steps: list[Any] = [None] * len(ests)
-    fitted, secs = fit_batch(rule, [ests[i] for i in todo], rows, y_fit) if len(todo) > 1 else (None, 0.0)
+    skey = stored.shared_key(rule.name, rule.group_key(ests[todo[0]]), rows, y_fit, x_key, y_key) \
+        if len(todo) > 1 else None
+    fitted, secs = fit_batch(rule, [ests[i] for i in todo], rows, y_fit, skey) if len(todo) > 1 else (None, 0.0)
     batch = set(todo) if fitted is not None else set()   # the candidates the batch fitted
     for i, est in zip(todo, fitted or ()):
         if lookups[i] is not None:

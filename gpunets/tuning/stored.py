@@ -53,7 +53,8 @@ from gpunets.planning.stored import GPU_ROUTES, state_of, write_state
 logger = logging.getLogger("gpunets")
 
 __all__ = ["load_step", "step_key", "stage_key", "data_key", "load_result", "keep_result", "keep_step", "result_keys",
-           "entry", "keepable", "Keeping", "keep_in", "PRIVATE", "Done", "done", "load_output", "keep_output", "outputs_kept"]
+           "entry", "keepable", "Keeping", "keep_in", "PRIVATE", "Done", "done", "load_output", "keep_output", "outputs_kept",
+           "shared_key", "load_shared", "keep_shared"]
 
 #: The keys of a task's result that are not part of scikit-learn's result, hence never remembered nor stored:
 #: a warm-started fit, the tokens of the step fits loaded from the store, whether the task wrote the result.
@@ -120,6 +121,40 @@ def keep_output(key: bytes | None, out: Any) -> None:
         s.put(_output_key(key), (out,))
 
 
+def shared_key(rule: str, group: Any, X: Any, y: Any, x_key: bytes | None = None,
+               y_key: bytes | None = None) -> bytes | None:
+    """The store key of what a batch of last steps shares on ``X, y`` (``x_key``: ``X``'s key, when an upstream
+    step gave it): the rule's name and group (every parameter but the batched one), the rows' and ``y``'s
+    content and the versions; None unless the store in force keeps training outputs (such sums of the training
+    rows are data derived from them: :func:`keep_shared`)."""
+    if not outputs_kept() or group is None:
+        return None
+    xk = x_key if x_key is not None else data_key(X)
+    yk = y_key if y_key is not None else data_key(y)
+    if xk is None or yk is None:
+        return None
+    return digest(b"gnshared", rule.encode(), repr(group).encode(), xk, yk, _store.VERSION.encode(),
+                  library_versions({"numpy", "scipy", "sklearn"}))
+
+
+def load_shared(key: bytes | None, kind: Any) -> Any:
+    """The shared part kept under ``key`` by :func:`keep_shared` for a batch of this ``kind`` (the libraries'
+    versions, the rows' dtype and layout), else None."""
+    s = _store.current_store()
+    if key is None or s is None or not getattr(s, "outputs", False):
+        return None
+    got = s.get(key)
+    return got[1] if isinstance(got, tuple) and len(got) == 2 and got[0] == kind else None
+
+
+def keep_shared(key: bytes | None, kind: Any, value: Any) -> None:
+    """Keep ``value``, the shared part of a batch of ``kind`` (sums of its training rows: ``Ridge``'s ``XᵀX``,
+    ``Xᵀy`` and offsets), under ``key``, where the store in force keeps training outputs; nothing otherwise."""
+    s = _store.current_store()
+    if key is not None and s is not None and getattr(s, "outputs", False):
+        s.put(key, (kind, value))
+
+
 def data_key(x: Any) -> bytes | None:
     """The content of ``x`` as a key part (None: named by identity only)."""
     if x is None:
@@ -136,13 +171,14 @@ def stage_key(key: bytes | None) -> bytes | None:
 
 
 def step_key(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: Any,
-             x_key: bytes | None = None) -> bytes | None:
-    """The store key of fitting ``est`` on ``X, y`` (``x_key``: ``X``'s key, when an upstream step gave it);
-    None without a store in force, or when something cannot be named stably."""
+             x_key: bytes | None = None, y_key: bytes | None = None) -> bytes | None:
+    """The store key of fitting ``est`` on ``X, y`` (``x_key``, ``y_key``: ``X``'s key, when an upstream step
+    gave it, and ``y``'s :func:`data_key`, when the caller computed it for several steps); None without a store
+    in force, or when something cannot be named stably."""
     if _store.current_store() is None:
         return None
     xk = x_key if x_key is not None else data_key(X)
-    yk = data_key(y)
+    yk = y_key if y_key is not None else data_key(y)
     libs: set[str] = {"gpunets"}
     spec = stable_key(est, libs)
     fp = stable_key(fit_params, libs)
@@ -182,7 +218,7 @@ def _load(key: bytes | None) -> tuple[Any, dict[str, Any]]:
 
 
 def load_step(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: Any,
-              x_key: bytes | None = None) -> tuple[Any, bytes | None, bool]:
+              x_key: bytes | None = None, y_key: bytes | None = None) -> tuple[Any, bytes | None, bool]:
     """The fitted step to use instead of fitting ``est`` (None: fit it), the key it is, or will be, under, and
     whether its ``transform`` of its training rows gives its fit's output (see :func:`keep_step`).
 
@@ -191,7 +227,7 @@ def load_step(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: Any,
     "Devices"), following the fallback policy: ``"raise"`` refuses it, ``"warn"`` warns once, ``"silent"``
     logs it; the key it gives is the GPU fit's, so the steps downstream find theirs.
     """
-    key = step_key(est, route, fit_params, X, y, x_key)
+    key = step_key(est, route, fit_params, X, y, x_key, y_key)
     hit, info = _load(key)
     if hit is not None or key is None or getattr(route, "path", None) != "cpu_fallback":
         return hit, key, bool(info.get("same_output", False))
@@ -200,7 +236,7 @@ def load_step(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: Any,
     if policy == "raise" or s is None:
         return None, key, False
     for path in GPU_ROUTES:
-        gkey = step_key(est, _GpuRoute(path), fit_params, X, y, x_key)
+        gkey = step_key(est, _GpuRoute(path), fit_params, X, y, x_key, y_key)
         got = s.get(gkey, probe=True) if gkey is not None else None
         if isinstance(got, tuple) and len(got) == 3:
             twin, how = got[2]
