@@ -158,8 +158,10 @@ def test_library_and_gpunets_upgrades_are_misses(store, monkeypatch):
 
 
 def test_an_entry_of_another_version_is_a_miss_not_an_error(tmp_path, monkeypatch):
+    from gpunets.devices import store_format
+
     s = gn.Store(tmp_path)
-    monkeypatch.setattr(store_mod, "VERSION", "0.0.1")
+    monkeypatch.setattr(store_format, "VERSION", "0.0.1")   # the version an entry's header is written with
     s.put(b"k" * 16, [1])
     monkeypatch.undo()
     assert s.get(b"k" * 16) is None
