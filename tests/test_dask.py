@@ -862,3 +862,65 @@ def test_gpu_placement_with_local_cuda_cluster():
         lanes = {r.label: r.lane for r in gn.last_trace().records if r.kind == "fit"}
         for g in range(n_gpus):
             assert lanes[f"fit ridge{g}"] in owners[g]
+
+
+# ------------------------------------------------------------------------------------------
+# a fit raising any kind of exception stops the run, naming the machine (issue 35 item 7)
+# ------------------------------------------------------------------------------------------
+class _TwoArgError(Exception):
+    def __init__(self, message, code):   # an extra required argument: pickle cannot rebuild it
+        super().__init__(message)
+        self.code = code
+
+
+class _LockedError(ValueError):
+    def __init__(self, message):   # an unpicklable attribute
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+_FAILURES = {
+    "OSError": lambda: OSError(28, "No space left on device"),
+    "MemoryError": lambda: MemoryError("cannot allocate 8 GiB"),
+    "RuntimeError": lambda: RuntimeError("flaky resource"),
+    "TwoArgError": lambda: _TwoArgError("two-arg failure", 7),
+    "LockedError": lambda: _LockedError("locked failure"),
+}
+
+
+class _RaisesKind(BaseEstimator, RegressorMixin):
+    def __init__(self, kind="OSError"):
+        self.kind = kind
+
+    def fit(self, X, y):
+        raise _FAILURES[self.kind]()
+
+    def predict(self, X):
+        return np.zeros(len(X))
+
+
+def _alarm(signum, frame):
+    raise TimeoutError("the fit hung")
+
+
+@pytest.mark.parametrize("kind", list(_FAILURES))
+def test_a_fit_raising_any_exception_stops_the_run_naming_it(executor, kind):
+    import signal
+
+    X, y = _xy()
+    first = gn.machine(Ridge(), X, y, name="first")
+    P = gn.node(_cols, first.predict(X), first.predict(X), name="P")   # bad trains after first committed
+    bad = gn.machine(_RaisesKind(kind=kind), P, y, name="bad")
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(90)
+    try:
+        with pytest.raises(gn.FitError, match=r"bad.*" + kind.split("Error")[0]) as info:
+            bad.predict(P).fit(executor=executor)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert str(_FAILURES[kind]()).split("]")[-1].strip() in str(info.value)
+    assert first.is_fitted and not bad.is_fitted
+    bad.model = Ridge()   # fixed: only bad retrains
+    report = bad.predict(P).fit(executor=executor)
+    assert report.actions["first"] == "skip" and report.actions["bad"] == "train"

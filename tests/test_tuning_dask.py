@@ -229,3 +229,121 @@ def test_a_search_is_few_large_tasks(executor, data):
         s = gn.GridSearchCV(est, {"ridge__alpha": [0.1, 1.0, 10.0]}, cv=3, executor=executor).fit(X, y)
     assert len(gn.last_trace().records) == 3 * (4 + 2 + 1 + 3) + 1
     assert s.search_report_.batched == 9 and s.search_report_.ran == s.search_report_.fits
+
+
+# ------------------------------------------------------------------------------------------
+# a failing fit of any exception kind comes back (issue 35 item 7): never a hang
+# ------------------------------------------------------------------------------------------
+class TwoArgError(Exception):
+    """An exception whose __init__ takes an extra required argument: standard pickling cannot rebuild it."""
+
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code
+
+
+class LockedError(ValueError):
+    """An exception carrying an unpicklable attribute."""
+
+    def __init__(self, message):
+        super().__init__(message)
+        import threading
+
+        self.lock = threading.Lock()
+
+
+FAILURES = {
+    "OSError": lambda: OSError(28, "No space left on device", "/tmp/x"),
+    "MemoryError": lambda: MemoryError("cannot allocate 8 GiB"),
+    "RuntimeError": lambda: RuntimeError("flaky resource"),
+    "TwoArgError": lambda: TwoArgError("two-arg failure", 7),
+    "LockedError": lambda: LockedError("locked failure"),
+}
+
+
+class RaisesKind(Ridge):
+    """A Ridge whose fit raises ``FAILURES[kind]`` for alpha < 0."""
+
+    def __init__(self, alpha=1.0, kind="OSError"):
+        super().__init__(alpha=alpha)
+        self.kind = kind
+
+    def fit(self, X, y, sample_weight=None):
+        if self.alpha < 0:
+            raise FAILURES[self.kind]()
+        return super().fit(X, y, sample_weight=sample_weight)
+
+
+class _Hung(BaseException):
+    pass
+
+
+class no_hang:  # noqa: N801 - a context manager used like a function
+    """Fail (instead of hanging the test session) if the block runs longer than ``seconds`` (SIGALRM)."""
+
+    def __init__(self, seconds=90):
+        self.seconds = seconds
+
+    def _alarm(self, signum, frame):
+        raise _Hung(f"hung for {self.seconds} s")
+
+    def __enter__(self):
+        import signal
+
+        self._old = signal.signal(signal.SIGALRM, self._alarm)
+        signal.alarm(self.seconds)
+
+    def __exit__(self, *exc):
+        import signal
+
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, self._old)
+
+
+def _check_failed_search(ex, kind, data):
+    X, y = data
+    est = Pipeline([("scale", StandardScaler()), ("ridge", RaisesKind(kind=kind))])
+    grid = {"ridge__alpha": [1.0, -1.0]}
+    message = str(FAILURES[kind]())
+    with no_hang():
+        with pytest.warns(FitFailedWarning, match=kind):
+            ours = gn.GridSearchCV(est, grid, cv=3, executor=ex).fit(X, y)
+        with pytest.raises(Exception) as info:
+            gn.GridSearchCV(est, grid, cv=3, executor=ex, error_score="raise").fit(X, y)
+    with pytest.warns(FitFailedWarning):
+        serial = gn.GridSearchCV(est, grid, cv=3, executor="serial").fit(X, y)
+    _same_scores(ours, serial)
+    assert np.isnan(ours.cv_results_["mean_test_score"][1])
+    err = info.value
+    if type(err).__name__ == kind:                 # rebuilt as raised: class, message, attributes
+        assert str(err) == message
+        if kind == "OSError":
+            assert (err.errno, err.filename) == (28, "/tmp/x")
+        if kind == "TwoArgError":
+            assert err.code == 7
+    else:                                          # cannot travel as itself: a gn error naming it
+        assert kind == "LockedError" and getattr(ex, "name", ex) == "dask"
+        assert isinstance(err, gn.EvaluationError) and isinstance(err, ValueError)
+        assert f"LockedError({message!r})" in str(err) and "in fit" in str(err)
+
+
+@pytest.mark.parametrize("kind", list(FAILURES))
+def test_failed_fit_of_any_kind_comes_back_from_a_dask_search(client, data, kind):
+    _check_failed_search(gn.DaskExecutor(client), kind, data)
+
+
+@pytest.mark.parametrize("kind", list(FAILURES))
+def test_failed_fit_of_any_kind_in_a_search_on_every_executor(executor, data, kind):
+    _check_failed_search(executor, kind, data)
+
+
+def test_halving_search_with_an_oserror_on_dask(client, data):
+    from sklearn.experimental import enable_halving_search_cv  # noqa: F401
+
+    X, y = data
+    est = Pipeline([("scale", StandardScaler()), ("ridge", RaisesKind(kind="OSError"))])
+    grid = {"ridge__alpha": [1.0, -1.0, 2.0, 3.0]}
+    with no_hang(), pytest.warns(FitFailedWarning, match="OSError"):
+        s = gn.HalvingGridSearchCV(est, grid, cv=2, executor=gn.DaskExecutor(client), min_resources=30,
+                                   random_state=0).fit(X, y)
+    assert s.best_params_["ridge__alpha"] != -1.0
