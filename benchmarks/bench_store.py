@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -62,7 +63,7 @@ print(json.dumps({"seconds": t, "fitted": r.fitted, "stored": r.stored, "again":
 
 
 _WIDEN = """
-import json, sys, tempfile, time
+import json, shutil, sys, tempfile, time
 import numpy as np
 import gpunets as gn
 from sklearn.decomposition import PCA
@@ -90,6 +91,7 @@ for _ in range(repeats):
         d = got[name] = search(wide)
         with gn.config(store=store):
             t = time.perf_counter(); d.fit(X, y); best[name] = min(best[name], time.perf_counter() - t)
+        shutil.rmtree(store.path, ignore_errors=True)   # each repeat's stores, gone once timed
 out = dict(best)
 for name, d in got.items():
     r = d.search_report_
@@ -150,6 +152,7 @@ def _demo_lookup(rows: int, repeats: int) -> dict[str, Any]:
             with_store = min(with_store, time.perf_counter() - t)
         assert "stored" not in report.actions.by_label().values()
     info = store.info()
+    shutil.rmtree(store.path, ignore_errors=True)
     return {"cold_fit": plain, "cold_fit_all_misses": with_store, "lookups": info.misses, "hits": info.hits}
 
 
@@ -169,6 +172,8 @@ def run(quick: bool = False) -> dict[str, Any]:
         e = _search(shape, wide, folds, store_o, outputs=True)   # ... on the store that keeps outputs
         first, second = min(first, a["seconds"]), min(second, b["seconds"])
         cold_wide, grown, kept = min(cold_wide, c["seconds"]), min(grown, d["seconds"]), min(kept, e["seconds"])
+        for folder in (store, store_o):   # the stores of this repeat, gone once timed
+            shutil.rmtree(folder, ignore_errors=True)
         checks = {"second_fitted": b["fitted"], "second_stored": b["stored"], "wide_fitted": d["fitted"],
                   "wide_again": d["again"], "wide_new_candidates_fits": new_fits,
                   "wide_outputs_fitted": e["fitted"], "wide_outputs_loaded": e["outputs"],
