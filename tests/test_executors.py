@@ -763,7 +763,8 @@ def test_cuda_lanes_serve_one_gpu_for_life_and_are_capped(fake_cuda, issuer):
         assert run.error is None and not fake.errors, fake.errors
         np.testing.assert_array_equal(run.values[plan.outputs[0]], out(executor="serial"))
     if issuer is None:
-        assert [t.name for t in where] == ["gpunets-cuda-issue"] and where[next(iter(where))] == {0, 1}, where
+        # one issuing thread (".1" where the pool's first issuer is still busy with another test's run)
+        assert [t.name.split(".")[0] for t in where] == ["gpunets-cuda-issue"] and where[next(iter(where))] == {0, 1}, where
         return
     assert all(len(devs) == 1 for devs in where.values()), where
     per_gpu = [sum(1 for devs in where.values() if devs == {o}) for o in (0, 1)]

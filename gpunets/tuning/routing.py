@@ -14,7 +14,7 @@ from gpunets.base.config import config, get_config
 from gpunets.compute.models import fit_context
 from gpunets.devices.data import to_device
 from gpunets.devices.placement import Device, check_available, device_exists
-from gpunets.tuning import tasks
+from gpunets.tuning import stored, tasks
 from gpunets.tuning.report import SearchReport
 
 
@@ -55,8 +55,12 @@ def quiet_fallback(search: Any, device: Any) -> Iterator[None]:
     parts = (f" (its steps {', '.join(type(s).__name__ for _, s in steps if s not in (None, 'passthrough'))})"
              if steps else f" (its {type(search.estimator).__name__} fits)")
     check_available(dev, what=f"{type(search).__name__}(device={device!r}){parts}", owner=search)
-    with config(fallback="silent"):
-        yield
+    token = stored.USER_FALLBACK.set("warn")   # a step loaded as a GPU fit's CPU twin still warns (tuning.stored)
+    try:
+        with config(fallback="silent"):
+            yield
+    finally:
+        stored.USER_FALLBACK.reset(token)
 
 
 @contextlib.contextmanager

@@ -34,6 +34,7 @@ True
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 from typing import Any, NamedTuple
@@ -51,6 +52,11 @@ from gpunets.devices.store_keys import library_versions, stable_key
 from gpunets.planning.stored import GPU_ROUTES, state_of, write_state
 
 logger = logging.getLogger("gpunets")
+
+#: The fallback policy the user set, while a search quiets its internal nodes' fallbacks
+#: (:func:`gpunets.tuning.routing.quiet_fallback`): a GPU fit loaded as its CPU twin is news for a step the user
+#: wrote, so it warns by the user's policy, not the quieted one.
+USER_FALLBACK: contextvars.ContextVar[str | None] = contextvars.ContextVar("gpunets_user_fallback", default=None)
 
 __all__ = ["load_step", "step_key", "stage_key", "data_key", "load_result", "keep_result", "keep_step", "result_keys",
            "entry", "keepable", "Keeping", "keep_in", "PRIVATE", "Done", "done", "load_output", "keep_output", "outputs_kept",
@@ -231,7 +237,7 @@ def load_step(est: Any, route: Any, fit_params: dict[str, Any], X: Any, y: Any,
     hit, info = _load(key)
     if hit is not None or key is None or getattr(route, "path", None) != "cpu_fallback":
         return hit, key, bool(info.get("same_output", False))
-    policy = get_config()["fallback"]
+    policy = USER_FALLBACK.get() or get_config()["fallback"]
     s = _store.current_store()
     if policy == "raise" or s is None:
         return None, key, False
