@@ -75,6 +75,7 @@ NEVER: dict[str, str] = {
     "numpy.lib._datasource": "it downloads and writes files", "numpy.lib._npyio_impl": "it reads and writes files",
     "numpy.lib.npyio": "it reads and writes files", "numpy.testing": "test helpers (temporary files)",
     "gpunets.devices.store": "a store of fitted states creates and writes its folder",
+    "gpunets.devices.store_format": "the store's entry codec (raw array bytes after a pickle)",
     "gpunets.executors": "an executor starts threads, processes or a Dask cluster",
     "gpunets.base.config": "gpunets' configuration (a store= path creates a folder)",
     "gpunets.tuning.stored": "it writes results into the store of fitted states in force, under keys it holds",

@@ -151,24 +151,13 @@ class SearchReport:
         """
         out = cls(rungs=list(reports))
         for r in reports:
-            for k, v in r.fits.items():
-                out.fits[k] = out.fits.get(k, 0) + v
-            for k, v in r.naive.items():
-                out.naive[k] = out.naive.get(k, 0) + v
-            out.transforms += r.transforms
-            out.seconds += r.seconds
-            out.remembered += r.remembered
-            for k, v in r.reused.items():
-                out.reused[k] = out.reused.get(k, 0) + v
-            out.warm += r.warm
-            out.batched += r.batched
-            out.stored += r.stored
-            for k, v in r.loaded.items():
-                out.loaded[k] = out.loaded.get(k, 0) + v
-            for k, v in r.again.items():
-                out.again[k] = out.again.get(k, 0) + v
-            out.outputs += r.outputs
-            out.results_stored += r.results_stored
+            for name in ("fits", "naive", "reused", "loaded", "again"):   # counts per step, summed step by step
+                total = getattr(out, name)
+                for k, v in getattr(r, name).items():
+                    total[k] = total.get(k, 0) + v
+            for name in ("transforms", "seconds", "remembered", "warm", "batched", "stored", "outputs",
+                         "results_stored"):
+                setattr(out, name, getattr(out, name) + getattr(r, name))
         offset = 0
         for r in reports:   # candidate indices of cv_results_ (rung after rung)
             for c, e in r.errors.items():
