@@ -454,6 +454,35 @@ def test_auto_runs_a_one_gpu_plan_serially_and_spreads_several_gpus_on_streams()
         assert gn.evaluate(one, executor="streams", trace=True).trace.executor == "streams"   # still on request
 
 
+def test_auto_on_one_gpu_follows_the_measured_busy_fraction():
+    """Issue 36 item 7: on one GPU, auto picks streams once earlier runs timed the plan's GPU tasks GPU-bound on
+    two branches or more, serial where they were host-bound or never timed; the reason says which."""
+    from gpunets.executors import gpu_auto
+    from gpunets.testing import fake_gpu
+
+    with fake_gpu(1) as cp:
+        X = gn.source(cp.asarray(np.random.default_rng(0).normal(size=(160, 160))), name="X")
+        left, right = gn.node(lambda a: a @ a @ a, X, name="left"), gn.node(lambda a: a.T @ a @ a, X, name="right")
+        out = gn.node(lambda a, b: a + b, left, right)
+        first = gn.evaluate(out, trace=True, output="numpy")
+        assert first.trace.executor.startswith("serial"), first.executor_reason
+        assert "0 of its 3 tasks were timed" in first.executor_reason, first.executor_reason
+        plan_tasks = [left, right, out]
+        for node in plan_tasks:   # what an H200 measured for GPU-bound kernels: 4 ms of GPU per 0.1 ms issued
+            gpu_auto._SEEN[node] = (4e-3, 1e-4)
+        busy = gn.evaluate(out, trace=True, output="numpy")
+        assert busy.trace.executor == "streams", busy.executor_reason
+        assert "GPU-bound in earlier runs" in busy.executor_reason and "2 independent branches" in busy.executor_reason
+        np.testing.assert_array_equal(busy.value, first.value)
+        for node in plan_tasks:   # host-bound: 1 ms of GPU work issued over 4 ms of Python
+            gpu_auto._SEEN[node] = (1e-3, 4e-3)
+        host = gn.evaluate(out, trace=True, output="numpy")
+        assert host.trace.executor.startswith("serial") and "host-bound in earlier runs" in host.executor_reason
+        np.testing.assert_array_equal(host.value, first.value)
+        # the runs themselves leave their measurements: every timed GPU task of the last run is remembered
+        assert all(gpu_auto._SEEN.get(n) not in (None, (1e-3, 4e-3)) for n in plan_tasks)
+
+
 # ---- the CUDA backend on the CPU: a fake cupy.cuda that checks CUDA's rules -----------------------------------
 
 class _FakeCupy:

@@ -22,7 +22,7 @@ from gpunets.core.graph import all_sources
 from gpunets.core.nodes import AbstractNode, Source, is_node
 from gpunets.devices.data import check_placeable, device_of, is_pandas, off_the_legacy_stream, to_device, to_host_like
 from gpunets.devices.placement import override_placement
-from gpunets.executors import get_executor
+from gpunets.executors import get_executor, gpu_auto
 from gpunets.executors.base import default_workers, gpu_timing, inside_task
 from gpunets.planning.plan import compile_call, compile_fit
 
@@ -227,6 +227,7 @@ def remember_costs(plan: Any, trace: Trace) -> None:
     tasks = plan.tasks
     timed = [(r[0], r[3] - r[2]) for r in trace._raw]   # the cheap form: no TraceRecord (nor label) built
     timed += [(tasks[r.key], r.end - r.start) for r in trace._records if 0 <= r.key < len(tasks)]
+    gpu_auto.remember(plan, trace._records)   # GPU-timed tasks: their GPU and host spans, for auto on one GPU
     for t, seconds in timed:
         if t.kind == "eval":
             # the last two durations: their minimum is the estimate, so one run slowed by a neighbour

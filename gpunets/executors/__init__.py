@@ -11,6 +11,7 @@ from typing import Any
 
 from gpunets.base.config import get_config
 from gpunets.executors.base import Executor, inside_task
+from gpunets.executors.gpu_auto import choose_one_gpu
 from gpunets.executors.serial import SerialExecutor
 from gpunets.executors.streams import StreamsExecutor
 from gpunets.executors.threads import ThreadsExecutor
@@ -92,12 +93,12 @@ def task_seconds(task: Any) -> float:
 def explain_auto(plan: Any) -> tuple[str, str]:
     """``auto``'s choice for ``plan`` and why.
 
-    On GPUs: ``streams`` when the tasks span two GPUs or more (a lane per GPU keeps each busy), ``serial``
-    when they run on one. From Python, one thread issues a GPU's kernels fastest: on an H200, eight lanes ran
-    branches of small CuPy steps 2.3 times slower than serial, an array-API search 1.7 times slower, and
-    saturating GEMMs no faster (docs/devices.md, "What overlaps on a GPU"); ``executor="streams"`` still runs
-    independent branches on their own CUDA streams, issued since issue 36 by one thread (no GIL convoy), which
-    is expected to match serial, not yet measured to beat it.  Inside a task of another run,
+    On GPUs: ``streams`` when the tasks span two GPUs or more (a lane per GPU keeps each busy).  On one GPU
+    (:func:`gpunets.executors.gpu_auto.choose_one_gpu`): ``streams`` where earlier runs timed the plan's GPU
+    tasks GPU-bound (their GPU time at least half of the run: the host issues faster than the GPU computes,
+    so branches on their own streams can overlap) on two branches or more, else ``serial``: where the host
+    sets the pace (on an H200, eight lanes of small CuPy steps ran 2.3 times slower than serial before one
+    thread issued them; docs/devices.md, "What overlaps on a GPU"), or nothing was timed yet.  Inside a task of another run,
     ``serial``: the outer run already uses the cores.  Else ``threads`` when at
     least two tasks on different lanes (independent branches) are each expected to
     take :data:`MIN_PARALLEL_SECONDS` or more (:func:`task_seconds`: measured in
@@ -115,9 +116,7 @@ def explain_auto(plan: Any) -> tuple[str, str]:
     if len(gpus) > 1:
         return "streams", f"the tasks run on {len(gpus)} GPUs ({', '.join(sorted(gpus))}): a lane per GPU"
     if gpus:
-        return "serial", (f"the tasks run on one GPU ({next(iter(gpus))}), whose kernels one thread issues fastest; "
-                          "executor='streams' issues branches from one thread onto CUDA streams (not yet measured "
-                          "faster on one GPU)")
+        return choose_one_gpu(plan, next(iter(gpus)))
     heavy: list[Any] = []
     n_run, least = 0, MIN_PARALLEL_SECONDS
     for t in tasks:   # one cheap pass: auto must cost next to nothing beside a trivial task
