@@ -19,11 +19,12 @@ import sys
 import numpy as np
 import pytest
 from sklearn.decomposition import PCA
+from sklearn.impute import SimpleImputer
 from sklearn.linear_model import Ridge
 from sklearn.preprocessing import StandardScaler
 
 import gpunets as gn
-from gpunets.planning.plan import compile_call
+from gpunets.planning.plan import compile_call, compile_fit
 from gpunets.testing import fake_gpu
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -126,7 +127,7 @@ def test_a_gpu_grid_search_reads_the_host_at_most_87_times(executor):
 def test_a_nan_source_meets_the_same_error_on_the_gpu_as_on_the_cpu(cp, gn_executor, bad):
     if getattr(gn_executor, "name", "") == "dask":
         pytest.skip("dask workers are other processes")
-    from gpunets.devices.finite import all_finite, run_config
+    from gpunets.devices.finite import all_finite, refuse_nonfinite, run_config
 
     X, y = _data()
     X[7, 2] = bad
@@ -141,7 +142,25 @@ def test_a_nan_source_meets_the_same_error_on_the_gpu_as_on_the_cpu(cp, gn_execu
         assert m._state is None   # nothing was trained
         errors[device] = str(info.value)
     assert "NaN" in errors["cpu"] or "infinity" in errors["cpu"]
-    assert errors["cuda"] == errors["cpu"]
+    # on the GPU the one finite check refuses it at the source, before any task: scikit-learn's message for the
+    # input (the CPU's own, from the estimator that refused it there), naming the source and its readers
+    sk = "Input X contains NaN." if np.isnan(bad) else "Input X contains infinity"
+    assert sk in errors["cpu"] and sk in errors["cuda"], errors
+    if os.environ.get("SCIPY_ARRAY_API") == "1":   # the machines run on the (fake) GPU: refused at the source
+        assert "Source 'X' cannot be read by PCA" in errors["cuda"] and "nothing was fitted" in errors["cuda"]
+    else:   # without array-API dispatch they fall back to the CPU: the CPU's error
+        assert errors["cuda"] == errors["cpu"]
+    Xs = gn.source(X, name="X")
+    pca = gn.machine(PCA(3), Xs)
+    plan = compile_fit([pca.transform(Xs)])
+    with pytest.raises(gn.FitError, match="Source 'X' cannot be read by PCA: Input X contains") as info:
+        refuse_nonfinite(plan, plan.tasks[0])
+    assert isinstance(info.value, ValueError) and pca._state is None
+    imputed = gn.machine(SimpleImputer(), Xs)   # a reader that takes NaN: the estimators' own checks decide
+    plan = compile_fit([pca.transform(Xs), imputed.transform(Xs)])
+    assert refuse_nonfinite(plan, plan.tasks[0]) is None
+    plan = compile_fit([gn.machine(PCA(3), Xs + 0).transform(Xs + 0)])   # an operation reads it: not refused
+    assert refuse_nonfinite(plan, plan.tasks[0]) is None
     with gn.device("cuda"):
         plan = compile_call([gn.source(X, name="X") + 1], {})
     assert not (run_config(plan) or {}).get("assume_finite")   # the estimators check it themselves

@@ -8,6 +8,11 @@ read for a GPU array, none for host data) and, where every source is finite, run
 finiteness cannot be told cheaply: a list, a sparse matrix, an object column) leaves scikit-learn's own checks
 on, so a NaN meets the same error as without this module, raised by the estimator that refuses it.
 
+A source that holds a NaN or an infinity and is read directly only by machines of scikit-learn estimators that
+refuse NaN (their ``allow_nan`` tag is False) is refused at the source instead (:func:`refuse_nonfinite`),
+before any task runs: the error is scikit-learn's own message for that input, naming the source and the
+machines, so no machine upstream of the one that would have refused it is fitted first.
+
 >>> import numpy as np
 >>> all_finite(np.array([1.0, 2.0])), all_finite(np.array([1.0, np.nan])), all_finite(np.arange(3))
 (True, False, True)
@@ -21,9 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from gpunets.base.exceptions import EvaluationError, FitError, wrap_exception
 from gpunets.devices.value_types import is_cupy_array, is_pandas
 
-__all__ = ["all_finite", "on_gpu", "run_config"]
+__all__ = ["all_finite", "on_gpu", "run_config", "refuse_nonfinite"]
 
 
 def all_finite(value: Any) -> bool | None:
@@ -83,6 +89,75 @@ def run_config(plan: Any) -> dict[str, Any] | None:
         v = t.value
         if v is None or isinstance(v, (int, float, str, bool)):
             continue
-        if all_finite(v) is not True:
+        finite = all_finite(v)
+        if finite is False:
+            refuse_nonfinite(plan, t)
+        if finite is not True:
             return base
     return {**(base or {}), "assume_finite": True}
+
+
+def _refuses_nan(model: Any) -> bool:
+    """True for a scikit-learn (or cuML, or gpunets) estimator whose ``allow_nan`` tag is False.
+
+    Other models (a user's class) may take NaN whatever their tags say: they keep their own checks.
+    """
+    module = type(model).__module__ or ""
+    if not module.startswith(("sklearn.", "cuml.", "gpunets.")):
+        return False
+    try:
+        from sklearn.utils import get_tags  # lazy: only on the error path (a source that is not finite)
+
+        return not get_tags(model).input_tags.allow_nan
+    except Exception:   # no tags (an old scikit-learn, a model without them): its own checks decide
+        return False
+
+
+def refuse_nonfinite(plan: Any, source_task: Any) -> None:
+    """Raise scikit-learn's error for a source holding NaN or infinity, before anything of ``plan`` runs,
+    where every task that reads it directly is a machine (a fit or a machine's call) whose estimator refuses
+    NaN; else return (an operation may impute, or a model take NaN: the estimators' own checks decide).
+
+    The error is a ``gn.FitError`` (a fit) or ``gn.EvaluationError`` (a call) that is also a ``ValueError``;
+    its message is scikit-learn's ``check_array`` message for the input the machines take it as (``X`` or
+    ``y``), naming the source and the machines.
+    """
+    consumers, todo = [], [source_task.key]
+    while todo and plan.consumers:   # through the moves between devices: they pass the value on as it is
+        for k in plan.consumers[todo.pop()]:
+            c = plan.tasks[k]
+            if c.kind == "move":
+                todo.append(k)
+            else:
+                consumers.append(c)
+    machines = [c.machine for c in consumers if c.kind in ("fit", "eval") and c.machine is not None]
+    if not consumers or len(machines) != len(consumers) or not all(_refuses_nan(m.model) for m in machines):
+        return
+    node = source_task.node
+    names = {"y" if i == 1 else "X" for i in (_position(m, node) for m in machines) if i is not None}
+    input_name = names.pop() if len(names) == 1 else "X"
+    value = source_task.value
+    host = value.get() if is_cupy_array(value) else value   # the error path only: one more host read
+    try:
+        from sklearn.utils import check_array  # lazy: only on the error path
+
+        check_array(host, ensure_2d=False, dtype=None, input_name=input_name, ensure_min_samples=0)
+    except ValueError as e:
+        why = str(e)
+    else:   # pragma: no cover - all_finite said it is not finite
+        why = f"Input {input_name} contains NaN or infinity."
+    label = getattr(node, "label", "source")
+    who = ", ".join(dict.fromkeys(plan.machine_label(m) for m in machines))
+    kind = FitError if plan.kind == "fit" else EvaluationError
+    msg = (f"Source {label!r} cannot be read by {who}: {why} It was checked once at the source, before any "
+           "task ran: nothing was fitted or changed. Hint: impute the missing values in the network (a "
+           "machine of sklearn.impute.SimpleImputer on this source), or use an estimator that accepts NaN "
+           "(e.g. HistGradientBoostingRegressor).")
+    raise wrap_exception(kind, msg, ValueError(msg))
+
+
+def _position(machine: Any, node: Any) -> int | None:
+    for i, a in enumerate(getattr(machine, "args", ())):
+        if a is node:
+            return i
+    return None
