@@ -125,8 +125,6 @@ def test_a_gpu_grid_search_reads_the_host_at_most_87_times(executor):
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_a_nan_source_meets_the_same_error_on_the_gpu_as_on_the_cpu(cp, gn_executor, bad):
-    if getattr(gn_executor, "name", "") == "dask":
-        pytest.skip("dask workers are other processes")
     from gpunets.devices.finite import all_finite, refuse_nonfinite, run_config
 
     X, y = _data()
