@@ -305,20 +305,36 @@ def test_the_race_checker_covers_the_issue_order():
 # ----------------------------------------------------------------- out of GPU memory
 
 
+def _workers_without_a_gpu(executor) -> bool:
+    """A Dask executor whose workers (other processes) see no GPU, not even the fake one: the fake GPU of the
+    ``cp`` fixture is this process's. (In the fake-GPU lane the workers inherit it, and these tests run there.)"""
+    if getattr(executor, "name", "") != "dask":
+        return False
+    from gpunets.devices._gpulibs import fake_gpu_count
+
+    client = getattr(executor, "client", None)
+    if client is None:
+        return not fake_gpu_count()
+    return not all(client.run(fake_gpu_count).values())
+
+
+def _greedy(z):   # module level: the Dask workers unpickle it by reference
+    from gpunets.devices import _fakecuda  # lazy: the fake GPU's error, raised where the task runs
+
+    raise _fakecuda.OutOfMemoryError(8_000_000_000, 1_234_567)
+
+
 def test_out_of_gpu_memory_names_the_task_device_bytes_and_what_held_memory(cp, gn_executor):
-    if getattr(gn_executor, "name", "") == "dask":
-        pytest.skip("dask workers are other processes")
+    if _workers_without_a_gpu(gn_executor):
+        pytest.skip("the Dask workers see no GPU here (in the fake-GPU lane they do, and this runs there)")
     X, _ = _data()
     Xs = gn.source(X, name="X")
     first = gn.machine(StandardScaler(), Xs)
     Z = first.transform(Xs)
 
-    def greedy(z):
-        raise cp.cuda.memory.OutOfMemoryError(8_000_000_000, 1_234_567)
-
     with gn.device("cuda"):
         big = gn.node(lambda z: z * 2, Z, name="big")
-        boom = gn.node(greedy, big, name="greedy")
+        boom = gn.node(_greedy, big, name="greedy")
     with pytest.raises(gn.EvaluationError) as info:
         gn.fit(boom, executor=gn_executor)
         boom(executor=gn_executor)
@@ -409,8 +425,8 @@ def test_a_fan_in_waits_once_per_producer_stream_and_the_checker_agrees(issuer):
 
 
 def test_a_gpu_fit_reports_its_gpu_busy_fraction_routes_and_host_spans(cp, gn_executor):
-    if getattr(gn_executor, "name", "") == "dask":
-        pytest.skip("dask workers are other processes")
+    if _workers_without_a_gpu(gn_executor):
+        pytest.skip("the Dask workers see no GPU here (in the fake-GPU lane they do, and this runs there)")
     X, y = _data()
     Xs, ys = gn.source(X, name="X"), gn.source(y, name="y")
     with gn.device("cuda"):

@@ -17,8 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 from gpunets.base.exceptions import EvaluationError, FitError, wrap_exception
 from gpunets.base.trace import TraceRecord
+from gpunets.executors.base import gpu_timing_requested
 from gpunets.executors._dask_state import SUMMARY_ATTRIBUTES, ClientValue, DaskState, GraphKey, Recipe, StateInput
-from gpunets.executors._dask_worker import _owners, _run_on_gpu, _run_remote, _state_of, _summary_of, _visible_devices
+from gpunets.executors._dask_worker import (
+    _owners,
+    _run_on_gpu,
+    _run_remote,
+    _state_of,
+    _summary_of,
+    _visible_devices,
+    pop_gpu_spans,
+)
 from gpunets.executors.scheduler import Run
 from gpunets.planning.plan import _apply_state, _training_output
 
@@ -95,11 +104,17 @@ def submit_and_collect(ex, client: Any, distributed: Any, run: Run, run_id: str,
         refs.update(zip(needed, futs))
     refs.update(keys)
 
-    # 2. one graph: one layer for anywhere, one per GPU restriction
+    # 2. one graph: one layer for anywhere, one per GPU restriction (GPU tasks timed as on one machine:
+    #    a fit's, or a traced evaluation's)
+    timed = bool(ex.trace) and (gpu_timing_requested() or run.plan.kind == "fit")
     layers: dict[Any, dict[str, tuple[Any, ...]]] = {}
     for t in order:
         gpu = restrict.get(t.key)
-        head: tuple[Any, ...] = (_run_remote,) if gpu is None else (_run_on_gpu, gpu[1])
+        # a GPU task: with its GPU current on the worker (the ordinal inside the owners' CUDA_VISIBLE_DEVICES,
+        # else its index: no worker owns a GPU in particular), on the worker thread's stream, synchronized
+        where = gpu[1] if gpu is not None else _cuda_index(t)
+        head: tuple[Any, ...] = ((_run_remote,) if where is None else
+                                 (partial(_run_on_gpu, timed=True) if timed else _run_on_gpu, where))
         state = (ctx.state_refs[t.key],) if t.key in ctx.state_refs else ()
         layers.setdefault(None if gpu is None else tuple(gpu[0]), {})[keys[t.key]] = (
             head + (run_id, t.key, payloads[t.key]) + tuple(refs[d] for d in t.deps) + state)
@@ -272,7 +287,28 @@ def collect_trace(ex, client: Any, run: Run, run_id: str, t0_wall: float) -> Non
             key=t.key, kind=t.kind, label=t.label, lane=str(rec.get("worker")), device=str(t.device),
             start=start - t0_wall, end=end - t0_wall, thread=str(rec.get("thread", "")),
             failed=rec.get("status") == "error"))
+    if run.error is None and any(r.device.startswith("cuda") for r in run.trace.records):
+        # only then: client.run waits for every worker, and one still busy with a cancelled task (a run
+        # that timed out) would keep the caller waiting for it
+        _gpu_spans(client, run, run_id, t0_wall)
     run.trace.records.sort(key=lambda r: r.start)
+
+
+def _gpu_spans(client: Any, run: Run, run_id: str, t0_wall: float) -> None:
+    """The GPU spans the workers kept for this run's timed GPU tasks: each record's ``start``/``end`` become
+    its GPU span and ``issued`` its task-stream (host) span, as the streams executor's records."""
+    try:
+        per_worker = client.run(pop_gpu_spans, run_id)
+    except Exception:  # noqa: BLE001 - a trace is not worth failing a run for
+        return
+    spans = {k: v for got in per_worker.values() for k, v in got.items()}
+    for r in run.trace.records:
+        span = spans.get(r.key)
+        if span is not None and r.issued is None:
+            wall, seconds = span
+            r.issued = (r.start, r.end)
+            r.start = wall - t0_wall
+            r.end = r.start + seconds
 
 
 

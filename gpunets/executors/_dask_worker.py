@@ -6,12 +6,14 @@ The functions here are module-level so that they pickle by reference.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from typing import Any
 
 from gpunets.devices import _gpulibs
 from gpunets.executors.base import task_context
 
-__all__ = ["gpu_owners"]
+__all__ = ["gpu_owners", "pop_gpu_spans"]
 
 
 def _run_remote(run_id: str, key: int, payload: Any, *args: Any) -> Any:
@@ -41,8 +43,28 @@ def _summary_of(fitted: tuple[Any, ...], names: tuple[str, ...]) -> tuple[dict[s
     return info, {n: getattr(est, n) for n in names if hasattr(est, n)}
 
 
-def _run_on_gpu(local_index: int, run_id: str, key: int, payload: Any, *args: Any) -> Any:
-    """Run a task with GPU ``local_index`` (this process's ordinal) current, when CuPy is present."""
+# (run id, task key) -> (wall-clock start of the task's GPU work, its GPU seconds): the
+# GPU spans of timed tasks, kept on the worker until the client collects its run's (:func:`pop_gpu_spans`)
+_GPU_SPANS: dict[tuple[str, int], tuple[float, float]] = {}
+_SPANS_LOCK = threading.Lock()
+_MAX_SPANS = 100_000
+
+
+def pop_gpu_spans(run_id: str) -> dict[int, tuple[float, float]]:
+    """This worker's GPU spans of run ``run_id`` (task key -> (wall start, GPU seconds)), forgotten once read
+    (called on every worker by ``client.run`` when the client collects the run's trace)."""
+    with _SPANS_LOCK:
+        mine = [k for k in _GPU_SPANS if k[0] == run_id]
+        return {k[1]: _GPU_SPANS.pop(k) for k in mine}
+
+
+def _run_on_gpu(local_index: int, run_id: str, key: int, payload: Any, *args: Any, timed: bool = False) -> Any:
+    """Run a task with GPU ``local_index`` (this process's ordinal) current, when CuPy is present.
+
+    ``timed``: bracket its work with two CUDA timing events on its stream and keep its GPU span here
+    (:func:`pop_gpu_spans`), as the streams executor does on one machine; the stream is synchronized after the
+    task anyway, so the timing costs no extra wait.
+    """
     try:
         cupy = _gpulibs.cupy()   # real CuPy or the fake GPU
 
@@ -58,10 +80,26 @@ def _run_on_gpu(local_index: int, run_id: str, key: int, payload: Any, *args: An
     with cupy.cuda.Device(local_index):
         stream = cupy.cuda.Stream.ptds
         with stream:
+            start = end = None
+            recorded = False
+            if timed:
+                start, end = cupy.cuda.Event(), cupy.cuda.Event()
+                wall = time.time()
+                start.record(stream)
             try:
-                return _run_remote(run_id, key, payload, *args)
+                out = _run_remote(run_id, key, payload, *args)
+                if end is not None:
+                    end.record(stream)
+                    recorded = True
+                return out
             finally:
                 stream.synchronize()
+                if recorded:   # the task finished: its end event is on the stream, complete after the sync
+                    seconds = cupy.cuda.get_elapsed_time(start, end) / 1e3   # type: ignore[arg-type]
+                    with _SPANS_LOCK:
+                        if len(_GPU_SPANS) >= _MAX_SPANS:   # runs whose client never collected: drop the oldest
+                            del _GPU_SPANS[next(iter(_GPU_SPANS))]
+                        _GPU_SPANS[(run_id, key)] = (wall, seconds)
 
 
 def _visible_devices() -> str | None:
