@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from gpunets.base.exceptions import EvaluationError, FitError, wrap_exception
 from gpunets.base.trace import TraceRecord
-from gpunets.executors.base import gpu_timing_requested
 from gpunets.executors._dask_state import SUMMARY_ATTRIBUTES, ClientValue, DaskState, GraphKey, Recipe, StateInput
 from gpunets.executors._dask_worker import (
     _owners,
@@ -28,6 +27,7 @@ from gpunets.executors._dask_worker import (
     _visible_devices,
     pop_gpu_spans,
 )
+from gpunets.executors.base import gpu_timing_requested
 from gpunets.executors.scheduler import Run
 from gpunets.planning.plan import _apply_state, _training_output
 
