@@ -326,3 +326,23 @@ def test_the_gpu_batch_tests_pass_in_a_process_with_array_api_dispatch():
                          capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     assert " passed" in out.stdout and " failed" not in out.stdout and "error" not in out.stdout.splitlines()[-1]
+
+
+def test_the_gpu_batch_benchmark_runs_on_the_fake_gpu_without_claiming_a_target(tmp_path):
+    """benchmarks/bench_tuning.py --gpu-batch: batched against unbatched on the fake GPU, both equal to scikit-learn's
+    search on the CPU, every candidate fit batched; the fake's timings claim no target."""
+    import json
+
+    env = {**os.environ, "GPUNETS_FAKE_GPU": "1", "SCIPY_ARRAY_API": "1", "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM": "1",
+           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    out = tmp_path / "tuning_gpu_batch.json"
+    proc = subprocess.run([sys.executable, "-W", "ignore", "benchmarks/bench_tuning.py", "--gpu-batch", "--quick",
+                           "--rows", "300", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["fake_gpu"] and "error" not in res, res
+    assert res["scores_equal_cpu"]["met"] and res["all_batched"]["met"], res
+    assert "target" not in res["ratio_batched_vs_unbatched"] and "ratio_vs_before" not in res, res
+    assert res["batched"]["batched"] == 50 and res["unbatched"]["batched"] == 0
