@@ -304,6 +304,36 @@ def test_failing_folds_give_the_error_scores_of_the_unbatched_search(monkeypatch
     assert ours.search_report_.batched == len(ALPHAS)
 
 
+@in_lane
+def test_a_candidate_the_rule_refuses_fails_alone_and_the_others_are_batched(monkeypatch, cp, executor, data):
+    X, y = data
+    grid = {"alpha": [-1.0, *ALPHAS]}   # a negative alpha: scikit-learn's parameter check fails its fits
+    with pytest.warns(Warning):
+        ours = _search(Ridge(solver="svd"), grid, executor, error_score=np.nan, refit=False).fit(X, y)
+    assert ours.search_report_.batched_gpu == len(ALPHAS) * FOLDS
+    assert np.isnan(ours.cv_results_["mean_test_score"][0]) and np.isfinite(ours.cv_results_["mean_test_score"][1:]).all()
+    _unbatched(monkeypatch)
+    with pytest.warns(Warning):
+        plain = _search(Ridge(solver="svd"), grid, executor, error_score=np.nan, refit=False).fit(X, y)
+    _bitwise(ours, plain, [k for k in KEYS if not k.startswith("rank")])
+
+
+@in_lane
+def test_halving_on_the_gpu_batches_each_rung(monkeypatch, cp, data):
+    from sklearn.experimental import enable_halving_search_cv  # noqa: F401
+
+    X, y = data
+    kw = dict(cv=KFold(3), factor=2, random_state=0, device="cuda")
+    grid = {"ridge__alpha": ALPHAS}
+    ours = gn.HalvingGridSearchCV(_pipe(), grid, **kw).fit(X, y)
+    rep = ours.search_report_
+    assert rep.batched_gpu > 0 and sum(r.batched_gpu for r in rep.rungs) == rep.batched_gpu == rep.batched
+    _unbatched(monkeypatch)
+    plain = gn.HalvingGridSearchCV(_pipe(), grid, **kw).fit(X, y)
+    assert plain.search_report_.batched == 0
+    _bitwise(ours, plain, ("mean_test_score", "split2_test_score", "iter", "n_resources"))
+
+
 def test_the_report_says_which_equality_the_gpu_batches_promise():
     r = SearchReport(fits={"ridge": 20})
     r.count_batched([True] * 4 + ["gpu"] * 10 + ["gpu close"] * 6 + [None, False])
