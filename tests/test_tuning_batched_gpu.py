@@ -149,12 +149,14 @@ def test_each_fitted_candidate_equals_its_own_fit_bit_for_bit(monkeypatch, cp, d
 
 
 @in_lane
-def test_the_scores_of_a_fold_reach_the_host_in_one_copy(monkeypatch, cp, data):
+def test_the_scores_of_a_fold_reach_the_host_in_one_copy(monkeypatch, cp, executor, data):
     """Host reads (each a synchronisation on a real GPU) of the batched search against the unbatched one: the
     per-candidate reads of the scores (one ``float()`` per score in the metric) become one copy per fold."""
+    if getattr(executor, "name", "") == "dask":
+        pytest.skip("dask's workers are other processes: their host reads are not logged here")
     X, y = data
     grid = {"ridge__alpha": ALPHAS}
-    _search(_pipe(), grid, "serial").fit(X, y)   # the kinds checked (their first batch reads more)
+    _search(_pipe(), grid, executor).fit(X, y)   # the kinds checked (their first batch reads more)
     copies = []
     real = batched_gpu.to_device
 
@@ -166,13 +168,14 @@ def test_the_scores_of_a_fold_reach_the_host_in_one_copy(monkeypatch, cp, data):
 
     monkeypatch.setattr(batched_gpu, "to_device", counted)
     fakegpu.reset_log()
-    _search(_pipe(), grid, "serial").fit(X, y)
+    _search(_pipe(), grid, executor).fit(X, y)
     ours = fakegpu.host_reads()
-    assert copies == [1] * FOLDS   # test and training scores of every candidate: one copy per fold
+    # test and training scores of every candidate: one copy per fold (other tasks may read meanwhile on threads)
+    assert len(copies) == FOLDS and (copies == [1] * FOLDS or getattr(executor, "name", "") != "serial")
     assert not any("batched_gpu.py" in r or "_regression.py" in r for r in ours), ours
     _unbatched(monkeypatch)
     fakegpu.reset_log()
-    _search(_pipe(), grid, "serial").fit(X, y)
+    _search(_pipe(), grid, executor).fit(X, y)
     plain = fakegpu.host_reads()
     scores = 2 * len(ALPHAS) * FOLDS   # one read per test and training score of each candidate
     assert collections.Counter(r for r in plain if "_regression.py" in r).total() == scores, plain
