@@ -322,6 +322,19 @@ def test_a_candidate_the_rule_refuses_fails_alone_and_the_others_are_batched(mon
 
 
 @in_lane
+def test_parameters_scikit_learn_refuses_fail_each_candidate_in_a_checked_kind(monkeypatch, cp, executor, data):
+    X, y = data
+    _search(Ridge(solver="svd"), {"alpha": ALPHAS}, executor).fit(X, y)   # the kinds checked: no fit by sklearn
+    # max_iter=-5: unused by the SVD solver, but refused by Ridge's parameter check, fit by fit
+    grid = [{"alpha": ALPHAS, "max_iter": [-5]}, {"alpha": ALPHAS}]
+    with pytest.warns(Warning, match="InvalidParameterError|max_iter"):
+        ours = _search(Ridge(solver="svd"), grid, executor, error_score=np.nan, refit=False).fit(X, y)
+    scores = ours.cv_results_["mean_test_score"]
+    assert np.isnan(scores[:len(ALPHAS)]).all() and np.isfinite(scores[len(ALPHAS):]).all()
+    assert ours.search_report_.batched == len(ALPHAS) * FOLDS   # the valid group only
+
+
+@in_lane
 def test_halving_on_the_gpu_batches_each_rung(monkeypatch, cp, data):
     from sklearn.experimental import enable_halving_search_cv  # noqa: F401
 

@@ -117,6 +117,9 @@ class RidgeSVDRule:
             if {k: v for k, v in vars(first).items() if k.endswith("_") and k not in ("coef_", "intercept_")} \
                     != attributes:
                 return None
+        if not sklearn.get_config()["skip_parameter_validation"]:   # what each fit's _fit_context checks first
+            for est in ests:
+                est._validate_params()
         # Ridge.fit's steps, once for every alpha
         carrier = clone(ests[0])
         _, _, dev = get_namespace_and_device(X)
