@@ -150,6 +150,21 @@ def test_failing_folds_give_scikit_learn_error_scores(executor, data):
     assert np.isnan(ours.cv_results_["split1_test_score"]).all()
 
 
+def test_parameters_scikit_learn_refuses_fail_each_candidate_in_a_checked_kind(executor, data):
+    X, y = data
+    gn.GridSearchCV(Ridge(), {"alpha": ALPHAS}, cv=KFold(3)).fit(X, y)   # the kinds checked: no fit by sklearn
+    # max_iter=-5: unused by the Cholesky solver, but refused by Ridge's parameter check, fit by fit
+    grid = [{"alpha": ALPHAS, "max_iter": [-5]}, {"alpha": ALPHAS}]
+    kw = dict(cv=KFold(3), error_score=np.nan, refit=False)
+    with pytest.warns(Warning, match="max_iter"):
+        ours = gn.GridSearchCV(Ridge(), grid, **kw).fit(X, y)
+    with pytest.warns(Warning, match="max_iter"):
+        theirs = GridSearchCV(Ridge(), grid, **kw).fit(X, y)
+    _same(ours, theirs, ("mean_test_score", "split0_test_score"))
+    assert np.isnan(ours.cv_results_["mean_test_score"][:len(ALPHAS)]).all()
+    assert ours.search_report_.batched == len(ALPHAS) * 3   # the valid group only
+
+
 def test_a_batch_that_differs_from_scikit_learn_by_a_bit_is_not_used(monkeypatch, data):
     """The self-checks: in a kind's first batch, a shared fit or a batched prediction that is not scikit-learn's
     own for the first candidate, bit for bit, makes the batch fit or score the candidates one by one."""

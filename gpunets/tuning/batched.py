@@ -100,6 +100,9 @@ class RidgeRule:
             if {k: v for k, v in vars(first).items() if k.endswith("_") and k not in ("coef_", "intercept_")} \
                     != attributes:
                 return None
+        if not sklearn.get_config()["skip_parameter_validation"]:   # what each fit's _fit_context checks first
+            for est in ests:
+                est._validate_params()
         shared = stored.load_shared(key, kind)
         kept = shared is None
         if shared is None:

@@ -29,7 +29,7 @@ from gpunets.compute.models import resolve_estimator
 from gpunets.core.fitted_machine import MACHINE_VALUE, view_of_estimator
 from gpunets.core.graph import op_nodes, upstream_machines
 from gpunets.core.nodes import AbstractNode, Node, Source, node
-from gpunets.tuning import batched, memory, tasks
+from gpunets.tuning import batched, batched_gpu, memory, tasks
 from gpunets.tuning.memory import prefix_keys
 from gpunets.tuning.report import SearchReport, batch_fit_name, fit_name
 
@@ -204,26 +204,34 @@ class StepsFold:
     def _batches(self, head: Any, ytr: Any) -> dict[int, AbstractNode]:
         """``{index of a pending candidate: its score node}`` for the candidates whose last steps one rule of
         :mod:`gpunets.tuning.batched` fits together: two or more on the same upstream node, each its own fit
-        (no equal candidate, no warm start, no fit parameters), on the CPU."""
+        (no equal candidate, no warm start, no fit parameters), on the CPU or, on a GPU, on the array-API route
+        (:mod:`gpunets.tuning.batched_gpu`)."""
         groups: dict[Any, list[int]] = {}
         for i, (route, stage, keys, warm) in enumerate(self.pending):
             name, est = self.last[keys[-1]]
-            if warm is not None or route is not None or self.users[keys[-1]] != 1 or self.fp.get(name):
+            if warm is not None or self.users[keys[-1]] != 1 or self.fp.get(name):
                 continue
-            found = batched.rule_for(est)
+            # on a GPU: the array-API route's rules (tuning.batched_gpu), fitted as the route's estimator
+            found = batched.rule_for(est) if route is None else batched_gpu.rule_for(route.estimator, route)
             if found is not None:
-                groups.setdefault((id(stage), name, found), []).append(i)
+                where = None if route is None else str(route.device)
+                groups.setdefault((id(stage), name, found, where), []).append(i)
         out: dict[int, AbstractNode] = {}
-        for (_, name, (rule, _)), members in groups.items():
+        for (_, name, (rule, _), where), members in groups.items():
             if len(members) < 2:
                 continue
             stage = self.pending[members[0]][1]
             X, X_test, X_train = ((stage, None, None) if stage is not None
                                   else (self.Xtr, self.Xte, self.Xtr if self.train_score else None))
-            ests = tuple(self.last[self.pending[i][2][-1]][1] for i in members)
             users = tuple(tuple(self.users[k] for k in self.pending[i][2]) for i in members)
-            both = node(_sk(batched.fit_and_score_batch), rule, ests, users, head, X, self.ytr, X_test, self.yte,
-                        X_train, ytr, name=batch_fit_name(name, len(members)))
+            if where is None:
+                ests = tuple(self.last[self.pending[i][2][-1]][1] for i in members)
+                both = node(_sk(batched.fit_and_score_batch), rule, ests, users, head, X, self.ytr, X_test,
+                            self.yte, X_train, ytr, name=batch_fit_name(name, len(members)))
+            else:
+                routes = tuple(self.pending[i][0] for i in members)
+                both = node(_sk(batched_gpu.fit_and_score_batch), rule, routes, users, head, X, self.ytr, X_test,
+                            self.yte, X_train, ytr, name=batch_fit_name(name, len(members)))
             for j, i in enumerate(members):
                 out[i] = node(batched.pick, both, j, name=f"score {name}")
         return out

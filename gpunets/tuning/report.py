@@ -85,6 +85,13 @@ class SearchReport:
         Last-step fits done together with others of the same fold (:mod:`gpunets.tuning.batched`: ``Ridge``
         fits that differ only in ``alpha`` share their rows' centring and Gram matrix), each equal to its own
         fit bit for bit; counted in ``fits``.
+    batched_gpu : int
+        Of ``batched``, those on a GPU (:mod:`gpunets.tuning.batched_gpu`: ``Ridge(solver="svd")`` on the
+        array-API route, one SVD per fold shared by every alpha), each fit equal to its own bit for bit.
+    batched_close : int
+        Of ``batched_gpu``, those whose scores (one metric call over the candidates' predictions as columns) are
+        scikit-learn's within 1e-9 relative rather than bit for bit (a column reduction of CuPy sums in another
+        order); the others' scores are bit for bit.
     stored : int
         Step fits loaded from the store of fitted states instead of fitted (``gn.config(store=...)``,
         docs/store.md; also those loaded on Dask workers that share the store, counted back with the scores):
@@ -124,6 +131,8 @@ class SearchReport:
     refit_stored: int = 0
     warm: int = 0
     batched: int = 0
+    batched_gpu: int = 0
+    batched_close: int = 0
     stored: int = 0
     loaded: dict[str, int] = field(default_factory=dict)
     again: dict[str, int] = field(default_factory=dict)
@@ -155,8 +164,8 @@ class SearchReport:
                 total = getattr(out, name)
                 for k, v in getattr(r, name).items():
                     total[k] = total.get(k, 0) + v
-            for name in ("transforms", "seconds", "remembered", "warm", "batched", "stored", "outputs",
-                         "results_stored"):
+            for name in ("transforms", "seconds", "remembered", "warm", "batched", "batched_gpu", "batched_close",
+                         "stored", "outputs", "results_stored"):
                 setattr(out, name, getattr(out, name) + getattr(r, name))
         offset = 0
         for r in reports:   # candidate indices of cv_results_ (rung after rung)
@@ -225,6 +234,20 @@ class SearchReport:
                     f"{fit_name(step)} (inside)", "cpu", start, start + d.seconds, "task", parent=fit_name(step)))
         self.stored = sum(self.loaded.values())
 
+    def count_batched(self, marks: Any) -> None:
+        """Count the last-step fits done in batches from their results' marks (``True``: on the CPU, ``"gpu"``:
+        on a GPU, scores bit for bit, ``"gpu close"``: scores within 1e-9 relative; falsy: not batched).
+
+        >>> r = SearchReport(); r.count_batched([True, None, "gpu", "gpu close"]); (r.batched, r.batched_gpu, r.batched_close)
+        (3, 2, 1)
+        """
+        for mark in marks:
+            if mark:
+                self.batched += 1
+                if isinstance(mark, str) and mark.startswith("gpu"):
+                    self.batched_gpu += 1
+                    self.batched_close += mark == "gpu close"
+
     def read_trace(self, records: Iterable[Any]) -> None:
         """Fill ``ran`` and ``where`` from the trace records of the search's run.
 
@@ -287,7 +310,13 @@ class SearchReport:
                                                                      for lane, n in self.where.get(k, {}).items())
                 lines.append(line)
         if self.batched:
-            lines.append(f"  {self.batched} last-step fits done in batches (gpunets.tuning.batched)")
+            line = f"  {self.batched} last-step fits done in batches (gpunets.tuning.batched)"
+            if self.batched_gpu:   # which equality the GPU batches promise (gpunets.tuning.batched_gpu)
+                exact = self.batched_gpu - self.batched_close
+                said = ([f"{exact} scored bit for bit"] if exact else []) + \
+                    ([f"{self.batched_close} scored within 1e-9 relative"] if self.batched_close else [])
+                line += f", {self.batched_gpu} on the GPU (one SVD per fold; fits bit for bit, {' and '.join(said)})"
+            lines.append(line)
         if self.one_pass is not None:
             lines.extend("  " + line for line in str(self.one_pass).splitlines())
         if (self.remembered or self.warm) and (self.fits or naive):

@@ -444,7 +444,7 @@ class _NetworkSearch(BaseSearchCV):
         report.seconds = time.perf_counter() - start
         # last steps fitted in a batch (tuning.batched); what the step tasks did with the store (also on Dask
         # workers): each stored.Done once, named by the step of the candidate whose result carried it
-        report.batched = sum(bool(o.pop("_batched", False)) for o in outs)
+        report.count_batched([o.pop("_batched", None) for o in outs])
         done: dict[Any, str] = {}
         for (c, _), o in zip(pairs_done, outs):
             for d in o.pop("_stored", ()):
