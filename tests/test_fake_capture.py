@@ -205,3 +205,15 @@ def test_a_private_pool_keeps_the_graphs_buffers_from_other_arrays(cp, stream):
         assert c.get().sum() == 0
         pool.free_all_blocks()
         assert pool.total_bytes() == 8000
+
+
+def test_an_operation_handing_back_its_input_leaves_the_input_intact(cp, stream):
+    with stream, cp.cuda.using_allocator(cp.cuda.MemoryPool().malloc):
+        x = cp.asarray(np.arange(4.0))
+        stream.begin_capture()
+        same = cp.ascontiguousarray(x)      # CuPy returns x itself: nothing is written
+        y = same + 1
+        g = stream.end_capture()
+        assert x.get().tolist() == [0.0, 1.0, 2.0, 3.0]
+        g.launch()
+        assert y.get().tolist() == [1.0, 2.0, 3.0, 4.0]

@@ -180,9 +180,11 @@ def record(cap: Capture, fn: Any, a: Any, k: Any, ins: list[Any], outs: list[Any
     with _lock:
         for arr in ins:
             cap.track(arr, output=False)
+        roots = [_root(i._a) for i in ins]
         for arr in outs:
             cap.track(arr, output=True)
-            if arr._a.base is None:
+            # made by the operation (not an input handed back as it is, e.g. ascontiguousarray of a contiguous one)
+            if arr._a.base is None and not any(r is arr._a for r in roots):
                 cap.produced.append(arr._a)
         cap.ops.append(_Op(fn, a, k, [o._a for o in outs]))
 
