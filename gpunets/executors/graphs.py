@@ -34,6 +34,7 @@ from typing import Any
 
 from gpunets.compute.estimators import sklearn_config
 from gpunets.devices import _gpulibs
+from gpunets.devices.gpu_memory import ensure_gpu_memory
 from gpunets.devices.placement import gpu_available
 from gpunets.executors._capture import (
     VERDICTS,
@@ -165,6 +166,7 @@ def run_graphs(plan: Any, executor: Any) -> Run:
     cp = _gpulibs.cupy()
     plan.n_lanes  # noqa: B018 - assigns the lanes: independent branches go to side streams in a capture
     ordinal = next(o for o in ordinals(plan.tasks) if o is not None)
+    ensure_gpu_memory([ordinal])   # gn.set_config(gpu_memory=...) made before a GPU was seen, as the executors do
     run = Run(plan, executor_name="graphs")
     key = _key(plan, run.sklearn_config)
     entry = _lookup(key)
