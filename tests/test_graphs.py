@@ -213,6 +213,23 @@ def test_the_graphs_use_a_private_pool(cp, executor):
         assert float(o.sum()) == 0.0
 
 
+def test_the_configured_setting_and_the_node_output_cache(cp, executor):
+    if getattr(executor, "name", "") == "dask":
+        pytest.skip("graph mode is off on dask")
+    _, _, _, _, out = _network()
+    out.fit()
+    Xn = np.random.default_rng(9).standard_normal((20, 4))
+    want = out(Xn)
+    with gn.config(graphs=True, cache=True):   # gn.config(graphs=True): every call in the block
+        for mode in ("trial", "capture", "replay"):
+            assert np.array_equal(out(Xn), want)
+            assert gn.last_trace().graphs.mode == mode
+        first = out()                                     # on the training data: outputs cached, never captured
+        rep = gn.last_trace().graphs
+        assert any("node-output cache" in why for _, why in rep.eager), str(rep)
+        assert np.array_equal(first, out(graphs=False)) and np.array_equal(first, out())
+
+
 def test_graphs_on_the_cpu_is_a_no_op_said_in_one_line(executor):
     Xs = gn.source(np.ones((4, 2)), name="X")
     node = gn.node(lambda x: x + 1, Xs, device="cpu")

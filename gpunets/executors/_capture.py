@@ -16,9 +16,11 @@ import time
 from typing import Any
 
 from gpunets.core.machines import FittedState
+from gpunets.executors._cuda_streams import blocks_host
+from gpunets.planning.tasks import _store
 
 __all__ = ["Entry", "Segment", "meta", "state_of", "VERDICTS", "verdict_key", "copyable", "reason_of",
-           "NotStatic"]
+           "NotStatic", "uncapturable"]
 
 #: (task, fitted state, device, its inputs' metadata) -> None (captured alone, once) or why it cannot be.
 VERDICTS: dict[tuple, str | None] = {}
@@ -35,6 +37,8 @@ def meta(v: Any) -> tuple:
     if hasattr(v, "shape") and hasattr(v, "dtype") and not hasattr(v, "columns"):
         dev = getattr(getattr(v, "device", None), "id", None)
         return (type(v).__name__, tuple(v.shape), str(v.dtype), dev)
+    if hasattr(v, "shape") and hasattr(v, "dtypes"):   # a data frame: its shape and column types
+        return (type(v).__name__, tuple(v.shape), tuple(str(d) for d in v.dtypes))
     if isinstance(v, (tuple, list)):
         return (type(v).__name__, tuple(meta(x) for x in v))
     if v is None or isinstance(v, (bool, int, float, str)):
@@ -53,6 +57,21 @@ def state_of(task: Any) -> Any:
                     return a
                 if isinstance(a, functools.partial):
                     todo.append(a)
+            todo.append(fn.func)
+    return None
+
+
+def uncapturable(task: Any) -> str | None:
+    """Why ``task`` is never tried in a capture (None: it may be): work CuPy's capture would not see."""
+    if blocks_host(task):
+        return "a cuML call (synchronous, on its own stream: a capture would not record it)"
+    todo = [task.fn]
+    while todo:
+        fn = todo.pop()
+        if isinstance(fn, functools.partial):
+            if fn.func is _store:
+                return "it stores its value in the node-output cache (a captured value is garbage until launched)"
+            todo.extend(a for a in fn.args if isinstance(a, functools.partial))
             todo.append(fn.func)
     return None
 

@@ -47,6 +47,7 @@ from gpunets.executors._capture import (
     remember,
     run_trial,
     state_of,
+    uncapturable,
     verdict_key,
 )
 from gpunets.executors._cuda_streams import ordinals
@@ -230,7 +231,7 @@ def _trial(entry: Entry, plan: Any, run: Run, cp: Any) -> GraphReport:
         why: str | None = "a CPU task"
         if gpu[k] is not None:
             vk = verdict_key(t, inputs)
-            why = VERDICTS.get(vk)
+            why = VERDICTS.get(vk) or uncapturable(t)
         if gpu[k] is not None and why is None:
             if not run.claim(k):
                 break
