@@ -359,16 +359,24 @@ class MemoryPool:
             self._cached = 0
 
 
+#: How many ``using_allocator`` blocks are open in all threads (new arrays look up their thread's pool only then).
+ACTIVE = [0]
+
+
 @contextlib.contextmanager
 def using_allocator(allocator: Any = None) -> Iterator[None]:
     """``cupy.cuda.using_allocator``: this thread allocates from ``allocator`` (a pool's ``malloc``) inside."""
     pool = getattr(allocator, "__self__", None)
     prev = getattr(_tls, "pool", None)
     _tls.pool = pool if isinstance(pool, MemoryPool) else None
+    with _lock:
+        ACTIVE[0] += 1
     try:
         yield
     finally:
         _tls.pool = prev
+        with _lock:
+            ACTIVE[0] -= 1
 
 
 class OutOfMemoryError(MemoryError):

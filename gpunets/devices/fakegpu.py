@@ -109,6 +109,8 @@ from gpunets.devices._fakecuda import (
     reset_log,
     seed,
 )
+from gpunets.devices._fakegraph import _FREE
+from gpunets.devices._fakegraph import ACTIVE as _POOLS
 
 # ----------------------------------------------------------------- arrays
 
@@ -286,8 +288,8 @@ busday_count busday_offset is_busday datetime_as_string""".split())
 def _init(arr: ndarray, a: np.ndarray, dev: int, issued: tuple[int, int]) -> ndarray:
     arr._a, arr._dev = a, dev
     arr._key, arr._seq = issued
-    arr._pool = getattr(_tls, "pool", None)   # a private pool (cupy.cuda.using_allocator), else None
-    if arr._pool is not None or _fg._FREE:
+    pool = arr._pool = getattr(_tls, "pool", None) if _POOLS[0] else None   # cupy.cuda.using_allocator's pool
+    if pool is not None or _FREE:   # counted in its pool; or handed memory a live graph still uses
         _fg.allocated(arr)
     return arr
 
