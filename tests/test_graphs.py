@@ -68,6 +68,7 @@ def test_replay_equals_eager_bit_for_bit(cp, executor):
         return
     assert modes == ["trial", "capture", "replay", "replay"]
     rep = r.trace.graphs
+    assert r.graphs is rep and gn.last_trace().graphs is rep
     assert len(rep.segments) == 2 and rep.held_bytes > 0
     assert any("transform(StandardScaler" in s for s in rep.segments[0])
     eager_why = dict(rep.eager)
@@ -228,6 +229,26 @@ def test_the_configured_setting_and_the_node_output_cache(cp, executor):
         rep = gn.last_trace().graphs
         assert any("node-output cache" in why for _, why in rep.eager), str(rep)
         assert np.array_equal(first, out(graphs=False)) and np.array_equal(first, out())
+
+
+def test_a_nested_call_inside_a_task_runs_eagerly(cp, executor):
+    if getattr(executor, "name", "") == "dask":
+        pytest.skip("graph mode is off on dask")
+    Z = gn.source(cp.ones(3), name="Z")
+    inner = Z * 2.0
+    seen = []
+
+    def outer_fn(x):
+        r = gn.evaluate(inner, x, graphs=True, trace=True)
+        seen.append(str(r.graphs))
+        return r.value + 1.0
+
+    X = gn.source(cp.ones(3), name="X")
+    out = gn.node(outer_fn, X)
+    for _ in range(3):
+        assert _host(out(cp.ones(3) * 4.0, graphs=True), cp).tolist() == [9.0] * 3
+    assert seen == ["graphs: graphs=True does nothing inside another run's task (a nested network): it ran "
+                    "eagerly."] * 3
 
 
 def test_graphs_on_the_cpu_is_a_no_op_said_in_one_line(executor):

@@ -293,6 +293,12 @@ class Evaluation:
     trace: Trace
     executor_reason: str = ""
 
+    @property
+    def graphs(self) -> Any:
+        """What graph mode did in this call (``gpunets.executors.graphs.GraphReport``); None unless it was asked
+        for (``graphs=True``)."""
+        return self.trace.graphs
+
 
 def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any],
               keep_training: Sequence[str] = ()) -> dict[int, Any]:

@@ -51,6 +51,7 @@ from gpunets.executors._capture import (
     verdict_key,
 )
 from gpunets.executors._cuda_streams import ordinals
+from gpunets.executors.base import inside_task, task_context
 from gpunets.executors.scheduler import Run
 
 __all__ = ["run_graphs", "GraphReport", "clear", "entries", "MAX_ENTRIES"]
@@ -106,6 +107,8 @@ def entries() -> int:
 
 def _off(plan: Any, executor: Any) -> str | None:
     """Why graph mode does not apply to ``plan`` (None: it does)."""
+    if inside_task():
+        return "graphs=True does nothing inside another run's task (a nested network): it ran eagerly."
     if plan.kind != "call" or any(t.kind == "fit" for t in plan.tasks):
         return "graphs=True applies to calls of fitted networks; this run fits, so it ran eagerly."
     gpus = {o for o in ordinals(plan.tasks) if o is not None}
@@ -181,20 +184,25 @@ def run_graphs(plan: Any, executor: Any) -> Run:
         mode = "trial"
     else:
         mode = "capture" if any(isinstance(st, Segment) and st.graph is None for st in entry.steps) else "replay"
-    try:
-        with _context(entry, run):
-            report = _trial(entry, plan, run, cp) if mode == "trial" else _steps(entry, plan, run, cp, mode)
-            if mode == "trial" and run.error is None:
-                _store(key, entry)
-            if run.error is None:   # the outputs complete before the caller reads them, on any stream
-                done = entry.stream.record(cp.cuda.Event(block=True, disable_timing=True))
-                done.synchronize()
-                run.outputs_ready = True
+    try:   # the tasks run marked as inside a task, as on the executors (a nested network runs eagerly)
+        report = task_context().run(_go, entry, plan, run, cp, mode)
+        if mode == "trial" and run.error is None:
+            _store(key, entry)
     finally:
         entry.lock.release()
     report.held_bytes = entry.held_bytes()
     run.trace.graphs = report
     return run
+
+
+def _go(entry: Entry, plan: Any, run: Run, cp: Any, mode: str) -> GraphReport:
+    with _context(entry, run):
+        report = _trial(entry, plan, run, cp) if mode == "trial" else _steps(entry, plan, run, cp, mode)
+        if run.error is None:   # the outputs complete before the caller reads them, on any stream
+            done = entry.stream.record(cp.cuda.Event(block=True, disable_timing=True))
+            done.synchronize()
+            run.outputs_ready = True
+    return report
 
 
 @contextlib.contextmanager
