@@ -124,6 +124,31 @@ def test_a_host_read_ends_a_segment_and_the_verdict_is_cached(cp, executor, monk
     assert np.array_equal(_host(r.value, cp), eager)
 
 
+def test_a_segment_invalidated_midway_runs_eagerly_from_then_on(cp, executor, monkeypatch):
+    if getattr(executor, "name", "") == "dask":
+        pytest.skip("graph mode is off on dask")
+    calls = []
+
+    def moody(x):   # captured alone on the first call; reads the host when the segment is captured
+        calls.append(1)
+        return x * (float(x.sum()) if len(calls) == 2 else 2.0)
+
+    X = gn.source(cp.asarray(np.arange(4.0)), name="X")
+    out = gn.node(lambda y: y + 1.0, gn.node(moody, X, name="moody"), name="plus")
+    tries = []
+    real = graphs.Entry.capture
+    monkeypatch.setattr(graphs.Entry, "capture", lambda self, seg, *a: (tries.append(1), real(self, seg, *a))[1])
+    assert _call(out, X.data).graphs.mode == "trial"
+    r = _call(out, X.data)
+    assert r.graphs.mode == "capture" and r.graphs.segments == []
+    why = dict(r.graphs.eager)
+    assert "its segment's capture failed (CUDARuntimeError: cudaErrorStreamCapture" in why["moody(X)"], why
+    assert _host(r.value, cp).tolist() == [1.0, 3.0, 5.0, 7.0]      # eager, right
+    r = _call(out, X.data)
+    assert r.graphs.mode == "replay" and len(r.graphs.eager) == 2 and tries == [1]   # not tried again
+    assert _host(r.value, cp).tolist() == [1.0, 3.0, 5.0, 7.0]
+
+
 def test_another_shape_captures_anew_never_replays_the_wrong_buffers(cp, executor):
     if getattr(executor, "name", "") == "dask":
         pytest.skip("graph mode is off on dask")
