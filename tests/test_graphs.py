@@ -218,6 +218,24 @@ def test_a_refit_during_a_replay_finishes_on_the_old_state(cp, executor, monkeyp
     assert not np.array_equal(new.value, old)
 
 
+def test_array_constants_a_graph_reads_stay_alive(cp, executor):
+    if getattr(executor, "name", "") == "dask":
+        pytest.skip("graph mode is off on dask")
+    import gc
+
+    X = gn.source(cp.asarray(np.ones((5, 3))), name="X")
+    out = gn.node(lambda x, c: x * c + 1.0, X, np.array([1.0, 2.0, 3.0]))   # a NumPy constant, moved per plan
+    want = _host(out(), cp)
+    for _ in range(4):
+        r = _call(out, X.data)
+        gc.collect()
+        grabbed = [cp.zeros(3) for _ in range(4)]   # default-pool arrays of the constant's size
+        assert np.array_equal(_host(r.value, cp), want)
+        for g in grabbed:
+            assert float(g.sum()) == 0.0   # no array was handed the memory of a constant a graph still reads
+    assert r.graphs.mode == "replay"
+
+
 def test_the_graphs_use_a_private_pool(cp, executor):
     if getattr(executor, "name", "") == "dask":
         pytest.skip("graph mode is off on dask")

@@ -172,6 +172,7 @@ class Entry:
         self.pool = cp.cuda.MemoryPool()
         self.steps: list[Any] = []           # Segment, or (task key, why it runs eagerly)
         self.states = states                 # (machine, the state its tasks apply): stale once it refits
+        self.keep: list[Any] = []            # the captured tasks' functions (and what they bind), kept alive
         self.replays = 0
 
     def stale(self) -> bool:
@@ -191,6 +192,9 @@ class Entry:
     def capture(self, seg: Segment, plan: Any, values: list[Any]) -> None:
         """Capture ``seg`` on this entry's stream, reading its outside inputs from new static buffers."""
         cp, origin = self.cp, self.stream
+        # what the graph reads besides its own buffers must live as long as it: the arrays bound into the tasks'
+        # functions (array constants moved to the GPU once per plan, fitted states), kept with their functions
+        self.keep.extend(plan.tasks[k].fn for k in seg.keys)
         with cp.cuda.using_allocator(self.pool.malloc):
             seg.statics = {d: _static(values[d], cp) for d in seg.external}
             vals: dict[int, Any] = dict(seg.statics)
