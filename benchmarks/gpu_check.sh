@@ -2,7 +2,8 @@
 # The prepared GPU check, in under 8 minutes on one GPU: the environment and an NVVM probe, a warm-up of the
 # kernel caches, the GPU tests twice (without and with CuPy's per-thread default stream) and the GPU benchmark
 # sections (gpunets' own host time per GPU task and its fan-in scaling, the executors on a GPU, the combine kernel alone and its host cost per launch, the search on a GPU,
-# GPU against CPU end to end with the crossover), each timed part after its own warm-up run; the targets are
+# GPU against CPU end to end with the crossover, graph mode: replay against eager, 8 graphs on 8 streams, a
+# predict's latency), each timed part after its own warm-up run; the targets are
 # printed as verdicts ("target ...: met" / "NOT met").
 # numba-cuda 0.30 cannot run with NumPy 2.5: where the image's NumPy is 2.5 or newer, a NumPy < 2.5 wheel carried in
 # GPU_CHECK_WHEELS (default .whl/ at the repository root, git-ignored: carry it to the GPU machine) is installed into
@@ -201,13 +202,13 @@ run_tests gpu_tests_per_thread_stream CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1 || s
 # 4. the GPU benchmark sections, in the launch environment (each skips itself without a GPU: here a skip is a
 #    failure); quick sizes on the fake GPU. gpu_vs_cpu: 10^4 to 10^6 rows within a 90 s budget for its warm cells
 #    (a cell that would pass it is skipped and says so), then each mode's cold run (gpu_part, 10^4 rows)
-for section in host_cost executors_gpu kernels_gpu tuning_gpu gpu_vs_cpu; do
+for section in host_cost executors_gpu kernels_gpu tuning_gpu gpu_vs_cpu graphs; do
   limit=90; [ "$section" = gpu_vs_cpu ] && limit=180
   timeout $limit $py - "$out" "$section" > "$out/$section.out" 2> "$out/$section.log" <<'PY'
 import contextlib, json, os, sys, time, traceback
 out, section = sys.argv[1], sys.argv[2]
 fake = os.environ.get("GPU_CHECK_FAKE") == "1"
-from benchmarks import bench_executors, bench_gpu_vs_cpu, bench_kernels, bench_tuning
+from benchmarks import bench_executors, bench_gpu_vs_cpu, bench_graphs, bench_kernels, bench_tuning
 run = {# gpunets' own host time per GPU task (the fake GPU in process: its GPU work is nil), fan-in 4000 vs 400
        "host_cost": lambda: bench_executors.host_cost(quick=True),
        "executors_gpu": lambda: bench_executors.gpu_streams(quick=fake, png=f"{out}/executors_gpu_timeline.png"),
@@ -218,7 +219,9 @@ run = {# gpunets' own host time per GPU task (the fake GPU in process: its GPU w
        # GPU against CPU end to end: CPU serial, CPU best, GPU auto, GPU streams; the crossover and its plot
        "gpu_vs_cpu": lambda: bench_gpu_vs_cpu.run(
            quick=True, budget=20 if fake else 90, png=f"{out}/gpu_vs_cpu.png", cold_workloads=("gpu_part",),
-           **(dict(rows=(150,), workloads=("gpu_part", "search"), dtypes=("float64",), repeat=1) if fake else {}))}[section]
+           **(dict(rows=(150,), workloads=("gpu_part", "search"), dtypes=("float64",), repeat=1) if fake else {})),
+       # graph mode: the mid-size workload replayed vs eager serial, 8 graphs on 8 streams vs one, a predict's latency
+       "graphs": lambda: bench_graphs.graphs_section(quick=fake)}[section]
 t0 = time.perf_counter()
 try:
     with contextlib.redirect_stdout(sys.stderr):   # progress lines go to the log; stdout is the JSON alone

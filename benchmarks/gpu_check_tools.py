@@ -182,6 +182,10 @@ def describe(section: str, r: dict[str, Any]) -> str:
         if r.get("real_gpu") and r.get("crossover_table"):
             text += f"; table {r['crossover_table']}"
         return text + fake
+    if section == "graphs":
+        from benchmarks.bench_graphs import summary as graphs_summary  # the section's own headline
+
+        return graphs_summary(r)
     if section == "tuning_gpu":
         ratio = r.get("ratio_streams_vs_serial", {}).get("value")
         sp = 1 / ratio if isinstance(ratio, (int, float)) and ratio > 0 else None

@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 SECTIONS = ["executors", "kernels", "stacking", "dask", "dask_search", "scaling", "fingerprint", "tuning",
-            "from_sklearn", "cache", "store", "gpu_vs_cpu", "njobs"]
+            "from_sklearn", "cache", "store", "gpu_vs_cpu", "njobs", "graphs"]
 
 
 def targets(res: Any, prefix: str = "") -> list[tuple[str, Any, str, Any]]:

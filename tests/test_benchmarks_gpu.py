@@ -65,6 +65,28 @@ def test_executors_gpu_section_claims_its_targets_on_a_real_gpu_only(monkeypatch
     assert sp["met"] == (sp["value"] >= 1.5) and res["max_abs_diff_vs_serial"] == 0.0
 
 
+def test_graphs_section_on_the_fake_gpu_claims_nothing_and_equals_eager():
+    from benchmarks import bench_graphs
+    from benchmarks.run import targets
+
+    with fake_gpu(1) as cp:
+        res = bench_graphs.graphs_section(quick=True)
+        assert cp.order_violations() == []
+    assert res["fake_gpu"] and "error" not in res and targets(res) == [], res
+    for part in ("replay", "streams", "predict"):
+        assert res[part]["bitwise_equal"] and min(res[part]["seconds"].values()) > 0, res[part]
+    assert res["replay"]["report"][0].startswith("graphs: replayed 1 segment(s)"), res["replay"]["report"]
+    assert "eager predict(Ridge" in "\n".join(res["predict"]["report"])
+    line = bench_graphs.summary(res)
+    assert line.startswith("replay/eager ") and line.endswith("[fake GPU: harness check only]"), line
+    h200 = {"replay": {"speedup_replay": {"value": 9.1, "target": ">= 8.0 (replay ...)", "met": True}},
+            "streams": {"speedup_streams": {"value": 1.2, "target": ">= 1.5 (...)", "met": False}},
+            "predict": {"ratio_graphs_vs_eager": {"value": 0.2, "target": "<= 0.25 (...)", "met": True}}}
+    assert bench_graphs.summary(h200) == ("replay/eager 9.10x (target >= 8.0: met), 8 streams/1 stream 1.20x "
+                                          "(target >= 1.5: NOT met), predict graphs/eager 0.20x (target <= 0.25: "
+                                          "met)")
+
+
 def test_gpu_check_summary_lines(tmp_path):
     from benchmarks import gpu_check_tools as tools
 
@@ -182,7 +204,7 @@ def test_gpu_check_script_in_fake_mode_without_rapids_or_dask(tmp_path):
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     sections = ["environment", "warm", "gpu_tests_legacy_stream", "gpu_tests_per_thread_stream", "host_cost",
-                "executors_gpu", "kernels_gpu", "tuning_gpu", "gpu_vs_cpu", "multi_gpu_dask"]
+                "executors_gpu", "kernels_gpu", "tuning_gpu", "gpu_vs_cpu", "graphs", "multi_gpu_dask"]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("[")]
     assert [line.split("]")[0][1:] for line in lines] == sections, proc.stdout
     assert all(" ok: " in line for line in lines[:-1]) and "skipped: 1 GPU(s)" in lines[-1], proc.stdout
@@ -197,6 +219,7 @@ def test_gpu_check_script_in_fake_mode_without_rapids_or_dask(tmp_path):
     assert "error" not in res["gpu_vs_cpu"]["cold"]["gpu_part/gpu_streams"], res["gpu_vs_cpu"]["cold"]
     assert "host per launch dispatcher" in lines[6] and "[fake GPU: harness check only]" in lines[8], lines
     assert "us of gpunets' host time per GPU task" in lines[4] and "fan-in 4000/400" in lines[4], lines
+    assert "replay/eager" in lines[9] and "predict graphs/eager" in lines[9] and "target" not in lines[9], lines
     for workload in ("midsize", "gemm"):
         assert res["executors_gpu"][workload]["max_abs_diff_vs_serial"] == 0.0
         assert "target" not in res["executors_gpu"][workload]["speedup_streams"]

@@ -24,6 +24,7 @@ from gpunets.devices.data import check_placeable, device_of, is_pandas, off_the_
 from gpunets.devices.placement import override_placement
 from gpunets.executors import get_executor, gpu_auto
 from gpunets.executors.base import default_workers, gpu_timing, inside_task
+from gpunets.executors.graphs import run_graphs
 from gpunets.planning.plan import compile_call, compile_fit
 
 __all__ = ["fit", "fit_with_outputs", "evaluate", "Evaluation", "last_trace", "remember_costs"]
@@ -293,6 +294,12 @@ class Evaluation:
     trace: Trace
     executor_reason: str = ""
 
+    @property
+    def graphs(self) -> Any:
+        """What graph mode did in this call (``gpunets.executors.graphs.GraphReport``); None unless it was asked
+        for (``graphs=True``)."""
+        return self.trace.graphs
+
 
 def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any],
               keep_training: Sequence[str] = ()) -> dict[int, Any]:
@@ -367,10 +374,12 @@ def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any],
 
 def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any = None,
              workers: int | None = None, output: str | None = None, trace: bool = False,
-             keep_training: Sequence[str] = (), **named: Any) -> Any:
+             keep_training: Sequence[str] = (), graphs: bool | None = None, **named: Any) -> Any:
     """Evaluate ``target``: ``target()``, ``target(Xnew)``, ``target(X=...)``, ``target(rows=r)``.
 
-    With ``trace=True`` return an :class:`Evaluation` holding the value and the trace.  When new data
+    With ``trace=True`` return an :class:`Evaluation` holding the value and the trace.  ``graphs=True`` (default
+    ``gn.get_config()["graphs"]``) replays captured CUDA graphs when a fitted network is called again with
+    inputs of the same shapes (:mod:`gpunets.executors.graphs`; ``trace.graphs`` says what it did).  When new data
     are given for some origins, every origin must be given new data, except the sources named in
     ``keep_training``, which keep their own data.
 
@@ -385,14 +394,16 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
         raise TypeError(msg)
     if output is None:
         output = get_config()["output"]
-    check_run_options(executor=executor, workers=workers, output=output, trace=trace)
+    check_run_options(executor=executor, workers=workers, output=output, trace=trace, graphs=graphs)
+    if graphs is None:
+        graphs = get_config()["graphs"]
     _remember_site()
     bindings = _bindings(target, data, named, keep_training)
     plan = compile_call([target], bindings, rows=rows, max_lanes=_max_lanes(executor, workers),
                         cache=_cache_allowed(executor))
     ex = get_executor(executor, workers, plan)
     with gpu_timing(trace):   # on a GPU the trace shows GPU time (timed CUDA events), not host issue time
-        run = ex.run(plan)
+        run = run_graphs(plan, ex) if graphs else ex.run(plan)
     _LAST_TRACE.set(run.trace)
     remember_costs(plan, run.trace)
     (value,) = run.results()

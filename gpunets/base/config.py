@@ -21,7 +21,7 @@ from typing import Any
 from gpunets.base import verbs
 
 __all__ = ["config", "get_config", "set_config", "check_run_options", "check_warm_params", "check_crossover",
-           "FALLBACK_POLICIES"]
+           "check_graphs", "FALLBACK_POLICIES"]
 
 FALLBACK_POLICIES = ("warn", "raise", "silent", "cpu")
 
@@ -46,6 +46,9 @@ _DEFAULTS: dict[str, Any] = {
     # searches of linear pipelines fitted and scored from per-fold moments (docs/tuning.md, "One pass over the
     # data"): equal to scikit-learn's to 1e-9 relative, not bit for bit, hence an opt-in
     "one_pass": False,
+    # a fitted network called again with inputs of the same shapes replays captured CUDA graphs (docs/devices.md,
+    # "Graph mode"); False: every call issues its tasks one by one
+    "graphs": False,
 }
 OUTPUT_TYPES = ("auto", "device", "numpy", "pandas")
 
@@ -57,8 +60,8 @@ def get_config() -> dict[str, Any]:
     """Return a copy of the settings in force here.
 
     >>> sorted(get_config())  # doctest: +NORMALIZE_WHITESPACE
-    ['cache', 'cache_bytes', 'device', 'executor', 'fallback', 'gpu_crossover', 'gpu_memory', 'one_pass', 'output',
-     'progress', 'store', 'thread_unsafe', 'warm_params', 'workers']
+    ['cache', 'cache_bytes', 'device', 'executor', 'fallback', 'gpu_crossover', 'gpu_memory', 'graphs', 'one_pass',
+     'output', 'progress', 'store', 'thread_unsafe', 'warm_params', 'workers']
     """
     local = _LOCAL.get()
     return dict(local if local is not None else _GLOBAL)
@@ -73,7 +76,8 @@ def _validate(changes: dict[str, Any]) -> dict[str, Any]:
         msg = (f"fallback={changes['fallback']!r} is not a fallback policy; "
                f"use one of {list(FALLBACK_POLICIES)}.")
         raise ValueError(msg)
-    check_run_options(**{k: v for k, v in changes.items() if k in ("workers", "executor", "progress", "output")})
+    check_run_options(**{k: v for k, v in changes.items()
+                         if k in ("workers", "executor", "progress", "output", "graphs")})
     if "gpu_memory" in changes:
         verbs.get("check_gpu_memory")(changes["gpu_memory"])
     _check_cache(changes)
@@ -90,6 +94,8 @@ def _validate(changes: dict[str, Any]) -> dict[str, Any]:
                "expected True (searches of linear pipelines fitted from per-fold moments, equal to scikit-learn's "
                "to 1e-9) or False (the default: every search builds its network). Hint: gn.config(one_pass=True).")
         raise TypeError(msg)
+    if "graphs" in changes:   # the setting itself is a bool (None is only a call's "the default")
+        check_graphs(changes["graphs"])
     if "device" in changes and changes["device"] not in (None, "auto"):
         verbs.get("check_device")(changes["device"])  # Device.parse: raises a ValueError listing the valid forms
     return changes
@@ -171,6 +177,8 @@ def check_run_options(**options: Any) -> None:
             if not isinstance(value, bool):
                 msg = f"{name}={value!r} must be True or False."
                 raise TypeError(msg)
+        elif name == "graphs":
+            check_graphs(value)
         elif name == "output":
             if value not in OUTPUT_TYPES:
                 msg = (f"output={value!r} is not an output type: use 'auto' (the type family given), "
@@ -179,6 +187,22 @@ def check_run_options(**options: Any) -> None:
                 raise ValueError(msg)
         else:  # pragma: no cover - a programming error
             raise TypeError(f"unknown run option {name!r}")
+
+
+def check_graphs(value: Any) -> None:
+    """``graphs`` must be a bool.
+
+    >>> check_graphs("yes")
+    Traceback (most recent call last):
+    ...
+    TypeError: graphs='yes' of type str is not a bool: expected True (a fitted network called again ...
+    """
+    if not isinstance(value, bool):
+        msg = (f"graphs={value!r} of type {type(value).__name__} is not a bool: expected True (a fitted "
+               "network called again with inputs of the same shapes replays captured CUDA graphs) or "
+               "False (the default: each call issues its tasks one by one). Hint: gn.config(graphs=True), "
+               "or node(X, graphs=True) for one call.")
+        raise TypeError(msg)
 
 
 def set_config(**changes: Any) -> None:

@@ -53,6 +53,7 @@ class Trace:
     executor: str = "serial"
     kind: str = "fit"
     origin: float | None = None   # time.perf_counter() at the run's start: times are seconds after it
+    graphs: Any = None            # graph mode's report (gpunets.executors.graphs.GraphReport); None: not asked for
     nested: list[TraceRecord] = field(default_factory=list, repr=False)
     _records: list[TraceRecord] = field(default_factory=list, repr=False)
     _raw: list[tuple] = field(default_factory=list, repr=False)   # (task, lane, start, end, thread, device, failed)

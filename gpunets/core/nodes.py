@@ -69,7 +69,7 @@ def data_not_saved(s: Source) -> bool:
 
 
 #: Keywords of ``node(...)`` calls; a source cannot take one as its name.
-CALL_KEYWORDS = ("rows", "executor", "workers", "output", "keep_training", "trace")
+CALL_KEYWORDS = ("rows", "executor", "workers", "output", "keep_training", "trace", "graphs")
 
 
 def is_node(x: object) -> bool:
@@ -114,7 +114,8 @@ class AbstractNode:
 
     # --- calling and fitting ----------------------------------------------------------
     def __call__(self, *data: Any, rows: Any = None, executor: Any = None, workers: int | None = None,
-                 output: str | None = None, keep_training: Sequence[str] = (), **named: Any) -> Any:
+                 output: str | None = None, keep_training: Sequence[str] = (), graphs: bool | None = None,
+                 **named: Any) -> Any:
         """Evaluate the node: ``n()``, ``n(rows=r)``, ``n(Xnew)`` or ``n(X=Xnew)``.
 
         Parameters
@@ -133,11 +134,14 @@ class AbstractNode:
         keep_training : sequence of str, optional
             Origins (by source name) that keep their own data when others are given new data;
             without it, new data for some origins and not others is an error.
+        graphs : bool, optional
+            Replay captured CUDA graphs when called again with inputs of the same shapes (default
+            ``gn.get_config()["graphs"]``; docs/devices.md, "Graph mode").
         **named : array-like
             New data for origins, by source name.
         """
         return verbs.get("evaluate")(self, *data, rows=rows, executor=executor, workers=workers, output=output,
-                                     keep_training=keep_training, **named)
+                                     keep_training=keep_training, graphs=graphs, **named)
 
     def fit(self, *data: Any, rows: Any = None, force: bool = False, executor: Any = None,
             workers: int | None = None, device: Any = None, progress: bool | None = None) -> FitReport:

@@ -16,6 +16,8 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from gpunets.base.exceptions import StreamOrderError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,6 +52,8 @@ _streams_by_ptr: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictio
 _buffers: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()   # data pointer -> array
 _allocator: list[Any] = []               # what set_allocator was given (the fake does not allocate through it)
 _rng = random.Random(int(os.environ.get("GPUNETS_FAKE_GPU_SEED", "0") or 0))
+_CAPTURES: dict[int, Any] = {}           # stream key -> its capture in progress (gpunets.devices._fakegraph)
+_POISONED: dict[int, str] = {}           # id(array) -> why reading it is refused (memory a live graph uses)
 
 
 def legacy_work() -> list[str]:
@@ -111,6 +115,10 @@ class CUDARuntimeError(RuntimeError):
     """What CuPy raises for a bad CUDA call (here: an invalid device ordinal)."""
 
 
+class PoisonedBufferError(RuntimeError):
+    """Fake GPU only: an array was read whose memory a live CUDA graph still writes (see ``_fakegraph``)."""
+
+
 class Device:
     """``cupy.cuda.Device``: a device ordinal and a per-thread context manager making it current."""
 
@@ -136,6 +144,9 @@ class Device:
         _tls.device = self.id
 
     def synchronize(self) -> None:
+        if _CAPTURES:   # cudaDeviceSynchronize is illegal while any stream of the device captures
+            _refuse_in_capture([k for k, c in list(_CAPTURES.items()) if c.device == self.id],
+                               "cudaErrorStreamCaptureUnsupported", "Device.synchronize()")
         with _lock:
             for key, n in _seq.items():
                 _host_seen[key] = max(_host_seen.get(key, 0), n)
@@ -237,6 +248,8 @@ class Stream(metaclass=_StreamMeta):
     def wait_event(self, event: Event) -> None:
         if event._snapshot is None:
             return
+        if _CAPTURES or event._capture is not None:
+            _capture_wait(self, event)
         with _lock:
             mine = _waited[self.key]
             for key, n in event._snapshot.items():
@@ -244,14 +257,68 @@ class Stream(metaclass=_StreamMeta):
                     mine[key] = n
 
     def synchronize(self) -> None:
+        if _CAPTURES:
+            _refuse_in_capture([self.key], "cudaErrorStreamCaptureUnsupported", "Stream.synchronize()")
         with _lock:
             snap = dict(_waited[self.key])
             snap[self.key] = _seq[self.key]
             _host_sees(snap)
 
+    # --- graph capture (CuPy 14's cupy/cuda/stream.pyx; the graph itself: gpunets.devices._fakegraph)
+    def begin_capture(self, mode: int | None = None) -> None:
+        """``Stream.begin_capture``: record this stream's work into a graph instead of running it (CuPy refuses
+        the legacy stream; ``mode`` is a ``streamCaptureMode*`` of ``runtime``, default relaxed)."""
+        if self.ptr in (0, 1):
+            raise RuntimeError("cannot capture on the default (legacy) stream")
+        if mode is None:
+            mode = 2
+        if mode not in (0, 1, 2):
+            raise CUDARuntimeError(f"cudaErrorInvalidValue: invalid argument (capture mode {mode!r})")
+        from gpunets.devices import _fakegraph  # lazy: it builds on this module
+
+        with _lock:
+            if self.key in _CAPTURES:
+                raise CUDARuntimeError("cudaErrorIllegalState: operation not permitted (this stream is already "
+                                       "capturing)")
+            _CAPTURES[self.key] = _fakegraph.Capture(self, mode, _current_device())
+
+    def end_capture(self) -> Any:
+        """``Stream.end_capture``: the :class:`~gpunets.devices._fakegraph.Graph` of the work recorded since
+        :meth:`begin_capture`; raises ``CUDARuntimeError`` if the capture was invalidated or a forked stream
+        was not joined back."""
+        with _lock:
+            cap = _CAPTURES.get(self.key)
+            if cap is None or cap.origin is not self:
+                raise CUDARuntimeError("cudaErrorIllegalState: end_capture on a stream that is not capturing "
+                                       "(or that joined another stream's capture)")
+            for k in cap.streams:
+                _CAPTURES.pop(k, None)
+            unjoined = [k for k in cap.streams if k != self.key and _waited[self.key].get(k, 0) < _seq[k]]
+        if cap.invalid is not None:
+            cap.discard()
+            raise CUDARuntimeError(f"cudaErrorStreamCaptureInvalidated: operation failed due to a previous error "
+                                   f"during capture ({cap.invalid})")
+        if unjoined:
+            cap.discard()
+            raise CUDARuntimeError("cudaErrorStreamCaptureUnjoined: capture was not joined: a stream forked from "
+                                   "the capture (Stream.wait_event on an event recorded in it) has work the "
+                                   "capturing stream did not wait for")
+        from gpunets.devices import _fakegraph  # lazy: it builds on this module
+
+        return _fakegraph.Graph(cap)
+
+    def is_capturing(self) -> bool:
+        """``Stream.is_capturing``; ``RuntimeError`` when an error has invalidated the capture, as CuPy's."""
+        cap = _CAPTURES.get(self.key)
+        if cap is not None and cap.invalid is not None:
+            raise RuntimeError("the stream was capturing, but an error has invalidated the capture sequence")
+        return cap is not None
+
     @property
     def done(self) -> bool:
         """``cudaStreamQuery``: all work done?  Random (seeded) until the stream is synchronised."""
+        if _CAPTURES:
+            _refuse_in_capture([self.key], "cudaErrorStreamCaptureUnsupported", "Stream.done")
         with _lock:
             snap = dict(_waited[self.key])
             snap[self.key] = _seq[self.key]
@@ -263,6 +330,47 @@ class Stream(metaclass=_StreamMeta):
     def __repr__(self) -> str:
         name = "null" if self.key == _LEGACY else ("ptds" if self.is_ptds else str(self.key))
         return f"<fake Stream {name} (device {self.device_id})>"
+
+
+def _live(cap: Any) -> bool:
+    return cap is not None and _CAPTURES.get(cap.origin.key) is cap
+
+
+def _refuse_in_capture(keys: list[int], code: str, what: str) -> None:
+    """Raise as CUDA does for a call not permitted while the streams ``keys`` capture, invalidating their
+    captures (a later ``end_capture`` raises); nothing when none of them captures."""
+    caps = [c for k in keys if (c := _CAPTURES.get(k)) is not None]
+    if not caps:
+        return
+    for c in caps:
+        if c.invalid is None:
+            c.invalid = what
+    raise CUDARuntimeError(f"{code}: operation not permitted when stream is capturing ({what} while "
+                           f"{caps[0].origin!r} captures a CUDA graph; the capture is now invalid)")
+
+
+def _capture_wait(stream: Stream, event: Any) -> None:
+    """``wait_event`` and captures: a stream waiting on an event recorded in a capture joins it (a fork); a
+    capturing stream may not wait on work outside its capture (isolation) nor merge two captures."""
+    ev_cap = event._capture if _live(event._capture) else None
+    with _lock:
+        mine = _CAPTURES.get(stream.key)
+        if ev_cap is not None and mine is None:
+            _CAPTURES[stream.key] = ev_cap
+            ev_cap.streams.append(stream.key)
+            return
+    if mine is not None and ev_cap is None and event._capture is None:
+        _refuse_in_capture([stream.key], "cudaErrorStreamCaptureIsolation",
+                           "Stream.wait_event on an event recorded outside the capture")
+    if mine is not None and ev_cap is not None and mine is not ev_cap:
+        ev_cap.invalid = ev_cap.invalid or "wait_event merging two captures"
+        _refuse_in_capture([stream.key], "cudaErrorStreamCaptureMerge", "wait_event merging two captures")
+
+
+def _event_in_capture(event: Any, what: str) -> None:
+    if event._capture is not None and _live(event._capture):
+        _refuse_in_capture([event._capture.origin.key], "cudaErrorStreamCaptureUnsupported",
+                           f"{what} of an event recorded in the capture")
 
 
 def _external(ptr: int) -> Stream:
@@ -320,6 +428,7 @@ class Event:
         self.block = block
         self.device_id = _current_device()   # an event belongs to the device current when it is made
         self.ptr = 0x7E000000 + next(_keys)
+        self._capture: Any = None   # the capture it was recorded in (a node of that graph, no host point)
 
     def record(self, stream: Stream | None = None) -> None:
         stream = stream if stream is not None else get_current_stream()
@@ -327,6 +436,7 @@ class Event:
         if sdev != self.device_id:   # cudaEventRecord: event and stream on one device
             raise _device_error("Event.record", self.device_id, sdev)
         with _lock:
+            self._capture = _CAPTURES.get(stream.key)
             snap = dict(_waited[stream.key])
             snap[stream.key] = _seq[stream.key]
             self._snapshot = snap
@@ -336,6 +446,7 @@ class Event:
     @property
     def done(self) -> bool:
         """``cudaEventQuery``: has the recorded work finished?  Random (seeded) until it has been waited for."""
+        _event_in_capture(self, "Event.done")
         if self._snapshot is None or self._complete:
             return True
         with _lock:
@@ -345,6 +456,7 @@ class Event:
         return self._complete
 
     def synchronize(self) -> None:
+        _event_in_capture(self, "Event.synchronize()")
         if self._snapshot is not None:
             with _lock:
                 _host_sees(self._snapshot)
@@ -394,11 +506,16 @@ def get_current_stream(device_id: int = -1) -> Stream:
 def _issue(what: str, inputs: list[ndarray]) -> tuple[int, int]:
     """Check that the current stream may read ``inputs``; count one operation on it; return (stream, op)."""
     s = get_current_stream()
+    if _CAPTURES and s.key == _LEGACY:   # implicit synchronisation with the capturing streams
+        _refuse_in_capture([k for k, c in list(_CAPTURES.items()) if c.device == _current_device()],
+                           "cudaErrorStreamCaptureImplicit", f"{what} on the legacy default stream")
     with _lock:
         if s.key == _LEGACY:
             _legacy.append(what)
         mine = _waited[s.key]
         for a in inputs:
+            if _POISONED and id(a) in _POISONED:
+                raise PoisonedBufferError(_POISONED[id(a)])
             k, n = a._key, a._seq
             if k == s.key:
                 continue
@@ -425,31 +542,23 @@ def _device_attribute(attr: int, device: int) -> int:
     raise CUDARuntimeError(f"fake GPU: device attribute {attr} is not modelled (only the SM count, 16)")
 
 
-class OutOfMemoryError(MemoryError):
-    """``cupy.cuda.memory.OutOfMemoryError``: an allocation the device (or the pool's limit) could not serve."""
+# --- the array API's info ---------------------------------------------------------------------------------------
 
-    def __init__(self, size: int, total: int, limit: int = 0) -> None:
-        msg = f"Out of memory allocating {size:,} bytes (allocated so far: {total:,} bytes)."
-        if limit:
-            msg = msg[:-2] + f", limit set to: {limit:,} bytes)."
-        super().__init__(msg)
+class _Info:
+    def default_device(self) -> Device:
+        return Device(_current_device())
 
+    def devices(self) -> list[Device]:
+        return [Device(i) for i in range(_count())]
 
-class _MemoryPool:
-    """``cupy.get_default_memory_pool()``: the fake allocates nothing through a pool (both counts are 0)."""
+    def capabilities(self) -> dict[str, Any]:
+        return {"boolean indexing": True, "data-dependent shapes": True, "max dimensions": 64}
 
-    def used_bytes(self) -> int:
-        return 0
+    def default_dtypes(self, *, device: Any = None) -> dict[str, Any]:
+        return {"real floating": np.dtype(np.float64), "complex floating": np.dtype(np.complex128),
+                "integral": np.dtype(np.int64), "indexing": np.dtype(np.int64)}
 
-    def total_bytes(self) -> int:
-        return 0
+    def dtypes(self, *, device: Any = None, kind: Any = None) -> dict[str, Any]:
+        from sklearn.externals.array_api_compat import numpy as compat  # noqa: PLC0415
 
-    def free_all_blocks(self, stream: Any = None) -> None:
-        return None
-
-
-_POOL = _MemoryPool()
-
-
-def _memory_pool() -> _MemoryPool:
-    return _POOL
+        return compat.__array_namespace_info__().dtypes(kind=kind)

@@ -69,6 +69,7 @@ ValueError: The device where the array resides (1) is different from the current
 from __future__ import annotations
 
 import functools
+import operator
 import types
 from collections.abc import Callable
 from typing import Any
@@ -80,24 +81,24 @@ from gpunets.devices._gpulibs import fake_gpu_count
 __all__ = ["module", "ndarray", "legacy_work", "implicit_conversions", "order_violations", "reset_log", "launch",
            "seed", "host_reads"]
 
+from gpunets.devices import _fakegraph as _fg
 from gpunets.devices._fakecuda import (
+    _CAPTURES,
     _IMPLICIT,
     CUDARuntimeError,
     Device,
     Event,
     ExternalStream,
-    OutOfMemoryError,
     Stream,
-    _allocator,
     _buffers,
-    _count,
     _current_device,
     _device_attribute,
     _implicit,
+    _Info,
     _issue,
     _lock,
-    _memory_pool,
     _state,
+    _tls,
     count_host_read,
     get_current_stream,
     get_elapsed_time,
@@ -108,6 +109,8 @@ from gpunets.devices._fakecuda import (
     reset_log,
     seed,
 )
+from gpunets.devices._fakegraph import _FREE
+from gpunets.devices._fakegraph import ACTIVE as _POOLS
 
 # ----------------------------------------------------------------- arrays
 
@@ -134,7 +137,7 @@ class _FlatIter:
 class ndarray:  # noqa: N801 - CuPy's name
     """A device array: a NumPy buffer that only moves to the host explicitly."""
 
-    __slots__ = ("_a", "_dev", "_key", "_seq", "__weakref__")
+    __slots__ = ("_a", "_dev", "_key", "_seq", "_pool", "__weakref__")
     __array_priority__ = 100
 
     def __init__(self, shape: Any, dtype: Any = float) -> None:
@@ -142,6 +145,8 @@ class ndarray:  # noqa: N801 - CuPy's name
 
     # --- host moves
     def get(self, stream: Stream | None = None, out: Any = None, order: str = "C", blocking: bool = True) -> np.ndarray:
+        if _CAPTURES:
+            _fg.host_read("get", stream)
         _read("get", [self], stream)
         count_host_read("get")
         if blocking:   # a blocking copy waits, on the host, for the stream it ran on
@@ -241,11 +246,17 @@ class ndarray:  # noqa: N801 - CuPy's name
         return _state.xp.asarray(self, device=device)
 
     def __getitem__(self, key: Any) -> ndarray:
-        return _wrap_call("getitem", lambda a, k: a[k], (self, key), {})
+        mask = isinstance(key, ndarray) and key._a.dtype == bool   # a data-dependent shape
+        return _wrap_call("boolean mask" if mask else "getitem", lambda a, k: a[k], (self, key), {})
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        _read("setitem", _arrays((self, key, value)), None)
-        self._a[_unwrap(key, "setitem")] = _unwrap(value, "setitem")
+        cap = _fg.refuse("setitem") if _CAPTURES else None
+        ins = _arrays((self, key, value))
+        _read("setitem", ins, None)
+        k, v = _unwrap(key, "setitem"), _unwrap(value, "setitem")
+        if cap is not None:
+            _fg.record_inplace(cap, operator.setitem, self, (self._a, k, v), ins)
+        self._a[k] = v
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
         if kwargs.get("out") is not None:
@@ -261,6 +272,8 @@ class ndarray:  # noqa: N801 - CuPy's name
             with _lock:
                 _implicit.append(f"{mod}.{name} on a device array (CuPy has no {name})")
             return NotImplemented
+        if _CAPTURES:
+            _fg.refuse(name, mod)
         return _wrap_call(name, func, args, kwargs)
 
 
@@ -275,6 +288,9 @@ busday_count busday_offset is_busday datetime_as_string""".split())
 def _init(arr: ndarray, a: np.ndarray, dev: int, issued: tuple[int, int]) -> ndarray:
     arr._a, arr._dev = a, dev
     arr._key, arr._seq = issued
+    pool = arr._pool = getattr(_tls, "pool", None) if _POOLS[0] else None   # cupy.cuda.using_allocator's pool
+    if pool is not None or _FREE:   # counted in its pool; or handed memory a live graph still uses
+        _fg.allocated(arr)
     return arr
 
 
@@ -302,7 +318,10 @@ def _method(name: str) -> Callable[..., Any]:
             return _wrap_call(name, lambda a, *r, **k: a.copy(*r, **k), (self, *args), kwargs,
                               device=Device(_current_device()))
         if name == "fill":
+            cap = _fg.refuse("fill") if _CAPTURES else None
             _read("fill", [self], None)
+            if cap is not None:
+                _fg.record_inplace(cap, np.ndarray.fill, self, (self._a, *args), [self])
             self._a.fill(*args)
             return None
         return _wrap_call(name, lambda a, *r, **k: getattr(a, name)(*r, **k), (self, *args), kwargs)
@@ -332,8 +351,13 @@ ndarray.__hash__ = None  # type: ignore[assignment]
 
 
 def _inplace(self: ndarray, f: Any, other: Any, name: str) -> ndarray:
-    _read(name, _arrays((self, other)), None)
-    f(self._a, _unwrap(other, name))
+    cap = _fg.refuse(name) if _CAPTURES else None
+    ins = _arrays((self, other))
+    _read(name, ins, None)
+    o = _unwrap(other, name)
+    if cap is not None:
+        _fg.record_inplace(cap, f, self, (self._a, o), ins)
+    f(self._a, o)
     return self
 
 
@@ -410,12 +434,16 @@ def _wrap_call(what: str, fn: Callable[..., Any], args: Any, kwargs: dict[str, A
                device: Any = None) -> Any:
     ins = _arrays((args, kwargs))
     dev = _one_device(ins, what, device)
+    cap = _fg.refuse(what) if _CAPTURES else None   # a capturing stream records the operation (_fakegraph)
     issued = _issue(what, ins)
     if host_ok:
         a, k = _unwrap_host_ok(args), _unwrap_host_ok(kwargs)
     else:
         a, k = _unwrap(args, what), _unwrap(kwargs, what)
-    return _wrap_out(fn(*a, **k), dev, issued)
+    out = _wrap_out(fn(*a, **k), dev, issued)
+    if cap is not None:
+        _fg.record(cap, fn, a, k, ins, _arrays(out))
+    return out
 
 
 def _unwrap_host_ok(obj: Any) -> Any:
@@ -436,11 +464,12 @@ def asarray(a: Any, dtype: Any = None, order: Any = None, *, blocking: bool = Fa
             return a.astype(a.dtype if dtype is None else dtype, copy=True)
         return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
     if isinstance(a, ndarray):   # to another device: a device-to-device copy
-        issued = _issue("copy to device", [a])
-        return _new(np.array(a._a, dtype=dtype), _device_id(device), issued)
+        return _wrap_call("copy to device", lambda x: np.array(x, dtype=dtype), (a,), {}, device=device)
     if hasattr(a, "__array_namespace__") and not isinstance(a, (np.ndarray, np.generic)):
         raise TypeError(f"Unsupported type {type(a)}: the fake GPU copies NumPy data and Python sequences only.")
     dev = _device_id(device) if device is not None else _current_device()
+    if _CAPTURES:
+        _fg.host_copy("host-to-device copy")
     return _new(np.array(_unwrap_host_ok(a), dtype=dtype, copy=True), dev, _issue("host-to-device copy", []))
 
 
@@ -464,7 +493,7 @@ def launch(fn: Callable[..., Any], arrays: Any, what: str = "kernel") -> Any:
 # ----------------------------------------------------------------- the modules
 
 
-def _numpy_function(name: str, impl: Any, *, array_api: bool) -> Any:
+def _numpy_function(name: str, impl: Any, *, array_api: bool, namespace: str = "") -> Any:
     if name in ("asarray", "array", "asanyarray"):
         if not array_api:
             return asarray
@@ -478,6 +507,8 @@ def _numpy_function(name: str, impl: Any, *, array_api: bool) -> Any:
 
     @functools.wraps(impl)
     def call(*args: Any, **kwargs: Any) -> Any:
+        if _CAPTURES and namespace:
+            _fg.refuse(name, namespace)
         device = kwargs.pop("device", None) if array_api or "device" in kwargs else None
         if device is not None and str(device) == "cpu":
             raise ValueError(f"fake GPU: {name}(device='cpu') asked for; move to the host with cupy.asnumpy(x).")
@@ -504,41 +535,9 @@ class _Namespace(types.ModuleType):
         elif isinstance(impl, type) or not callable(impl):
             value = impl
         else:
-            value = _numpy_function(name, impl, array_api=self._array_api)
+            value = _numpy_function(name, impl, array_api=self._array_api, namespace=self.__name__)
         setattr(self, name, value)
         return value
-
-
-class _Info:
-    def default_device(self) -> Device:
-        return Device(_current_device())
-
-    def devices(self) -> list[Device]:
-        return [Device(i) for i in range(_count())]
-
-    def capabilities(self) -> dict[str, Any]:
-        return {"boolean indexing": True, "data-dependent shapes": True, "max dimensions": 64}
-
-    def default_dtypes(self, *, device: Any = None) -> dict[str, Any]:
-        return {"real floating": np.dtype(np.float64), "complex floating": np.dtype(np.complex128),
-                "integral": np.dtype(np.int64), "indexing": np.dtype(np.int64)}
-
-    def dtypes(self, *, device: Any = None, kind: Any = None) -> dict[str, Any]:
-        from sklearn.externals.array_api_compat import numpy as compat  # noqa: PLC0415
-
-        return compat.__array_namespace_info__().dtypes(kind=kind)
-
-
-def _set_allocator(allocator: Any = None) -> None:
-    _allocator[:] = [allocator]
-
-
-def _pointer_attributes(ptr: int) -> Any:
-    """``cudaPointerGetAttributes`` for the data pointer of a live fake array (``x.data.ptr``)."""
-    arr = _buffers.get(int(ptr))
-    if arr is None:
-        raise CUDARuntimeError(f"cudaErrorInvalidValue: invalid argument (no fake device memory at {int(ptr):#x})")
-    return types.SimpleNamespace(device=arr._dev, type=2, devicePointer=int(ptr))
 
 
 def _build(count: int) -> Any:
@@ -547,17 +546,21 @@ def _build(count: int) -> Any:
     cuda = types.ModuleType("gpunets.devices.fakegpu.cuda")
     runtime = types.ModuleType("gpunets.devices.fakegpu.cuda.runtime")
     runtime.__dict__.update(getDeviceCount=lambda: _state.count, getDevice=_current_device,
-                            pointerGetAttributes=_pointer_attributes,
+                            pointerGetAttributes=_fg._pointer_attributes,
                             CUDARuntimeError=CUDARuntimeError, cudaDevAttrMultiProcessorCount=16,
                             deviceGetAttribute=_device_attribute)
     memory = types.ModuleType("gpunets.devices.fakegpu.cuda.memory")
-    memory.__dict__.update(OutOfMemoryError=OutOfMemoryError)
-    cuda.__dict__.update(Device=Device, Stream=Stream, Event=Event, runtime=runtime, memory=memory,
+    memory.__dict__.update(OutOfMemoryError=_fg.OutOfMemoryError, MemoryPool=_fg.MemoryPool)
+    runtime.__dict__.update(streamCaptureModeGlobal=0, streamCaptureModeThreadLocal=1, streamCaptureModeRelaxed=2)
+    graph = types.ModuleType("gpunets.devices.fakegpu.cuda.graph")
+    graph.Graph = _fg.Graph   # type: ignore[attr-defined]
+    cuda.__dict__.update(Device=Device, Stream=Stream, Event=Event, runtime=runtime, memory=memory, graph=graph,
+                         Graph=_fg.Graph, MemoryPool=_fg.MemoryPool, using_allocator=_fg.using_allocator,
                          get_current_stream=get_current_stream, is_available=lambda: _state.count > 0,
                          get_elapsed_time=get_elapsed_time, CUDARuntimeError=CUDARuntimeError,
-                         ExternalStream=ExternalStream, set_allocator=_set_allocator)
+                         ExternalStream=ExternalStream, set_allocator=_fg._set_allocator)
     shared = dict(ndarray=ndarray, cuda=cuda, asnumpy=asnumpy, is_available=lambda: _state.count > 0,
-                  get_default_memory_pool=_memory_pool,
+                  get_default_memory_pool=_fg._memory_pool,
                   legacy_work=legacy_work, implicit_conversions=implicit_conversions, launch=launch,
                   host_reads=host_reads,
                   order_violations=order_violations, reset_log=reset_log, __version__="fake")
