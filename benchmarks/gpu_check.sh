@@ -202,7 +202,7 @@ run_tests gpu_tests_per_thread_stream CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1 || s
 # 4. the GPU benchmark sections, in the launch environment (each skips itself without a GPU: here a skip is a
 #    failure); quick sizes on the fake GPU. gpu_vs_cpu: 10^4 to 10^6 rows within a 90 s budget for its warm cells
 #    (a cell that would pass it is skipped and says so), then each mode's cold run (gpu_part, 10^4 rows)
-for section in host_cost executors_gpu kernels_gpu tuning_gpu gpu_vs_cpu graphs; do
+for section in host_cost executors_gpu kernels_gpu tuning_gpu tuning_gpu_batch gpu_vs_cpu graphs; do
   limit=90; [ "$section" = gpu_vs_cpu ] && limit=180
   timeout $limit $py - "$out" "$section" > "$out/$section.out" 2> "$out/$section.log" <<'PY'
 import contextlib, json, os, sys, time, traceback
@@ -216,6 +216,8 @@ run = {# gpunets' own host time per GPU task (the fake GPU in process: its GPU w
        "kernels_gpu": lambda: bench_kernels.gpu_section(quick=True),
        # the one-stage search on CuPy data, device="cuda": streams vs serial, scores against the CPU (< 40 s)
        "tuning_gpu": lambda: bench_tuning.gpu_search(rows=600 if fake else 50_000, quick=fake),
+       # the Ridge alphas of a fold batched on the GPU (one SVD per fold) against one candidate at a time
+       "tuning_gpu_batch": lambda: bench_tuning.gpu_batch(rows=600 if fake else 50_000, quick=fake),
        # GPU against CPU end to end: CPU serial, CPU best, GPU auto, GPU streams; the crossover and its plot
        "gpu_vs_cpu": lambda: bench_gpu_vs_cpu.run(
            quick=True, budget=20 if fake else 90, png=f"{out}/gpu_vs_cpu.png", cold_workloads=("gpu_part",),

@@ -192,6 +192,14 @@ def describe(section: str, r: dict[str, Any]) -> str:
         eq = r.get("scores_equal_cpu", {})
         return (f"search streams/serial {_x(sp)}, scores vs CPU max diff {eq.get('value', '?'):.1e}"
                 if isinstance(eq.get("value"), float) else f"search streams/serial {_x(sp)}") + fake
+    if section == "tuning_gpu_batch":
+        ratio = r.get("ratio_batched_vs_unbatched", {})
+        eq = r.get("scores_equal_cpu", {})
+        diff = eq.get("value")
+        diff_text = f"{diff:.1e}" if isinstance(diff, float) else "?"
+        return (f"search batched/unbatched {_x(ratio.get('value'))}{_target(ratio)}"
+                f"{_target(r.get('ratio_vs_before')) if r.get('ratio_vs_before') else ''}, "
+                f"scores vs CPU max rel diff {diff_text}{_target(eq)}") + fake
     if section == "whole_suite":
         return _tests(r) + f" ({r.get('env')})"
     if section == "multi_gpu_dask":

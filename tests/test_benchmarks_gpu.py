@@ -204,7 +204,7 @@ def test_gpu_check_script_in_fake_mode_without_rapids_or_dask(tmp_path):
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     sections = ["environment", "warm", "gpu_tests_legacy_stream", "gpu_tests_per_thread_stream", "host_cost",
-                "executors_gpu", "kernels_gpu", "tuning_gpu", "gpu_vs_cpu", "graphs", "multi_gpu_dask"]
+                "executors_gpu", "kernels_gpu", "tuning_gpu", "tuning_gpu_batch", "gpu_vs_cpu", "graphs", "multi_gpu_dask"]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("[")]
     assert [line.split("]")[0][1:] for line in lines] == sections, proc.stdout
     assert all(" ok: " in line for line in lines[:-1]) and "skipped: 1 GPU(s)" in lines[-1], proc.stdout
@@ -217,9 +217,10 @@ def test_gpu_check_script_in_fake_mode_without_rapids_or_dask(tmp_path):
     assert "crossover_rows" not in res["gpu_vs_cpu"] and res["gpu_vs_cpu"]["fake_gpu"]
     assert set(res["gpu_vs_cpu"]["warm"]) == {"gpu_part/float64", "search/float64"}
     assert "error" not in res["gpu_vs_cpu"]["cold"]["gpu_part/gpu_streams"], res["gpu_vs_cpu"]["cold"]
-    assert "host per launch dispatcher" in lines[6] and "[fake GPU: harness check only]" in lines[8], lines
+    assert "host per launch dispatcher" in lines[6] and "[fake GPU: harness check only]" in lines[9], lines
     assert "us of gpunets' host time per GPU task" in lines[4] and "fan-in 4000/400" in lines[4], lines
-    assert "replay/eager" in lines[9] and "predict graphs/eager" in lines[9] and "target" not in lines[9], lines
+    assert "search batched/unbatched" in lines[8] and "target" not in lines[8].split(",")[0], lines   # no speed claim
+    assert "replay/eager" in lines[10] and "predict graphs/eager" in lines[10] and "target" not in lines[10], lines
     for workload in ("midsize", "gemm"):
         assert res["executors_gpu"][workload]["max_abs_diff_vs_serial"] == 0.0
         assert "target" not in res["executors_gpu"][workload]["speedup_streams"]
