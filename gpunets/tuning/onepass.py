@@ -148,7 +148,8 @@ class ScalerRule:
         else:
             scale = np.ones(len(var))
         centre = mean if est.with_mean else np.zeros(len(var))
-        fitted = {"mean_": mean, "var_": var, "scale_": scale if est.with_std else None}
+        fitted = {"mean_": mean, "var_": var, "scale_": scale if est.with_std else None,
+                  "_n": m.n, "_rows": m.rows, "_k_in": A.shape[0]}
         return State(A / scale[:, None], (b - centre) / scale, state.err + GROWTH * EPS,
                      [*state.fitted, fitted])
 
@@ -185,9 +186,11 @@ class PCARule:
         if n <= k_in:
             raise Decline("pca: not more training rows than columns")
         solver = est.svd_solver
-        if solver == "auto" and not (k_in <= 1000 and n >= 10 * k_in) and max(n, k_in) > 500:
+        if solver == "auto":   # scikit-learn's choice (PCA._fit), on the step's input shape
             k = est.n_components
-            if k is None or not (1 <= k < 0.8 * min(n, k_in)):
+            if k_in <= 1000 and n >= 10 * k_in:
+                solver = "covariance_eigh"
+            elif max(n, k_in) <= 500 or k is None or not (1 <= k < 0.8 * min(n, k_in)):
                 solver = "full"
             else:
                 raise Decline("pca: svd_solver='auto' picks 'randomized' here")
@@ -231,7 +234,8 @@ class PCARule:
             W = W / np.sqrt(ev)[:, None]
         _promise(err, "pca components")
         fitted = {"mean_": mean, "components_": Vt[:k], "explained_variance_": ev,
-                  "explained_variance_ratio_": vals[:k] / total, "n_components_": k}
+                  "explained_variance_ratio_": vals[:k] / total, "n_components_": k,
+                  "_vals": vals, "_rows": m.rows, "_solver": solver, "_k_in": k_in}
         return State(W @ A, W @ (b - mean), err, [*state.fitted, fitted])
 
 
@@ -256,6 +260,8 @@ class LinearRule:
         elif type(est) is LinearRegression:
             if est.positive is not False:
                 return "positive=True"
+            if not _finite_number(est.tol) or not 0 <= est.tol < 1e-2:
+                return "tol not a number in [0, 0.01) (scipy's lstsq cuts singular values below tol·s₀)"
         else:
             return "not a Ridge or LinearRegression"
         if not isinstance(est.fit_intercept, bool):
@@ -265,10 +271,8 @@ class LinearRule:
         return None
 
     @staticmethod
-    def fit(est: Any, state: State, m: Moments, fold: Fold) -> State:
+    def _normal(est: Any, state: State, m: Moments, fold: Fold) -> tuple[Any, ...]:
         A, b, d = state.A, state.b, fold.d
-        k = A.shape[0]
-        alpha = float(getattr(est, "alpha", 0.0))
         if est.fit_intercept:
             C = m.centered
             Uu = A @ C[:d, :d] @ A.T
@@ -280,21 +284,37 @@ class LinearRule:
             As = A @ s[:d]
             Uu = A @ G[:d, :d] @ A.T + np.outer(As, b) + np.outer(b, As) + n * np.outer(b, b)
             Uy = A @ G[:d, d:] + np.outer(As, y0) + np.outer(b, s[d:]) + n * np.outer(b, y0)
-            u_mean = np.zeros(k)
+            u_mean = np.zeros(A.shape[0])
         Uu = (Uu + Uu.T) / 2
-        M = Uu + alpha * np.eye(k)
         # an input column that is exactly 0 (a constant column, scaled) decouples: its coefficient is 0 in any
         # rounding, so it does not count in the condition number
         live = np.any(Uu != 0, axis=1) | np.any(Uy != 0, axis=1)
-        ev = np.linalg.eigvalsh(M[np.ix_(live, live)]) if live.any() else np.ones(1)
+        lam = np.linalg.eigvalsh(Uu[np.ix_(live, live)]) if live.any() else np.ones(1)
+        return Uu, Uy, u_mean, live, lam
+
+    @staticmethod
+    def fit(est: Any, state: State, m: Moments, fold: Fold) -> State:
+        A, b, d = state.A, state.b, fold.d
+        k = A.shape[0]
+        alpha = float(getattr(est, "alpha", 0.0))
+        # the normal equations of the step's input: once per fold, upstream fit and intercept (all alphas share them)
+        key = ("normal", id(state.A), bool(est.fit_intercept), id(m))
+        hit = fold.cache.get(key)
+        if hit is None:
+            hit = fold.cache[key] = LinearRule._normal(est, state, m, fold)
+        Uu, Uy, u_mean, live, lam = hit
+        M = Uu + alpha * np.eye(k)
+        ev = lam + alpha
         if ev[0] <= 0:
             raise Decline(f"{type(est).__name__.lower()}: singular system (scikit-learn's lstsq/SVD fallback)")
         cond = ev[-1] / ev[0]
         err = state.err + GROWTH * EPS * cond
         _promise(err, f"{type(est).__name__.lower()} (condition number {cond:.1e})")
+        if type(est).__name__ == "LinearRegression" and cond >= 1e-4 / max(float(est.tol), 1e-300) ** 2:
+            raise Decline("linearregression: a singular value within 100x of tol·s₀ (scipy's lstsq cuts it)")
         beta = np.linalg.solve(M, Uy)                     # (k, t)
         intercept = m.mean[d:] + fold.y0 - u_mean @ beta if est.fit_intercept else np.zeros(beta.shape[1])
-        fitted = {"coef_": beta.T, "intercept_": intercept}
+        fitted = {"coef_": beta.T, "intercept_": intercept, "_Uu": Uu, "_rows": m.rows, "_k_in": k}
         out = State(A.T @ beta, b @ beta + intercept, err, [*state.fitted, fitted])
         return out
 
@@ -319,7 +339,9 @@ def fit_chain(steps: list[tuple[Any, Any, Any]], fold: Fold, keys: list[Any]) ->
     """The fitted pipeline of ``steps`` (``(rule, estimator, weight key)`` each) on ``fold``'s training moments,
     as an affine predictor ``ŷ = Wᵀ(x - x0) + c`` (``State.A``, ``State.b``); each prefix fitted once per fold
     (``keys``: the prefixes' identities)."""
-    state = State(np.eye(fold.d), fold.x0.copy())
+    state = fold.cache.get("start")   # one per fold: the rules key their caches by their input state
+    if state is None:
+        state = fold.cache["start"] = State(np.eye(fold.d), fold.x0.copy())
     for i, (rule, est, wkey) in enumerate(steps):
         hit = fold.cache.get(keys[i])
         if hit is None:
@@ -370,7 +392,10 @@ def fold_scores(state: State, m: Moments, d: int, y0: np.ndarray, metric: str) -
     sse = var_r + sum_r ** 2 / m.n
     sst = np.diag(C)[d:]
     # cancellation in vᵀCv: |v|ᵀ|C||v| against its value
-    size = np.einsum("ij,ij->j", np.abs(V), np.abs(C) @ np.abs(V))
+    absC = m.__dict__.get("_abs")
+    if absC is None:
+        absC = m.__dict__["_abs"] = np.abs(C)
+    size = np.einsum("ij,ij->j", np.abs(V), absC @ np.abs(V))
     err = state.err + GROWTH * EPS * float(np.max(size / np.maximum(var_r, 1e-300)))
     name = metric.lstrip("-")
     if name in ("r2", "ev") and np.any(sst <= 1e3 * EPS * np.abs(np.diag(m.G)[d:])):
