@@ -63,7 +63,9 @@ def _linear(est: Any, raw: dict[str, Any], flat: bool) -> dict[str, Any]:
     from sklearn.linear_model import LinearRegression
 
     coef = np.array(raw["coef_"], dtype=np.float64)                 # (t, k)
-    out: dict[str, Any] = {"coef_": coef[0].copy() if flat else coef}
+    # a 1-D target, and Ridge's one-column 2-D target (its solvers ravel one target's coefficients): (k,)
+    one = flat or (len(coef) == 1 and type(est) is not LinearRegression)
+    out: dict[str, Any] = {"coef_": coef[0].copy() if one else coef}
     if est.fit_intercept:
         icp = np.asarray(raw["intercept_"], dtype=np.float64)
         out["intercept_"] = np.float64(icp[0]) if flat else icp.copy()
