@@ -336,14 +336,15 @@ def test_the_rules_fitted_steps_equal_scikit_learns(which, data):
 
 def test_the_self_check_declines_a_rule_that_differs(executor, data, monkeypatch):
     X, y = data
-    real = onepass.LinearRule.fit
+    real = onepass.LinearRule.fit_many
 
-    def off(est, state, m, fold):
-        out = real(est, state, m, fold)
-        out.fitted[-1]["coef_"] = out.fitted[-1]["coef_"] * (1 + 1e-6)
-        return out
+    def off(ests, state, m, fold):
+        W, c, err, fitted = real(ests, state, m, fold)
+        for one in fitted:
+            one["coef_"] = one["coef_"] * (1 + 1e-6)
+        return W, c, err, fitted
 
-    monkeypatch.setattr(onepass.LinearRule, "fit", staticmethod(off))
+    monkeypatch.setattr(onepass.LinearRule, "fit_many", staticmethod(off))
     monkeypatch.setattr(onepass_search, "_CHECKED", {})
     ours, _ = _both(*PIPES["scaler ridge"], X, y, cv=3)
     _declined(ours, "self-check")

@@ -49,6 +49,7 @@ class Memo:
     whole: dict[Any, Moments] = field(default_factory=dict)
     finite: bool = False
     device_weights: dict[Any, Any] = field(default_factory=dict)
+    previous: list[tuple[np.ndarray, dict[Any, Moments]]] = field(default_factory=list)   # the last splits' groups
     refit: dict[str, Any] = field(default_factory=dict)   # what the refit needs: metric, weight key, ...
 
     def fits(self, X: Any, y: Any) -> bool:
@@ -173,9 +174,12 @@ def _chunks(X: Any, Y: Any, xp: Any, weights: dict[Any, np.ndarray], keys: set[A
         memo.whole.setdefault(k, _add([(1, g[k]) for g in got], memo.lo, memo.hi, n))
 
 
-def _cover(rows: np.ndarray, n: int, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """``(chunks taken whole or mostly, rows to add, rows to take away)`` for a group of distinct rows, or None
-    (a row repeated: the group is summed as it is)."""
+def _cover(rows: np.ndarray, n: int, bounds: np.ndarray,
+           previous: list[tuple[np.ndarray, dict[Any, Moments]]]) -> tuple[Any, np.ndarray, np.ndarray] | None:
+    """``(chunks taken whole or mostly, rows to add, rows to take away)`` for a group of distinct rows, or
+    ``(an earlier group's moments, the rows it lacks, no rows)`` where the group holds an earlier split's rows
+    and that is cheaper (the nested subsamples of successive-halving rungs); None for a group with a row
+    repeated (summed as it is)."""
     mask = np.zeros(n, dtype=bool)
     mask[rows] = True
     if int(np.count_nonzero(mask)) != len(rows):
@@ -184,7 +188,14 @@ def _cover(rows: np.ndarray, n: int, bounds: np.ndarray) -> tuple[np.ndarray, np
     counts = np.add.reduceat(mask, starts, dtype=np.int64) if n else np.zeros(0, dtype=np.int64)
     major = 2 * counts > sizes
     per_row = np.repeat(major, sizes)
-    return np.flatnonzero(major), np.flatnonzero(mask & ~per_row), np.flatnonzero(~mask & per_row)
+    add, sub = np.flatnonzero(mask & ~per_row), np.flatnonzero(~mask & per_row)
+    for prev, got in sorted(previous, key=lambda p: -len(p[0])):
+        if len(rows) - len(prev) >= len(add) + len(sub):
+            break
+        if len(prev) < len(rows) and bool(np.all(mask[prev])):
+            mask[prev] = False
+            return got, np.flatnonzero(mask), np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(major), add, sub
 
 
 def _chunked(X: Any, Y: Any, xp: Any, groups: list[np.ndarray], weights: dict[Any, np.ndarray], keys: set[Any],
@@ -193,7 +204,7 @@ def _chunked(X: Any, Y: Any, xp: Any, groups: list[np.ndarray], weights: dict[An
     n = X.shape[0]
     _chunks(X, Y, xp, weights, keys, memo)
     assert memo.bounds is not None
-    covers = [_cover(np.asarray(g), n, memo.bounds) for g in groups]
+    covers = [_cover(np.asarray(g), n, memo.bounds, memo.previous) for g in groups]
     extra: list[np.ndarray] = []
     for g, c in zip(groups, covers):
         extra.extend([np.asarray(g)] if c is None else [r for r in c[1:] if len(r)])
@@ -204,7 +215,10 @@ def _chunked(X: Any, Y: Any, xp: Any, groups: list[np.ndarray], weights: dict[An
             out.append(next(got))
             continue
         whole, add, sub = c
-        pieces = {k: [(1, memo.chunks[k][i]) for i in whole] for k in keys}
+        if isinstance(whole, dict):   # an earlier split's group, and the rows it lacks
+            pieces = {k: [(1, whole[k])] for k in keys}
+        else:
+            pieces = {k: [(1, memo.chunks[k][i]) for i in whole] for k in keys}
         for sign, r in ((1, add), (-1, sub)):
             if len(r):
                 m = next(got)
@@ -213,6 +227,7 @@ def _chunked(X: Any, Y: Any, xp: Any, groups: list[np.ndarray], weights: dict[An
         out.append({k: _add(pieces[k], memo.lo, memo.hi, len(g)) if pieces[k] else
                     Moments(0.0, np.zeros(len(memo.x0) + len(memo.y0)), np.zeros((len(memo.x0) + len(memo.y0),) * 2),
                             memo.lo, memo.hi, 0) for k in keys})
+    memo.previous = [(np.asarray(g), m) for g, m in zip(groups, out) if keys <= set(m)]
     return out
 
 

@@ -234,6 +234,17 @@ def _prefix_keys(plan: list[tuple[Any, Any, Any]]) -> list[Any]:
     return keys
 
 
+def _batches(plans: list[Any], prefix: list[list[Any]], todo: list[int]) -> list[list[int]]:
+    """The candidates of ``todo`` grouped where they differ only in the last step's ``alpha`` (the same
+    upstream steps, weights and other options): each group is fitted at once."""
+    groups: dict[Any, list[int]] = {}
+    for c in todo:
+        _, est, wkey = plans[c][-1]
+        rest = repr(sorted((k, v) for k, v in _params(est).items() if k != "alpha"))
+        groups.setdefault((prefix[c][-2] if len(plans[c]) > 1 else None, type(est), rest, wkey), []).append(c)
+    return list(groups.values())
+
+
 def _kind(plan: list[tuple[Any, Any, Any]], metric: str, score_key: Any, xp: Any, t: int, flat: bool) -> Any:
     """What a candidate's self-check covers: its steps and options (not alpha nor an int n_components), the
     metric, the weights' presence, the versions, the namespace."""
@@ -349,15 +360,21 @@ def run(search: Any, specs: list[Any], X: Any, y: Any, splits: list[tuple[np.nda
     try:
         with _one_thread():   # d×d work: one BLAS thread is fastest, and leaves the other cores alone
             for f, fold in enumerate(folds):
-                for c in todo[f]:
-                    state = onepass.fit_chain(plans[c], fold, prefix[c])
-                    test = onepass.fold_scores(state, fold.test[score_key], d, fold.y0, metric)
-                    trained = onepass.fold_scores(state, fold.train[score_key], d, fold.y0, metric) \
+                for cs in _batches(plans, prefix, todo[f]):   # candidates differing only in the last alpha
+                    c0 = cs[0]
+                    up = onepass.fit_chain(plans[c0][:-1], fold, prefix[c0][:-1])
+                    _, _, wkey = plans[c0][-1]
+                    W, b, err, fitted = onepass.LinearRule.fit_many([plans[c][-1][1] for c in cs], up,
+                                                                    fold.train[wkey], fold)
+                    test = onepass.scores_many(W, b, err, fold.test[score_key], d, fold.y0, metric)
+                    trained = onepass.scores_many(W, b, err, fold.train[score_key], d, fold.y0, metric) \
                         if train_score else None
-                    results[c, f] = (test, trained)
-                    if kinds[c] not in _CHECKED and kinds[c] not in to_check:
-                        to_check[kinds[c]] = (c, f)
-                        states[c, f] = state
+                    for i, c in enumerate(cs):
+                        results[c, f] = (float(test[i]), None if trained is None else float(trained[i]))
+                        if kinds[c] not in _CHECKED and kinds[c] not in to_check:
+                            to_check[kinds[c]] = (c, f)
+                            states[c, f] = onepass.State(W[:, i * t:(i + 1) * t], b[i * t:(i + 1) * t],
+                                                         float(err[i]), [*up.fitted, fitted[i]])
                 for i, name in enumerate(labels):
                     fits[name] += len({prefix[c][i] for c in todo[f]})
     except Decline as exc:
@@ -375,11 +392,11 @@ def run(search: Any, specs: list[Any], X: Any, y: Any, splits: list[tuple[np.nda
     pairs = sum(len(tf) for tf in todo)
     share = (time.perf_counter() - start) / max(pairs, 1)
     outs = {}
-    for (c, f), (test, trained) in results.items():
-        out: dict[str, Any] = {"n_test_samples": len(splits[f][1]), "fit_time": share, "test_scores": test,
+    for (c, f), (on_test, on_train) in results.items():
+        out: dict[str, Any] = {"n_test_samples": len(splits[f][1]), "fit_time": share, "test_scores": on_test,
                                "score_time": 0.0, "fit_error": None}
         if train_score:
-            out["train_scores"] = trained
+            out["train_scores"] = on_train
         outs[c, f] = out
     report = SearchReport(fits=fits, naive={name: pairs for name in labels})
     report.refit_route = _refit_route(search, X, plans[0], labels)
