@@ -50,6 +50,7 @@ class Memo:
     finite: bool = False
     device_weights: dict[Any, Any] = field(default_factory=dict)
     previous: list[tuple[np.ndarray, dict[Any, Moments]]] = field(default_factory=list)   # the last splits' groups
+    read: int = 0   # rows the last splits' pass read
     refit: dict[str, Any] = field(default_factory=dict)   # what the refit needs: metric, weight key, ...
 
     def fits(self, X: Any, y: Any) -> bool:
@@ -208,6 +209,7 @@ def _chunked(X: Any, Y: Any, xp: Any, groups: list[np.ndarray], weights: dict[An
     extra: list[np.ndarray] = []
     for g, c in zip(groups, covers):
         extra.extend([np.asarray(g)] if c is None else [r for r in c[1:] if len(r)])
+    memo.read = sum(len(r) for r in extra)
     got = iter(moments(X, Y, xp, extra, weights, keys, memo))
     out = []
     for g, c in zip(groups, covers):
@@ -252,9 +254,10 @@ def folds(X: Any, Y: Any, xp: Any, splits: list[tuple[np.ndarray, np.ndarray]], 
     per = _chunked(X, Y, xp, groups, weights, keys, memo)
     out = [Fold(d, t, memo.x0, memo.y0, per[2 * f], per[2 * f + 1]) for f in range(len(splits))]
     assert memo.bounds is not None
+    held = sum(len(g) for g in groups)
     return out, (f"{len(splits)} splits that do not partition the rows: from the moments of "
-                 f"{len(memo.bounds) - 1} chunks of the rows (formed once), with a pass over the rows each split "
-                 "adds to or takes from them"), memo
+                 f"{len(memo.bounds) - 1} chunks of the rows (formed once) or of earlier splits, with one pass over "
+                 f"the {memo.read} rows the splits add to or take from them (they hold {held})"), memo
 
 
 def total(X: Any, Y: Any, xp: Any, weights: dict[Any, np.ndarray], keys: set[Any], memo: Memo) -> dict[Any, Moments]:

@@ -6,12 +6,18 @@ sums, the Gram matrix of ``[X, y]``).  :func:`run` computes them in one pass, in
 (NumPy, CuPy: one GEMM per chunk of rows on the device, then one copy of the K·(d+t+1)² numbers to the host), and
 fits and scores every (candidate, fold) from them with the rules of :mod:`gpunets.tuning.onepass`:
 
-* splitters whose test folds partition the rows used (K-fold style, also a halving rung's subset of rows): one
-  moments pass over the folds' rows, each training set's moments the total less its test fold's;
-* any other splitter (shuffled or repeated splits, time series, groups): one pass per split;
+* the folds' moments (:mod:`gpunets.tuning.onepass_moments`): splitters whose test folds partition the rows
+  used (K-fold style): one pass over the folds' rows, each training set's moments the total less its test
+  fold's; any other splitter (shuffled or repeated splits, time series, a halving rung's subsamples): from the
+  moments of fixed chunks of the rows, formed once per fit and kept on the search between its rungs;
+* candidates that differ only in the last step's ``alpha`` are fitted and scored at once
+  (:meth:`~gpunets.tuning.onepass.LinearRule.fit_many`);
 * the first fold of each *kind* of candidate in a process (steps, options, metric, weights, the versions of
   scikit-learn and NumPy) is also fitted and scored by scikit-learn itself, and the path is used only if the two
-  agree to :data:`~gpunets.tuning.onepass.TOL` (scores relative, coefficients and components norm-relative).
+  agree to :data:`~gpunets.tuning.onepass.TOL` (scores relative, coefficients and components norm-relative);
+  the fitted estimator built from that fold's moments (:mod:`gpunets.tuning.onepass_refit`) is compared
+  attribute by attribute too, and :func:`refit` builds the best candidate's ``best_estimator_`` from the moments
+  of all rows only for kinds that agreed.
 
 :func:`run` returns None-free: ``(outputs, report)`` when it took the path, else an :class:`OnePass` note saying
 why not (the search then builds its network and keeps the note in ``search_report_.one_pass``).
