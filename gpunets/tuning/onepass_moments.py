@@ -24,10 +24,12 @@ import numpy as np
 from gpunets.devices.data import to_device
 from gpunets.tuning.onepass import Fold, Moments
 
-__all__ = ["CHUNK_ROWS", "CHUNKS", "Memo", "folds", "moments", "partition", "total"]
+__all__ = ["CHUNK_ROWS", "CHUNKS", "Memo", "folds", "moments", "partition", "start", "total"]
 
-#: rows per GEMM of a moments pass (bounds the temporary ``[X, y]`` block)
+#: rows per GEMM of a moments pass on a device (bounds the temporary ``[X, y]`` block)
 CHUNK_ROWS = 1 << 16
+#: rows per GEMM of a moments pass on the host (a block that stays in the cache while it is summed)
+HOST_ROWS = 1 << 14
 #: how many contiguous chunks the rows are cut into when the splits do not partition them
 CHUNKS = 16
 
@@ -47,7 +49,6 @@ class Memo:
     bounds: np.ndarray | None = None              # chunk starts, and the end: (chunks + 1,)
     chunks: dict[Any, list[Moments]] = field(default_factory=dict)
     whole: dict[Any, Moments] = field(default_factory=dict)
-    finite: bool = False
     device_weights: dict[Any, Any] = field(default_factory=dict)
     previous: list[tuple[np.ndarray, dict[Any, Moments]]] = field(default_factory=list)   # the last splits' groups
     read: int = 0   # rows the last splits' pass read
@@ -64,10 +65,11 @@ def _sums(X: Any, Y: Any, xp: Any, groups: list[np.ndarray], weights: dict[Any, 
     d, p = X.shape[1], X.shape[1] + Y.shape[1]
     host = type(X) is np.ndarray and type(Y) is np.ndarray
     parts = []
+    step = HOST_ROWS if host else CHUNK_ROWS
     for rows in groups:
         acc: dict[Any, list[Any]] = {}
-        for start in range(0, len(rows), CHUNK_ROWS):
-            chunk = rows[start:start + CHUNK_ROWS]
+        for start in range(0, len(rows), step):
+            chunk = rows[start:start + step]
             idx = None
             if chunk[-1] - chunk[0] == len(chunk) - 1 and np.all(np.diff(chunk) == 1):   # a range: a slice
                 a, b = int(chunk[0]), int(chunk[-1]) + 1
@@ -112,13 +114,39 @@ def _sums(X: Any, Y: Any, xp: Any, groups: list[np.ndarray], weights: dict[Any, 
     return out, flat[at:]
 
 
+def _host_ranges(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The column sums, least and greatest values of host rows, block by block (one read of the rows)."""
+    s, lo, hi = np.zeros(X.shape[1]), np.full(X.shape[1], np.inf), np.full(X.shape[1], -np.inf)
+    for a in range(0, X.shape[0], HOST_ROWS // 4):
+        block = X[a:a + HOST_ROWS // 4]
+        s += block.sum(axis=0)
+        np.minimum(lo, block.min(axis=0), out=lo)
+        np.maximum(hi, block.max(axis=0), out=hi)
+    return s, lo, hi
+
+
 def _memo(X: Any, Y: Any, xp: Any, X_user: Any, y_user: Any) -> tuple[Memo, Any]:
-    x0, y0 = xp.mean(X, axis=0), xp.mean(Y, axis=0)
-    d, t = X.shape[1], Y.shape[1]
+    n, d, t = X.shape[0], X.shape[1], Y.shape[1]
+    if type(X) is np.ndarray and type(Y) is np.ndarray and n:
+        sx, lo, hi = _host_ranges(X)
+        x0, y0 = sx / n, Y.sum(axis=0) / n
+        memo = Memo(X_user, y_user, x0, y0, lo, hi, np.concatenate([x0, y0]))
+        return memo, memo.z0
+    x0, y0 = xp.sum(X, axis=0) / n, xp.sum(Y, axis=0) / n   # the column means
     z0 = xp.concat([x0, y0])
     _, tail = _sums(X, Y, xp, [], {}, set(), z0, (xp.min(X, axis=0), xp.max(X, axis=0), x0, y0))
     memo = Memo(X_user, y_user, tail[2 * d:3 * d], tail[3 * d:3 * d + t], tail[:d], tail[d:2 * d], z0)
     return memo, z0
+
+
+def start(X: Any, Y: Any, xp: Any, X_user: Any, y_user: Any) -> Memo | None:
+    """A fit's :class:`Memo` (the column means, least and greatest values: one pass over the rows, one copy),
+    or None where one is not finite: NaN or infinity in the rows (or sums beyond float64), found before any
+    moment is formed."""
+    memo, _ = _memo(X, Y, xp, X_user, y_user)
+    if not all(np.all(np.isfinite(a)) for a in (memo.x0, memo.y0, memo.lo, memo.hi)):
+        return None
+    return memo
 
 
 def _device_weights(xp: Any, weights: dict[Any, np.ndarray], keys: set[Any], memo: Memo) -> dict[Any, Any]:

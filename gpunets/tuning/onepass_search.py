@@ -350,11 +350,12 @@ def run(search: Any, specs: list[Any], X: Any, y: Any, splits: list[tuple[np.nda
     memo = search.__dict__.get("_gn_one_pass")
     if not isinstance(memo, onepass_moments.Memo) or not memo.fits(X, y):
         memo = None
-    if (memo is None or not memo.finite) and (not bool(xp.all(xp.isfinite(Xa))) or not bool(xp.all(xp.isfinite(Y)))):
-        return _no("NaN or infinity in the rows (scikit-learn's own error, from each fit)")
+    if memo is None:
+        memo = onepass_moments.start(Xa, Y, xp, X, y)
+        if memo is None:
+            return _no("NaN or infinity in the rows (scikit-learn's own error, from each fit)")
     keys = {w for plan in plans for _, _, w in plan} | {score_key}
     folds, how, memo = onepass_moments.folds(Xa, Y, xp, splits, weights, keys, memo, X, y)
-    memo.finite = True
     moments_s = time.perf_counter() - start
     train_score = bool(search.return_train_score)
     results: dict[tuple[int, int], tuple[float, float | None]] = {}
