@@ -233,7 +233,8 @@ def _chunked(X: Any, Y: Any, xp: Any, groups: list[np.ndarray], weights: dict[An
     n = X.shape[0]
     _chunks(X, Y, xp, weights, keys, memo)
     assert memo.bounds is not None
-    covers = [_cover(np.asarray(g), n, memo.bounds, memo.previous) for g in groups]
+    previous = [p for p in memo.previous if keys <= set(p[1])]
+    covers = [_cover(np.asarray(g), n, memo.bounds, previous) for g in groups]
     extra: list[np.ndarray] = []
     for g, c in zip(groups, covers):
         extra.extend([np.asarray(g)] if c is None else [r for r in c[1:] if len(r)])
