@@ -540,6 +540,15 @@ def test_chunked_moments_equal_each_groups_own(data):
             np.testing.assert_allclose(a[k].s, b[k].s, rtol=0, atol=1e-11 * np.max(np.abs(b[k].G)))
             np.testing.assert_allclose(a[k].G, b[k].G, rtol=0, atol=1e-13 * np.max(np.abs(b[k].G)))
     assert len(memo.bounds) - 1 == onepass_moments.CHUNKS
+    # nested subsamples (a halving search's rungs): the earlier groups' moments plus those of the rows added
+    order = rng.permutation(n)
+    small, large = [order[:40], order[100:130]], [order[:90], order[100:190]]
+    onepass_moments._chunked(X, Y, np, small, {"w": w}, {None, "w"}, memo)
+    got = onepass_moments._chunked(X, Y, np, large, {"w": w}, {None, "w"}, memo)
+    assert memo.read == 50 + 60   # the rows the larger groups add
+    for a, b in zip(got, onepass_moments.moments(X, Y, np, large, {"w": w}, {None, "w"}, memo)):
+        for k in (None, "w"):
+            np.testing.assert_allclose(a[k].G, b[k].G, rtol=0, atol=1e-13 * np.max(np.abs(b[k].G)))
 
 
 @pytest.mark.parametrize("case", ["kfold", "shuffled", "shuffle split", "weights", "linear 2-D", "random"])
