@@ -24,7 +24,7 @@ from sklearn.preprocessing import StandardScaler
 
 import gpunets as gn
 from gpunets.testing import fake_gpu
-from gpunets.tuning import onepass, onepass_search
+from gpunets.tuning import onepass, onepass_moments, onepass_refit, onepass_search
 from gpunets.tuning.onepass_search import enabled
 
 ALPHAS = [0.001, 0.1, 1.0, 10.0, 1000.0]
@@ -251,7 +251,7 @@ def test_nan_in_the_rows_gives_scikit_learns_error_before_any_moments(executor, 
     X, y = data
     X = X.copy()
     X[3, 1] = np.nan
-    monkeypatch.setattr(onepass_search, "_moments", None)   # never reached
+    monkeypatch.setattr(onepass_moments, "moments", None)   # never reached
     with pytest.raises(ValueError) as ours, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         gn.GridSearchCV(*PIPES["scaler ridge"], cv=3).fit(X, y)
@@ -318,14 +318,14 @@ def test_the_rules_fitted_steps_equal_scikit_learns(which, data):
     est, grid = PIPES[which]
     train, test = np.arange(60, 240), np.arange(60)
     splits = [(train, test)]
-    folds, _ = onepass_search._folds(X, y[:, None], np, splits, {}, {None})
+    folds, _, _ = onepass_moments.folds(X, y[:, None], np, splits, {}, {None})
     plan = onepass_search._plan([est], {}, {}, len(y))[0][0]
     state = onepass.fit_chain(plan, folds[0], onepass_search._prefix_keys(plan))
     theirs = clone(est).fit(X[train], y[train])
     steps = theirs.steps if hasattr(theirs, "steps") else [("", theirs)]
     for (_, fitted), mine in zip(steps, state.fitted):
         for attr, value in mine.items():
-            if value is not None:
+            if value is not None and not attr.startswith("_"):   # "_...": what the refit's attributes need
                 floor = 1.0 if attr == "mean_" else 0.0
                 ref = np.ravel(getattr(fitted, attr))
                 np.testing.assert_allclose(np.ravel(value), ref, rtol=0,
@@ -336,14 +336,15 @@ def test_the_rules_fitted_steps_equal_scikit_learns(which, data):
 
 def test_the_self_check_declines_a_rule_that_differs(executor, data, monkeypatch):
     X, y = data
-    real = onepass.LinearRule.fit
+    real = onepass.LinearRule.fit_many
 
-    def off(est, state, m, fold):
-        out = real(est, state, m, fold)
-        out.fitted[-1]["coef_"] = out.fitted[-1]["coef_"] * (1 + 1e-6)
-        return out
+    def off(ests, state, m, fold):
+        W, c, err, fitted = real(ests, state, m, fold)
+        for one in fitted:
+            one["coef_"] = one["coef_"] * (1 + 1e-6)
+        return W, c, err, fitted
 
-    monkeypatch.setattr(onepass.LinearRule, "fit", staticmethod(off))
+    monkeypatch.setattr(onepass.LinearRule, "fit_many", staticmethod(off))
     monkeypatch.setattr(onepass_search, "_CHECKED", {})
     ours, _ = _both(*PIPES["scaler ridge"], X, y, cv=3)
     _declined(ours, "self-check")
@@ -387,3 +388,215 @@ def test_report_names_the_path_of_every_step(data):
     assert set(note.steps) == {"scale", "pca", "ridge"}
     assert s.search_report_.fits == {"scale": 4, "pca": 4, "ridge": 20}
     assert note.checked in (0, 1)
+
+
+# --- the refit from the moments ------------------------------------------------------------------------------
+
+def _refit_equal(ours, X, y, **fit_params):
+    """best_estimator_ built from the moments: every attribute scikit-learn's own fit of the same candidate on
+    all rows leaves, with its types and shapes, the values to 1e-9, and its predictions."""
+    note = _taken(ours)
+    assert note.refit.startswith("from the moments of all rows"), note
+    theirs = clone(ours.best_estimator_).fit(X, y, **fit_params)
+    assert onepass_refit.differs(ours.best_estimator_, theirs) is None, onepass_refit.differs(ours.best_estimator_,
+                                                                                             theirs)
+    np.testing.assert_allclose(ours.best_estimator_.predict(X), theirs.predict(X), rtol=1e-9,
+                               atol=1e-9 * np.max(np.abs(theirs.predict(X))))
+    assert ours.refit_time_ >= 0
+    if hasattr(theirs, "feature_names_in_"):
+        assert list(ours.feature_names_in_) == list(theirs.feature_names_in_)
+    return theirs
+
+
+@pytest.mark.parametrize("which", sorted(PIPES))
+def test_best_estimator_from_the_moments_equals_scikit_learns_refit(executor, data, which):
+    X, y = data
+    est, grid = PIPES[which]
+    ours, _ = _both(est, grid, X, y, cv=KFold(4))
+    _refit_equal(ours, X, y)
+
+
+def test_refit_from_the_moments_with_every_pca_and_target_option(executor, data):
+    X, y = data
+    Y = np.column_stack([y, X[:, 4] - 2 * X[:, 5] + np.random.default_rng(1).normal(size=len(y))])
+    pca = make_pipeline(StandardScaler(), PCA(), Ridge())
+    for n_components in (3, np.int64(3), 0.8, None):
+        for target in (y, Y, Y[:, :1]):
+            ours = gn.GridSearchCV(pca, {"pca__n_components": [n_components], "pca__whiten": [True, False]},
+                                   cv=3).fit(X, target)
+            _refit_equal(ours, X, target)
+    for est, grid in (PIPES["linear"], PIPES["no intercept"], PIPES["plain linear"]):
+        ours = gn.GridSearchCV(est, grid, cv=3).fit(X, Y)
+        _refit_equal(ours, X, Y)
+
+
+@pytest.mark.parametrize("where", ["ridge", "scaler", "both", "plain", "linear"])
+def test_refit_from_the_moments_with_weights(executor, data, where):
+    X, y = data
+    w = np.random.default_rng(2).uniform(0.2, 3.0, size=len(y))
+    est, grid = PIPES["pca int"]
+    params = {"both": {"standardscaler__sample_weight": w, "ridge__sample_weight": w},
+              "ridge": {"ridge__sample_weight": w}, "scaler": {"standardscaler__sample_weight": w}}.get(where)
+    if where == "plain":
+        (est, grid), params = PIPES["plain ridge"], {"sample_weight": w}
+    elif where == "linear":
+        est, grid = PIPES["plain linear"]
+        params = {"sample_weight": w}
+    ours, _ = _both(est, grid, X, y, fit_params=params, cv=4)
+    _refit_equal(ours, X, y, **params)
+
+
+def test_refit_from_the_moments_keeps_feature_names(executor, data):
+    pd = pytest.importorskip("pandas")
+    X, y = data
+    frame = pd.DataFrame(X, columns=[f"c{i}" for i in range(X.shape[1])])
+    for est, grid in (PIPES["pca int"], PIPES["plain ridge"]):
+        ours, theirs = _both(est, grid, frame, pd.Series(y), cv=4)
+        _refit_equal(ours, frame, pd.Series(y))
+        assert list(ours.best_estimator_.feature_names_in_) == list(theirs.best_estimator_.feature_names_in_)
+    mixed = frame.set_axis(["a", 1, *frame.columns[2:]], axis=1)   # scikit-learn's error, from each fit
+    with pytest.raises(TypeError), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gn.GridSearchCV(*PIPES["pca int"], cv=3, error_score="raise").fit(mixed, y)
+
+
+def test_a_declined_search_refits_with_scikit_learn(executor, data):
+    X, y = data
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours = gn.GridSearchCV(*PIPES["pca int"], cv=4).fit(X.astype(np.float32), y)
+    _declined(ours, "float32")
+    assert ours.search_report_.one_pass.refit == ""
+    theirs = clone(ours.best_estimator_).fit(X.astype(np.float32), y)
+    np.testing.assert_array_equal(ours.best_estimator_.predict(X.astype(np.float32)),
+                                  theirs.predict(X.astype(np.float32)))   # scikit-learn's own fit: to the bit
+
+
+def test_the_refit_declines_where_the_built_steps_differ_on_a_fold(executor, data, monkeypatch):
+    X, y = data
+    real = onepass_refit._linear
+
+    def off(est, raw, flat):
+        out = real(est, raw, flat)
+        out["coef_"] = out["coef_"] * (1 + 1e-6)
+        return out
+
+    monkeypatch.setattr(onepass_refit, "_linear", off)
+    monkeypatch.setattr(onepass_search, "_CHECKED", {})
+    ours, _ = _both(*PIPES["scaler ridge"], X, y, cv=3)
+    note = _taken(ours)   # the scores are the rules' (they agreed): only the refit is scikit-learn's
+    assert note.refit.startswith("scikit-learn's own fit") and "Ridge.coef_ differs" in note.refit, note
+    theirs = clone(ours.best_estimator_).fit(X, y)
+    np.testing.assert_array_equal(ours.best_estimator_.predict(X), theirs.predict(X))
+
+
+def test_the_refit_declines_where_the_whole_datas_system_is_not_promised(executor, data, monkeypatch):
+    X, y = data
+    real = onepass.LinearRule.fit
+
+    def ill(est, state, m, fold):
+        if m.rows == len(y):   # the refit's moments: all rows
+            raise onepass.Decline("ridge (condition number 1e+15)")
+        return real(est, state, m, fold)
+
+    monkeypatch.setattr(onepass.LinearRule, "fit", staticmethod(ill))
+    ours, _ = _both(*PIPES["scaler ridge"], X, y, cv=3)
+    note = _taken(ours)
+    assert note.refit == "scikit-learn's own fit (ridge (condition number 1e+15))", note
+    assert "refit: scikit-learn's own fit" in str(note)
+    theirs = clone(ours.best_estimator_).fit(X, y)
+    np.testing.assert_array_equal(ours.best_estimator_.predict(X), theirs.predict(X))
+
+
+def test_the_moments_are_dropped_after_the_fit(executor, data):
+    import pickle
+
+    X, y = data
+    for refit in (True, False):
+        ours = gn.GridSearchCV(*PIPES["pca int"], cv=3, refit=refit).fit(X, y)
+        _taken(ours)
+        assert "_gn_one_pass" not in ours.__dict__
+        assert "_gn_one_pass" not in pickle.loads(pickle.dumps(ours)).__dict__
+
+
+# --- halving: rungs from the chunks' moments -------------------------------------------------------------------
+
+def test_chunked_moments_equal_each_groups_own(data):
+    X, y = data
+    Y = y[:, None]
+    rng = np.random.default_rng(7)
+    w = rng.uniform(0.5, 2.0, size=len(y))
+    n = len(y)
+    groups = [rng.choice(n, size, replace=False) for size in (2, 17, 100, 200, 235, n)]
+    groups += [np.arange(10, 200), np.r_[np.arange(0, 120), rng.choice(np.arange(120, n), 30, replace=False)],
+               np.array([3, 3, 4, 5])]   # a repeated row: summed as it is
+    memo, _ = onepass_moments._memo(X, Y, np, X, Y)
+    got = onepass_moments._chunked(X, Y, np, groups, {"w": w}, {None, "w"}, memo)
+    direct = onepass_moments.moments(X, Y, np, groups, {"w": w}, {None, "w"}, memo)
+    for g, a, b in zip(groups, got, direct):
+        for k in (None, "w"):
+            assert a[k].rows == b[k].rows == len(g)
+            np.testing.assert_allclose(a[k].n, b[k].n, rtol=1e-13)
+            np.testing.assert_allclose(a[k].s, b[k].s, rtol=0, atol=1e-11 * np.max(np.abs(b[k].G)))
+            np.testing.assert_allclose(a[k].G, b[k].G, rtol=0, atol=1e-13 * np.max(np.abs(b[k].G)))
+    assert len(memo.bounds) - 1 == onepass_moments.CHUNKS
+    # nested subsamples (a halving search's rungs): the earlier groups' moments plus those of the rows added
+    order = rng.permutation(n)
+    small, large = [order[:40], order[100:130]], [order[:90], order[100:190]]
+    onepass_moments._chunked(X, Y, np, small, {"w": w}, {None, "w"}, memo)
+    got = onepass_moments._chunked(X, Y, np, large, {"w": w}, {None, "w"}, memo)
+    assert memo.read == 50 + 60   # the rows the larger groups add
+    for a, b in zip(got, onepass_moments.moments(X, Y, np, large, {"w": w}, {None, "w"}, memo)):
+        for k in (None, "w"):
+            np.testing.assert_allclose(a[k].G, b[k].G, rtol=0, atol=1e-13 * np.max(np.abs(b[k].G)))
+
+
+@pytest.mark.parametrize("case", ["kfold", "shuffled", "shuffle split", "weights", "linear 2-D", "random"])
+def test_halving_equals_scikit_learn_with_its_refit_from_the_moments(executor, data, case):
+    from sklearn.model_selection import HalvingRandomSearchCV
+
+    X, y = data
+    X, y = np.vstack([X, X * 1.1 + 0.5]), np.r_[y, y * 0.9 + 1.0]
+    est, _ = PIPES["pca int"]
+    grid = {"ridge__alpha": list(np.logspace(-3, 3, 9))}
+    cv = {"shuffled": KFold(4, shuffle=True, random_state=1), "shuffle split": ShuffleSplit(3, random_state=2)}.get(
+        case, KFold(4))
+    target, params, search, kw = y, {}, (gn.HalvingGridSearchCV, HalvingGridSearchCV), {}
+    if case == "weights":
+        params = {"ridge__sample_weight": np.random.default_rng(3).uniform(0.5, 2.0, size=len(y))}
+    elif case == "linear 2-D":
+        est, grid = PIPES["linear"]
+        target = np.column_stack([y, X[:, 4] + np.random.default_rng(4).normal(size=len(y))])
+    elif case == "random":
+        search, kw = (gn.HalvingRandomSearchCV, HalvingRandomSearchCV), {"min_resources": 80}
+    ours, theirs = _both(est, grid, X, target, fit_params=params, search=search, cv=cv, factor=3, random_state=0,
+                         **kw)
+    assert ours.n_resources_ == theirs.n_resources_ and ours.n_candidates_ == theirs.n_candidates_
+    assert ours.best_params_ == theirs.best_params_
+    np.testing.assert_allclose(ours.best_score_, theirs.best_score_, rtol=1e-9)
+    for rung in ours.search_report_.rungs:
+        _taken(rung)
+    if ours.n_resources_[0] < len(y):   # a rung on a subsample of the rows: its moments from the chunks'
+        assert "chunks" in ours.search_report_.rungs[0].one_pass.splits
+    _refit_equal(ours, X, target, **params)
+
+
+def test_on_the_fake_gpu_the_refit_and_the_halving_rungs_come_from_the_moments(data):
+    X, y = data
+    est, grid = PIPES["pca int"]
+    with fake_gpu(1) as cp:
+        Xd, yd = cp.asarray(X), cp.asarray(y)
+        ours = gn.GridSearchCV(est, grid, cv=3).fit(Xd, yd)
+        half = gn.HalvingGridSearchCV(est, {"ridge__alpha": list(np.logspace(-3, 3, 9))}, cv=4, factor=3,
+                                      random_state=0).fit(Xd, yd)
+    theirs = HalvingGridSearchCV(est, {"ridge__alpha": list(np.logspace(-3, 3, 9))}, cv=4, factor=3,
+                                 random_state=0).fit(X, y)
+    np.testing.assert_allclose(half.cv_results_["mean_test_score"], theirs.cv_results_["mean_test_score"],
+                               rtol=1e-9, atol=1e-12)
+    assert half.best_params_ == theirs.best_params_
+    for search in (ours, half):
+        note = _taken(search)
+        if search.search_report_.last.refit_route[0] == "array_api":   # scikit-learn's array-API twins refit
+            assert "GPU" in note.refit, note
+        else:   # on the host, from the moments formed on the device
+            _refit_equal(search, X, y)

@@ -148,7 +148,8 @@ class ScalerRule:
         else:
             scale = np.ones(len(var))
         centre = mean if est.with_mean else np.zeros(len(var))
-        fitted = {"mean_": mean, "var_": var, "scale_": scale if est.with_std else None}
+        fitted = {"mean_": mean, "var_": var, "scale_": scale if est.with_std else None,
+                  "_n": m.n, "_rows": m.rows, "_k_in": A.shape[0]}
         return State(A / scale[:, None], (b - centre) / scale, state.err + GROWTH * EPS,
                      [*state.fitted, fitted])
 
@@ -185,9 +186,11 @@ class PCARule:
         if n <= k_in:
             raise Decline("pca: not more training rows than columns")
         solver = est.svd_solver
-        if solver == "auto" and not (k_in <= 1000 and n >= 10 * k_in) and max(n, k_in) > 500:
+        if solver == "auto":   # scikit-learn's choice (PCA._fit), on the step's input shape
             k = est.n_components
-            if k is None or not (1 <= k < 0.8 * min(n, k_in)):
+            if k_in <= 1000 and n >= 10 * k_in:
+                solver = "covariance_eigh"
+            elif max(n, k_in) <= 500 or k is None or not (1 <= k < 0.8 * min(n, k_in)):
                 solver = "full"
             else:
                 raise Decline("pca: svd_solver='auto' picks 'randomized' here")
@@ -231,7 +234,8 @@ class PCARule:
             W = W / np.sqrt(ev)[:, None]
         _promise(err, "pca components")
         fitted = {"mean_": mean, "components_": Vt[:k], "explained_variance_": ev,
-                  "explained_variance_ratio_": vals[:k] / total, "n_components_": k}
+                  "explained_variance_ratio_": vals[:k] / total, "n_components_": k,
+                  "_vals": vals, "_rows": m.rows, "_solver": solver, "_k_in": k_in}
         return State(W @ A, W @ (b - mean), err, [*state.fitted, fitted])
 
 
@@ -256,6 +260,8 @@ class LinearRule:
         elif type(est) is LinearRegression:
             if est.positive is not False:
                 return "positive=True"
+            if not _finite_number(est.tol) or not 0 <= est.tol < 1e-2:
+                return "tol not a number in [0, 0.01) (scipy's lstsq cuts singular values below tol·s₀)"
         else:
             return "not a Ridge or LinearRegression"
         if not isinstance(est.fit_intercept, bool):
@@ -265,10 +271,8 @@ class LinearRule:
         return None
 
     @staticmethod
-    def fit(est: Any, state: State, m: Moments, fold: Fold) -> State:
+    def _normal(est: Any, state: State, m: Moments, fold: Fold) -> tuple[Any, ...]:
         A, b, d = state.A, state.b, fold.d
-        k = A.shape[0]
-        alpha = float(getattr(est, "alpha", 0.0))
         if est.fit_intercept:
             C = m.centered
             Uu = A @ C[:d, :d] @ A.T
@@ -280,23 +284,56 @@ class LinearRule:
             As = A @ s[:d]
             Uu = A @ G[:d, :d] @ A.T + np.outer(As, b) + np.outer(b, As) + n * np.outer(b, b)
             Uy = A @ G[:d, d:] + np.outer(As, y0) + np.outer(b, s[d:]) + n * np.outer(b, y0)
-            u_mean = np.zeros(k)
+            u_mean = np.zeros(A.shape[0])
         Uu = (Uu + Uu.T) / 2
-        M = Uu + alpha * np.eye(k)
         # an input column that is exactly 0 (a constant column, scaled) decouples: its coefficient is 0 in any
-        # rounding, so it does not count in the condition number
+        # rounding (scikit-learn's too), so the system is solved, and its condition number read, without it
         live = np.any(Uu != 0, axis=1) | np.any(Uy != 0, axis=1)
-        ev = np.linalg.eigvalsh(M[np.ix_(live, live)]) if live.any() else np.ones(1)
-        if ev[0] <= 0:
-            raise Decline(f"{type(est).__name__.lower()}: singular system (scikit-learn's lstsq/SVD fallback)")
-        cond = ev[-1] / ev[0]
+        lam, Q = np.linalg.eigh(Uu[np.ix_(live, live)]) if live.any() else (np.ones(1), np.eye(0))
+        return Uu, Uy, u_mean, live, lam, Q
+
+    @staticmethod
+    def fit(est: Any, state: State, m: Moments, fold: Fold) -> State:
+        W, c, err, fitted = LinearRule.fit_many([est], state, m, fold)
+        return State(W, c, float(err[0]), [*state.fitted, fitted[0]])
+
+    @staticmethod
+    def fit_many(ests: list[Any], state: State, m: Moments,
+                 fold: Fold) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]]]:
+        """Candidates that differ only in ``alpha`` on the same input ``state``, at once: ``(W, c, err,
+        fitted)``, the pipelines' predictors ``ŷ = Wᵀ(x - x0) + c`` side by side (``W``: d × (candidates·t)),
+        their estimated errors and fitted attributes.  One eigendecomposition of the normal equations per
+        fold and input: ``β(α) = Q (Λ + α)⁻¹ Qᵀ Uᵀy`` for every alpha."""
+        est = ests[0]
+        A, b, d = state.A, state.b, fold.d
+        k = A.shape[0]
+        key = ("normal", id(state.A), bool(est.fit_intercept), id(m))
+        hit = fold.cache.get(key)
+        if hit is None:
+            hit = fold.cache[key] = LinearRule._normal(est, state, m, fold)
+        Uu, Uy, u_mean, live, lam, Q = hit
+        alphas = np.array([float(getattr(e, "alpha", 0.0)) for e in ests])
+        name = type(est).__name__.lower()
+        if np.any(lam[0] + alphas <= 0):
+            raise Decline(f"{name}: singular system (scikit-learn's lstsq/SVD fallback)")
+        cond = (lam[-1] + alphas) / (lam[0] + alphas)
         err = state.err + GROWTH * EPS * cond
-        _promise(err, f"{type(est).__name__.lower()} (condition number {cond:.1e})")
-        beta = np.linalg.solve(M, Uy)                     # (k, t)
-        intercept = m.mean[d:] + fold.y0 - u_mean @ beta if est.fit_intercept else np.zeros(beta.shape[1])
-        fitted = {"coef_": beta.T, "intercept_": intercept}
-        out = State(A.T @ beta, b @ beta + intercept, err, [*state.fitted, fitted])
-        return out
+        _promise(float(err.max()), f"{name} (condition number {cond.max():.1e})")
+        if name == "linearregression" and cond.max() >= 1e-4 / max(float(est.tol), 1e-300) ** 2:
+            raise Decline("linearregression: a singular value within 100x of tol·s₀ (scipy's lstsq cuts it)")
+        t, n = Uy.shape[1], len(alphas)
+        beta = np.zeros((n, k, t))                                  # per candidate, (k, t)
+        if live.any():
+            beta[:, live, :] = Q @ ((Q.T @ Uy[live])[None] / (lam[None, :, None] + alphas[:, None, None]))
+        if est.fit_intercept:
+            intercept = (m.mean[d:] + fold.y0)[None, :] - np.einsum("k,akt->at", u_mean, beta)
+        else:
+            intercept = np.zeros((n, t))
+        W = A.T @ beta.transpose(1, 0, 2).reshape(k, n * t)
+        c = (np.einsum("k,akt->at", b, beta) + intercept).reshape(n * t)
+        fitted = [{"coef_": beta[i].T, "intercept_": intercept[i], "_Uu": Uu, "_rows": m.rows, "_k_in": k}
+                  for i in range(n)]
+        return W, c, err, fitted
 
 
 RULES: tuple[Any, ...] = (ScalerRule, PCARule, LinearRule)
@@ -319,7 +356,9 @@ def fit_chain(steps: list[tuple[Any, Any, Any]], fold: Fold, keys: list[Any]) ->
     """The fitted pipeline of ``steps`` (``(rule, estimator, weight key)`` each) on ``fold``'s training moments,
     as an affine predictor ``ŷ = Wᵀ(x - x0) + c`` (``State.A``, ``State.b``); each prefix fitted once per fold
     (``keys``: the prefixes' identities)."""
-    state = State(np.eye(fold.d), fold.x0.copy())
+    state = fold.cache.get("start")   # one per fold: the rules key their caches by their input state
+    if state is None:
+        state = fold.cache["start"] = State(np.eye(fold.d), fold.x0.copy())
     for i, (rule, est, wkey) in enumerate(steps):
         hit = fold.cache.get(keys[i])
         if hit is None:
@@ -359,23 +398,33 @@ def score_rule(scorer: Any, est: Any) -> str | None:
 def fold_scores(state: State, m: Moments, d: int, y0: np.ndarray, metric: str) -> float:
     """The score of the fitted pipeline ``state`` on the rows whose moments are ``m`` (scikit-learn's metric,
     weighted by the moments' weights, averaged uniformly over outputs)."""
-    W, c = state.A, state.b                     # ŷ = Wᵀ(x - x0) + c
-    t = W.shape[1]
+    return float(scores_many(state.A, state.b, np.array([state.err]), m, d, y0, metric)[0])
+
+
+def scores_many(W: np.ndarray, c: np.ndarray, err: np.ndarray, m: Moments, d: int, y0: np.ndarray,
+                metric: str) -> np.ndarray:
+    """The scores of pipelines side by side (``ŷ = Wᵀ(x - x0) + c``, ``W``: d × (candidates·t), ``err``: each
+    candidate's estimated error) on the rows whose moments are ``m``: one per candidate."""
+    t = len(y0)
+    n = len(err)
     C = m.centered
-    V = np.vstack([-W, np.eye(t)])              # r_j = V[:, j]ᵀ z + δ_j
-    delta = y0 - c
+    V = np.vstack([-W, np.tile(np.eye(t), n)])  # r_j = V[:, j]ᵀ z + δ_j
+    delta = np.tile(y0, n) - c
     CV = C @ V
     var_r = np.einsum("ij,ij->j", V, CV)        # Σ w (r - r̄)²
     sum_r = V.T @ m.s + m.n * delta             # Σ w r
     sse = var_r + sum_r ** 2 / m.n
-    sst = np.diag(C)[d:]
+    sst = np.tile(np.diag(C)[d:], n)
     # cancellation in vᵀCv: |v|ᵀ|C||v| against its value
-    size = np.einsum("ij,ij->j", np.abs(V), np.abs(C) @ np.abs(V))
-    err = state.err + GROWTH * EPS * float(np.max(size / np.maximum(var_r, 1e-300)))
+    absC = m.__dict__.get("_abs")
+    if absC is None:
+        absC = m.__dict__["_abs"] = np.abs(C)
+    size = np.einsum("ij,ij->j", np.abs(V), absC @ np.abs(V))
+    errs = np.repeat(err, t) + GROWTH * EPS * size / np.maximum(var_r, 1e-300)
     name = metric.lstrip("-")
-    if name in ("r2", "ev") and np.any(sst <= 1e3 * EPS * np.abs(np.diag(m.G)[d:])):
+    if name in ("r2", "ev") and np.any(np.diag(C)[d:] <= 1e3 * EPS * np.abs(np.diag(m.G)[d:])):
         raise Decline("a constant target in a fold (scikit-learn's r2/explained variance special case)")
-    _promise(err, f"{name} score")
+    _promise(float(errs.max()), f"{name} score")
     if name == "r2":
         per = 1.0 - sse / sst
     elif name == "ev":
@@ -384,5 +433,5 @@ def fold_scores(state: State, m: Moments, d: int, y0: np.ndarray, metric: str) -
         per = sse / m.n
     else:
         per = np.sqrt(np.maximum(sse, 0.0) / m.n)
-    value = float(np.mean(per))
+    value = per.reshape(n, t).mean(axis=1)
     return -value if metric.startswith("-") else value

@@ -6,12 +6,18 @@ sums, the Gram matrix of ``[X, y]``).  :func:`run` computes them in one pass, in
 (NumPy, CuPy: one GEMM per chunk of rows on the device, then one copy of the K·(d+t+1)² numbers to the host), and
 fits and scores every (candidate, fold) from them with the rules of :mod:`gpunets.tuning.onepass`:
 
-* splitters whose test folds partition the rows used (K-fold style, also a halving rung's subset of rows): one
-  moments pass over the folds' rows, each training set's moments the total less its test fold's;
-* any other splitter (shuffled or repeated splits, time series, groups): one pass per split;
+* the folds' moments (:mod:`gpunets.tuning.onepass_moments`): splitters whose test folds partition the rows
+  used (K-fold style): one pass over the folds' rows, each training set's moments the total less its test
+  fold's; any other splitter (shuffled or repeated splits, time series, a halving rung's subsamples): from the
+  moments of fixed chunks of the rows, formed once per fit and kept on the search between its rungs;
+* candidates that differ only in the last step's ``alpha`` are fitted and scored at once
+  (:meth:`~gpunets.tuning.onepass.LinearRule.fit_many`);
 * the first fold of each *kind* of candidate in a process (steps, options, metric, weights, the versions of
   scikit-learn and NumPy) is also fitted and scored by scikit-learn itself, and the path is used only if the two
-  agree to :data:`~gpunets.tuning.onepass.TOL` (scores relative, coefficients and components norm-relative).
+  agree to :data:`~gpunets.tuning.onepass.TOL` (scores relative, coefficients and components norm-relative);
+  the fitted estimator built from that fold's moments (:mod:`gpunets.tuning.onepass_refit`) is compared
+  attribute by attribute too, and :func:`refit` builds the best candidate's ``best_estimator_`` from the moments
+  of all rows only for kinds that agreed.
 
 :func:`run` returns None-free: ``(outputs, report)`` when it took the path, else an :class:`OnePass` note saying
 why not (the search then builds its network and keeps the note in ``search_report_.one_pass``).
@@ -27,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import sklearn
+from sklearn.utils.validation import _get_feature_names
 
 from gpunets.base.config import config, get_config
 from gpunets.compute.models import resolve_estimator
@@ -34,19 +41,20 @@ from gpunets.devices import store
 from gpunets.devices.data import device_of, to_device
 from gpunets.devices.placement import Device
 from gpunets.devices.value_types import array_namespace, is_cupy_array
-from gpunets.tuning import onepass
+from gpunets.tuning import onepass, onepass_moments, onepass_refit
 from gpunets.tuning.networks import pipeline_steps
-from gpunets.tuning.onepass import Decline, Fold, Moments
+from gpunets.tuning.onepass import Decline, Fold
+from gpunets.tuning.onepass_moments import CHUNK_ROWS
 from gpunets.tuning.report import SearchReport
 
-__all__ = ["CHUNK_ROWS", "MAX_COLUMNS", "OnePass", "enabled", "run"]
+__all__ = ["CHUNK_ROWS", "MAX_COLUMNS", "OnePass", "enabled", "refit", "run"]
 
-#: rows per GEMM of the moments pass (bounds the temporary ``[X, y]`` chunk)
-CHUNK_ROWS = 1 << 16
 #: the most columns (X's and the outputs) the path takes: its moments are O(K·d²) numbers
 MAX_COLUMNS = 2048
 
-_CHECKED: dict[Any, bool] = {}   # kinds whose first fold agreed with scikit-learn's own fit in this process
+# kinds whose first fold agreed with scikit-learn's own fit in this process: None where the fitted steps built
+# from the moments (the refit's) agreed too, else why not
+_CHECKED: dict[Any, str | None] = {}
 
 
 @contextlib.contextmanager
@@ -73,12 +81,15 @@ class OnePass:
     steps: dict[str, str] = field(default_factory=dict)
     splits: str = ""
     checked: int = 0
+    refit: str = ""
 
     def __str__(self) -> str:
         head = "one-pass path" if self.taken else "network path (one-pass declined)"
         lines = [f"{head}: {self.why}"]
         if self.splits:
             lines.append(f"  moments: {self.splits}")
+        if self.refit:
+            lines.append(f"  refit: {self.refit}")
         lines.extend(f"  {k}: {v}" for k, v in self.steps.items())
         return "\n".join(lines)
 
@@ -175,6 +186,10 @@ def _arrays(X: Any, y: Any) -> Any:
         y = y.to_numpy()
     if type(X).__name__ == "DataFrame" and type(X).__module__.startswith("pandas") \
             and all(str(t) == "float64" for t in X.dtypes):
+        try:
+            _get_feature_names(X)
+        except (TypeError, ValueError):
+            return "feature names of mixed types (scikit-learn's error, from each fit)"
         X = X.to_numpy()   # the steps' feature names do not change a score
     host = type(X) is np.ndarray
     if not host and not (is_cupy_array(X) or type(X).__module__.startswith("gpunets.devices.fakegpu")):
@@ -189,92 +204,6 @@ def _arrays(X: Any, y: Any) -> Any:
         return "a target that is not a numeric array like the rows"
     Y = xp.reshape(y, (-1, 1)) if y.ndim == 1 else y
     return X, xp.astype(Y, xp.float64), y.ndim == 1, xp
-
-
-# --- the moments pass ------------------------------------------------------------------------------------------
-
-def _moments(X: Any, Y: Any, xp: Any, groups: list[np.ndarray], weights: dict[Any, np.ndarray],
-             keys: set[Any]) -> tuple[list[dict[Any, Moments]], np.ndarray, np.ndarray]:
-    """Per group of rows, per weight key, the moments of ``[X - x0, Y - y0]`` (``x0``, ``y0``: the column means,
-    a shift that keeps the sums well-conditioned), one GEMM per chunk of rows; the columns' least and greatest
-    values over all rows (a column constant there is constant in every fold); one copy to the host."""
-
-    d, t = X.shape[1], Y.shape[1]
-    p = d + t
-    x0, y0 = xp.mean(X, axis=0), xp.mean(Y, axis=0)
-    z0 = xp.concat([x0, y0])
-    dev_w = {k: xp.asarray(weights[k]) for k in keys if k is not None}
-    parts = []
-    for rows in groups:
-        acc: dict[Any, list[Any]] = {}
-        for start in range(0, len(rows), CHUNK_ROWS):
-            chunk = rows[start:start + CHUNK_ROWS]
-            if chunk[-1] - chunk[0] == len(chunk) - 1 and np.all(np.diff(chunk) == 1):   # a range: a slice
-                a, b = int(chunk[0]), int(chunk[-1]) + 1
-                Z = xp.concat([X[a:b, ...], Y[a:b, ...]], axis=1) - z0
-                idx = None
-            else:
-                idx = xp.asarray(chunk)
-                Z = xp.concat([xp.take(X, idx, axis=0), xp.take(Y, idx, axis=0)], axis=1) - z0
-            for k in keys:
-                if k is None:
-                    G, s = Z.T @ Z, xp.sum(Z, axis=0)
-                    nw = xp.asarray([float(len(chunk))], dtype=xp.float64)
-                else:
-                    wk = dev_w[k][a:b] if idx is None else xp.take(dev_w[k], idx, axis=0)
-                    Zw = Z * xp.reshape(wk, (-1, 1))
-                    G, s, nw = Zw.T @ Z, xp.sum(Zw, axis=0), xp.reshape(xp.sum(wk), (1,))
-                acc_k = acc.get(k)
-                acc[k] = [nw, s, G] if acc_k is None else [acc_k[0] + nw, acc_k[1] + s, acc_k[2] + G]
-        for k in keys:
-            nw, s, G = acc[k]
-            parts.extend([nw, s, xp.reshape(G, (-1,))])
-    parts.extend([xp.min(X, axis=0), xp.max(X, axis=0), x0, y0])
-    flat = np.asarray(to_device(xp.concat(parts), "cpu"), dtype=np.float64)   # the one copy
-    end = len(flat) - t - 3 * d   # the tail: lo (d), hi (d), x0 (d), y0 (t)
-    lo, hi, x0h, y0h = flat[end:end + d], flat[end + d:end + 2 * d], flat[end + 2 * d:end + 3 * d], flat[end + 3 * d:]
-    out, at = [], 0
-    for rows in groups:
-        got = {}
-        for k in keys:
-            nw, s, G = flat[at], flat[at + 1:at + 1 + p], flat[at + 1 + p:at + 1 + p + p * p].reshape(p, p)
-            at += 1 + p + p * p
-            got[k] = Moments(float(nw), s, (G + G.T) / 2, lo, hi, len(rows))
-        out.append(got)
-    return out, x0h, y0h
-
-
-def _partition(splits: list[tuple[np.ndarray, np.ndarray]], n: int) -> bool:
-    """Whether the test folds are disjoint and each training set is the other folds' rows."""
-    label = np.full(n, -1, dtype=np.int64)
-    for f, (_, test) in enumerate(splits):
-        if np.any(label[test] != -1):
-            return False
-        label[test] = f
-    used = int(np.count_nonzero(label >= 0))
-    for f, (train, test) in enumerate(splits):
-        lt = label[train]
-        if len(train) + len(test) != used or np.any(lt < 0) or np.any(lt == f) \
-                or np.bincount(train, minlength=n).max(initial=0) > 1:
-            return False
-    return True
-
-
-def _folds(X: Any, Y: Any, xp: Any, splits: list[tuple[np.ndarray, np.ndarray]], weights: dict[Any, np.ndarray],
-           keys: set[Any]) -> tuple[list[Fold], str]:
-    n, d, t = X.shape[0], X.shape[1], Y.shape[1]
-    if _partition(splits, n):
-        per, x0, y0 = _moments(X, Y, xp, [np.asarray(test) for _, test in splits], weights, keys)
-        total = {k: Moments(sum(g[k].n for g in per), np.sum([g[k].s for g in per], axis=0),
-                            np.sum([g[k].G for g in per], axis=0), per[0][k].lo, per[0][k].hi,
-                            sum(g[k].rows for g in per)) for k in keys}
-        folds = [Fold(d, t, x0, y0, {k: total[k] - g[k] for k in keys}, g) for g in per]
-        how = f"{len(splits)} test folds partition {total[next(iter(keys))].rows} rows: per-fold sums, one pass"
-        return folds, how
-    groups = [np.asarray(a) for pair in splits for a in pair]
-    per, x0, y0 = _moments(X, Y, xp, groups, weights, keys)
-    folds = [Fold(d, t, x0, y0, per[2 * f], per[2 * f + 1]) for f in range(len(splits))]
-    return folds, f"{len(splits)} splits that do not partition the rows: one pass per split"
 
 
 # --- the run ---------------------------------------------------------------------------------------------------
@@ -311,6 +240,17 @@ def _prefix_keys(plan: list[tuple[Any, Any, Any]]) -> list[Any]:
     return keys
 
 
+def _batches(plans: list[Any], prefix: list[list[Any]], todo: list[int]) -> list[list[int]]:
+    """The candidates of ``todo`` grouped where they differ only in the last step's ``alpha`` (the same
+    upstream steps, weights and other options): each group is fitted at once."""
+    groups: dict[Any, list[int]] = {}
+    for c in todo:
+        _, est, wkey = plans[c][-1]
+        rest = repr(sorted((k, v) for k, v in _params(est).items() if k != "alpha"))
+        groups.setdefault((prefix[c][-2] if len(plans[c]) > 1 else None, type(est), rest, wkey), []).append(c)
+    return list(groups.values())
+
+
 def _kind(plan: list[tuple[Any, Any, Any]], metric: str, score_key: Any, xp: Any, t: int, flat: bool) -> Any:
     """What a candidate's self-check covers: its steps and options (not alpha nor an int n_components), the
     metric, the weights' presence, the versions, the namespace."""
@@ -336,8 +276,10 @@ def _close(a: Any, b: Any, floor: float = 1e-300) -> bool:
 
 def _self_check(spec: Any, state: Any, score: float, train_score: float | None, X: Any, y: Any,
                 split: tuple[np.ndarray, np.ndarray], params: dict[str, Any], score_params: dict[str, Any],
-                scorer: Any) -> str | None:
-    """scikit-learn's own fit and score of one (candidate, fold) against the rule's: None if equal to TOL."""
+                scorer: Any, flat: bool) -> tuple[str | None, str | None]:
+    """scikit-learn's own fit and score of one (candidate, fold) against the rule's: ``(why the scores or the
+    fitted statistics differ, why the fitted estimator built from the moments differs)``, None each where equal
+    to TOL (the second: every attribute, :func:`~gpunets.tuning.onepass_refit.differs`)."""
     from sklearn.base import clone
 
 
@@ -348,19 +290,22 @@ def _self_check(spec: Any, state: Any, score: float, train_score: float | None, 
     sp = {k: np.asarray(v)[test] for k, v in score_params.items()}
     theirs = scorer(est, Xh[test], yh[test], **sp)
     if not _close(score, theirs):
-        return f"score {score!r} against scikit-learn's {theirs!r}"
+        return f"score {score!r} against scikit-learn's {theirs!r}", None
     if train_score is not None:
         spt = {k: np.asarray(v)[train] for k, v in score_params.items()}
         if not _close(train_score, scorer(est, Xh[train], yh[train], **spt)):
-            return "train score differs"
-    steps = est.steps if hasattr(est, "steps") else [("", est)]
-    for (_, fitted), mine in zip([s for s in steps if s[1] not in (None, "passthrough")], state.fitted):
+            return "train score differs", None
+    for fitted, mine in zip(onepass_refit.fitted_steps(est), state.fitted):
         for attr, value in mine.items():
-            if value is None or getattr(fitted, attr, None) is None:   # StandardScaler(False, False): no mean_
-                continue
+            if attr.startswith("_") or value is None or getattr(fitted, attr, None) is None:
+                continue   # StandardScaler(False, False): no mean_; "_...": what the refit's attributes need
             if not _close(value, getattr(fitted, attr), 1.0 if attr == "mean_" else 1e-300):
-                return f"{type(fitted).__name__}.{attr} differs from scikit-learn's"
-    return None
+                return f"{type(fitted).__name__}.{attr} differs from scikit-learn's", None
+    try:
+        built = onepass_refit.build(clone(spec), state, flat)
+    except Decline as exc:
+        return None, str(exc)
+    return None, onepass_refit.differs(built, est)
 
 
 def _refit_route(search: Any, X: Any, plan: list[tuple[Any, Any, Any]], labels: list[str]) -> Any:
@@ -402,10 +347,15 @@ def run(search: Any, specs: list[Any], X: Any, y: Any, splits: list[tuple[np.nda
     if isinstance(planned, OnePass):
         return planned
     plans, weights, score_key, labels = planned
-    if not bool(xp.all(xp.isfinite(Xa))) or not bool(xp.all(xp.isfinite(Y))):
-        return _no("NaN or infinity in the rows (scikit-learn's own error, from each fit)")
+    memo = search.__dict__.get("_gn_one_pass")
+    if not isinstance(memo, onepass_moments.Memo) or not memo.fits(X, y):
+        memo = None
+    if memo is None:
+        memo = onepass_moments.start(Xa, Y, xp, X, y)
+        if memo is None:
+            return _no("NaN or infinity in the rows (scikit-learn's own error, from each fit)")
     keys = {w for plan in plans for _, _, w in plan} | {score_key}
-    folds, how = _folds(Xa, Y, xp, splits, weights, keys)
+    folds, how, memo = onepass_moments.folds(Xa, Y, xp, splits, weights, keys, memo, X, y)
     moments_s = time.perf_counter() - start
     train_score = bool(search.return_train_score)
     results: dict[tuple[int, int], tuple[float, float | None]] = {}
@@ -417,15 +367,21 @@ def run(search: Any, specs: list[Any], X: Any, y: Any, splits: list[tuple[np.nda
     try:
         with _one_thread():   # d×d work: one BLAS thread is fastest, and leaves the other cores alone
             for f, fold in enumerate(folds):
-                for c in todo[f]:
-                    state = onepass.fit_chain(plans[c], fold, prefix[c])
-                    test = onepass.fold_scores(state, fold.test[score_key], d, fold.y0, metric)
-                    trained = onepass.fold_scores(state, fold.train[score_key], d, fold.y0, metric) \
+                for cs in _batches(plans, prefix, todo[f]):   # candidates differing only in the last alpha
+                    c0 = cs[0]
+                    up = onepass.fit_chain(plans[c0][:-1], fold, prefix[c0][:-1])
+                    _, _, wkey = plans[c0][-1]
+                    W, b, err, fitted = onepass.LinearRule.fit_many([plans[c][-1][1] for c in cs], up,
+                                                                    fold.train[wkey], fold)
+                    test = onepass.scores_many(W, b, err, fold.test[score_key], d, fold.y0, metric)
+                    trained = onepass.scores_many(W, b, err, fold.train[score_key], d, fold.y0, metric) \
                         if train_score else None
-                    results[c, f] = (test, trained)
-                    if kinds[c] not in _CHECKED and kinds[c] not in to_check:
-                        to_check[kinds[c]] = (c, f)
-                        states[c, f] = state
+                    for i, c in enumerate(cs):
+                        results[c, f] = (float(test[i]), None if trained is None else float(trained[i]))
+                        if kinds[c] not in _CHECKED and kinds[c] not in to_check:
+                            to_check[kinds[c]] = (c, f)
+                            states[c, f] = onepass.State(W[:, i * t:(i + 1) * t], b[i * t:(i + 1) * t],
+                                                         float(err[i]), [*up.fitted, fitted[i]])
                 for i, name in enumerate(labels):
                     fits[name] += len({prefix[c][i] for c in todo[f]})
     except Decline as exc:
@@ -433,20 +389,21 @@ def run(search: Any, specs: list[Any], X: Any, y: Any, splits: list[tuple[np.nda
     fit_s = time.perf_counter() - start - moments_s
     for kind, (c, f) in to_check.items():
         try:
-            bad = _self_check(specs[c], states[c, f], *results[c, f], X, y, splits[f], params, score_params, scorers)
+            bad, built = _self_check(specs[c], states[c, f], *results[c, f], X, y, splits[f], params, score_params,
+                                     scorers, flat)
         except Exception as exc:  # noqa: BLE001 - the network path reports it as scikit-learn does
-            bad = f"scikit-learn's own fit raised {type(exc).__name__}"
+            bad, built = f"scikit-learn's own fit raised {type(exc).__name__}", None
         if bad is not None:
             return _no(f"self-check against scikit-learn failed ({bad})")
-        _CHECKED[kind] = True
+        _CHECKED[kind] = built
     pairs = sum(len(tf) for tf in todo)
     share = (time.perf_counter() - start) / max(pairs, 1)
     outs = {}
-    for (c, f), (test, trained) in results.items():
-        out: dict[str, Any] = {"n_test_samples": len(splits[f][1]), "fit_time": share, "test_scores": test,
+    for (c, f), (on_test, on_train) in results.items():
+        out: dict[str, Any] = {"n_test_samples": len(splits[f][1]), "fit_time": share, "test_scores": on_test,
                                "score_time": 0.0, "fit_error": None}
         if train_score:
-            out["train_scores"] = trained
+            out["train_scores"] = on_train
         outs[c, f] = out
     report = SearchReport(fits=fits, naive={name: pairs for name in labels})
     report.refit_route = _refit_route(search, X, plans[0], labels)
@@ -460,7 +417,67 @@ def run(search: Any, specs: list[Any], X: Any, y: Any, splits: list[tuple[np.nda
         steps[name] = {"standardscaler": "mean and variance from the training moments",
                        "pca": "eigendecomposition of the training covariance (covariance_eigh)",
                        "linear": "normal equations per candidate, scored from the test moments"}[rule.name]
+    memo.refit = {"metric": metric, "score_key": score_key, "weights": weights, "flat": flat, "ns": xp.__name__}
+    search.__dict__["_gn_one_pass"] = memo   # the next rung's chunks, the refit's moments (search.py drops it)
     report.one_pass = OnePass(True, f"every step and the {metric.lstrip('-')} scorer have a statistics rule; "
                               f"moments {moments_s * 1e3:.1f} ms, fits and scores {fit_s * 1e3:.1f} ms",
                               steps, how, len(to_check))
     return outs, report
+
+
+# --- the refit -------------------------------------------------------------------------------------------------
+
+def refit(search: Any, best: Any, X: Any, y: Any, fit_params: dict[str, Any]) -> bool:
+    """Fit ``best`` (the search's ``best_estimator_``, unfitted) on all rows ``X``, ``y`` from their moments
+    (the sum of the folds' or of the chunks' that the search formed), as scikit-learn's ``fit`` would to
+    :data:`~gpunets.tuning.onepass.TOL`: True, else False (``best.fit`` must then be called).  Either way
+    ``search_report_.one_pass.refit`` says which and why; the fit's moments are dropped."""
+    memo = search.__dict__.pop("_gn_one_pass", None)
+    report = getattr(search, "search_report_", None)
+    note = getattr(report, "one_pass", None)
+    if not isinstance(memo, onepass_moments.Memo) or note is None or not note.taken:
+        return False
+    start = time.perf_counter()
+    why = _refit(memo, getattr(report, "last", report), best, X, y, fit_params)
+    if why is None:
+        note.refit = (f"from the moments of all rows ({(time.perf_counter() - start) * 1e3:.1f} ms; the fitted "
+                      "steps built from moments agreed with scikit-learn's own fit on a fold)")
+        return True
+    note.refit = f"scikit-learn's own fit ({why})"
+    return False
+
+
+def _refit(memo: onepass_moments.Memo, report: Any, best: Any, X: Any, y: Any,
+           fit_params: dict[str, Any]) -> str | None:
+    """Why the refit cannot be built from the moments, or None once ``best`` is built."""
+    if getattr(report, "refit_route", None) is not None and report.refit_route[0] == "array_api":
+        return "the refit runs on the GPU with scikit-learn's array-API twins"
+    if not memo.fits(X, y):
+        return "other rows than the search's"
+    got = _arrays(X, y)
+    if isinstance(got, str):
+        return got
+    Xa, Y, flat, xp = got
+    planned = _plan([best], fit_params, {}, Xa.shape[0])
+    if isinstance(planned, OnePass):
+        return planned.why
+    plan = planned[0][0]
+    info = memo.refit
+    kind = _kind(plan, info["metric"], info["score_key"], xp, Y.shape[1], flat)
+    if kind not in _CHECKED:
+        return "its kind of candidate was not compared with scikit-learn's fit in this process"
+    if _CHECKED[kind] is not None:
+        return f"the fitted steps built from moments differed from scikit-learn's on a fold: {_CHECKED[kind]}"
+    try:
+        names = _get_feature_names(X)
+        keys = {w for _, _, w in plan}
+        whole = onepass_moments.total(Xa, Y, xp, {**info["weights"], **planned[1]}, keys, memo)
+        fold = Fold(Xa.shape[1], Y.shape[1], memo.x0, memo.y0, whole, {})
+        with _one_thread():
+            state = onepass.fit_chain(plan, fold, _prefix_keys(plan))
+            onepass_refit.build(best, state, flat, names)
+    except Decline as exc:
+        return str(exc)
+    except (TypeError, ValueError) as exc:   # scikit-learn's feature-name errors: its own fit raises them
+        return f"{type(exc).__name__} from the rows' feature names"
+    return None

@@ -176,6 +176,7 @@ class _NetworkSearch(BaseSearchCV):
 
     def _fit(self, X: Any, y: Any = None, **params: Any) -> _NetworkSearch:
         # --- everything that can be wrong is checked here, before any fit ---
+        self.__dict__.pop("_gn_one_pass", None)   # an earlier fit's moments (gpunets.tuning.onepass_search)
         scorers, refit_metric = self._get_scorers()
         X, y = indexable(X, y)
         params = _check_method_params(X, params=params)
@@ -229,8 +230,12 @@ class _NetworkSearch(BaseSearchCV):
                 start = time.time()
                 with _refit_context(getattr(report, "last", report)) as Xr:
                     Xf, yf = Xr(X, y)   # upstream steps kept from an earlier refit on the same data, else fit
-                    kept = memory.refit_kept(self, self.best_estimator_, Xf, yf, fit_params)
-                    if kept is not None:
+                    # a one-pass search: the best candidate built from the moments of all rows, where it can be
+                    moments = onepass_search.refit(self, self.best_estimator_, X, y, fit_params)
+                    kept = None if moments else memory.refit_kept(self, self.best_estimator_, Xf, yf, fit_params)
+                    if moments:
+                        pass
+                    elif kept is not None:
                         report.refit_reused, report.refit_stored, report.refit_again = kept
                     else:   # one task: a forest grows its trees on the search's lanes
                         with warm.threaded_trees(self.best_estimator_, warm.lanes(self.executor, workers)):
@@ -242,6 +247,7 @@ class _NetworkSearch(BaseSearchCV):
             if hasattr(self.best_estimator_, "feature_names_in_"):
                 self.feature_names_in_ = self.best_estimator_.feature_names_in_
             refit_ctx.call_on_fit_task_end(estimator=self, X=X, y=y, metadata=metadata)
+        self.__dict__.pop("_gn_one_pass", None)
         from sklearn.metrics._scorer import _MultimetricScorer
 
         self.scorer_ = scorers._scorers if isinstance(scorers, _MultimetricScorer) else scorers
@@ -267,6 +273,7 @@ class _NetworkSearch(BaseSearchCV):
         state = super().__getstate__()
         state.pop("_gn_memory", None)   # the search's memory of fitted results stays in this process
         state.pop("_gn_candidates", None)   # left by a fit that stopped before evaluating
+        state.pop("_gn_one_pass", None)   # the moments of a fit that stopped before its refit
         return state
 
     def _evaluate(self, candidates: list[dict[str, Any]], splits: list[tuple[np.ndarray, np.ndarray]],

@@ -412,6 +412,23 @@ def _is_estimator(v: Any) -> bool:
     return not isinstance(v, type) and callable(getattr(v, "get_params", None))
 
 
+_PARAM_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _shallow_params(v: Any) -> dict[str, Any]:
+    """``v.get_params(deep=False)``; for scikit-learn's own ``BaseEstimator.get_params``, its parameter names
+    read once per class (it inspects the ``__init__`` signature at every call)."""
+    from sklearn.base import BaseEstimator  # lazy: scikit-learn is imported by the searches that compare steps
+
+    cls = type(v)
+    if getattr(cls, "get_params", None) is not BaseEstimator.get_params:
+        return v.get_params(deep=False)
+    names = _PARAM_NAMES.get(cls)
+    if names is None:
+        names = _PARAM_NAMES[cls] = tuple(cls._get_param_names())
+    return {k: getattr(v, k) for k in names}
+
+
 def step_key(v: Any) -> Any:
     """A hashable summary of a step: class and ``get_params(deep=False)``, estimators recursively.
 
@@ -420,7 +437,7 @@ def step_key(v: Any) -> Any:
     (True, False)
     """
     if _is_estimator(v):
-        params = v.get_params(deep=False)
+        params = _shallow_params(v)
         return ("estimator", type(v), tuple(sorted((k, step_key(p)) for k, p in params.items())))
     if isinstance(v, (list, tuple)):
         return (type(v), tuple(step_key(x) for x in v))
