@@ -45,12 +45,12 @@ with a plain ``PCA`` (the counting subclass above has no statistics rule), so th
 * ``rows``: the grid search without refit at 50k and at 10^6 rows (``--quick``: 2 x 10^5): seconds per million
   rows, and the moments pass's share (the one part that reads the rows).
 
+Both searches refit their best candidate from the moments of all rows (``refit`` says so, ``refit_seconds``).
+
 GPU batch section (``--gpu-batch``, :func:`gpu_batch`; issue 37 item 3): the same one-stage grid on CuPy data,
 serial, the Ridge candidates of each fold batched on the GPU (one SVD per fold) against the search without
 batching: target <= 0.5x (and <= 0.5 x 0.62 s, the serial search before batching on an H200), the same best
 parameters and scores within 1e-9 relative of scikit-learn's on the CPU; the fake GPU runs it without a target.
-
-Both searches refit their best candidate from the moments of all rows (``refit`` says so, ``refit_seconds``).
 
 Run: ``python benchmarks/bench_tuning.py [--quick] [--gpu] [--gpu-batch] [--one-pass] [--halving [--parts pipeline,forest,grow]]``;
 ``--warm-picture docs/img/halving-warm.png`` draws the tuning page's timeline of a warm-started search.
