@@ -117,7 +117,10 @@ def run_search(X: Any, y: Any, device: str, executor: str) -> tuple[Any, dict[st
     from benchmarks.bench_tuning import grids, pipeline
 
     est = pipeline().set_params(ridge__solver="svd")
-    s = gn.GridSearchCV(est, grids()["one_stage"], cv=KFold(5), executor=executor, device=device).fit(X, y)
+    from gpunets.tuning.onepass_search import enabled
+
+    with enabled(False):   # the search's network on each device (the one-pass path: bench_tuning.py --one-pass)
+        s = gn.GridSearchCV(est, grids()["one_stage"], cv=KFold(5), executor=executor, device=device).fit(X, y)
     import sklearn
 
     with sklearn.config_context(array_api_dispatch=device == "cuda"):   # the refit is the array-API twin there

@@ -90,6 +90,22 @@ class CountingPCA(PCA):
 PCA_ = CountingPCA
 
 
+def network_path(fn: Any) -> Any:
+    """Time the search's network (``gn.config(one_pass=False)``): the sections that measure what the network
+    shares and batches (the default ``one_pass="auto"`` would fit these linear pipelines of 20,000 rows and more
+    from their moments instead; the ``one_pass`` section times that path)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        from gpunets.tuning.onepass_search import enabled
+
+        with enabled(False):
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
 def pipeline(memory: Any = None) -> Any:
     from sklearn.linear_model import Ridge
     from sklearn.pipeline import Pipeline
@@ -170,6 +186,7 @@ def interleaved(fns: dict[str, Any], repeat: int) -> dict[str, float]:
     return best
 
 
+@network_path
 def run(quick: bool = False) -> dict[str, Any]:
     import sklearn.model_selection as skms
     from sklearn.model_selection import KFold
@@ -234,6 +251,7 @@ def run(quick: bool = False) -> dict[str, Any]:
 GPU_ATOL = 1e-8
 
 
+@network_path
 def gpu_search(quick: bool = False, rows: int | None = None, budget_s: float = 35.0) -> dict[str, Any]:
     """The one-stage grid on CuPy data, ``device="cuda"``: streams against serial, checked against the CPU.
 
@@ -313,6 +331,7 @@ GPU_BATCH_BEFORE_S, GPU_BATCH_TARGET = 0.62, 0.5
 GPU_BATCH_RTOL = 1e-9
 
 
+@network_path
 def gpu_batch(quick: bool = False, rows: int | None = None, repeat: int | None = None) -> dict[str, Any]:
     """The one-stage grid on CuPy data, ``device="cuda"``, serial: the Ridge candidates of each fold batched on the
     GPU (:mod:`gpunets.tuning.batched_gpu`: one SVD, one metric call and one copy to the host per fold) against the
@@ -411,6 +430,7 @@ def gpu_batch(quick: bool = False, rows: int | None = None, repeat: int | None =
     return out
 
 
+@network_path
 def gpu_halving(Xg: Any, yg: Any, X: np.ndarray, y: np.ndarray, est: Any, grid: dict[str, list[Any]],
                 cv: Any) -> dict[str, Any]:
     """``gn.HalvingGridSearchCV`` on the same CuPy data, ``device="cuda"``, serial and streams (one timed run each,
@@ -447,6 +467,7 @@ def _same_results(a: Any, b: Any) -> float:
     return max(float(np.nanmax(np.abs(a.cv_results_[k] - b.cv_results_[k]))) for k in keys)
 
 
+@network_path
 def halving(quick: bool = False, parts: tuple[str, ...] = ("pipeline", "forest", "grow")) -> dict[str, Any]:
     """The halving section (see the module's notes); ``parts``: which of its workloads to run."""
     repeat = 1 if quick else 3
@@ -568,6 +589,7 @@ def _grow(quick: bool, repeat: int) -> dict[str, Any]:
             "refit_reused_steps": report.refit_reused, "step_fits": dict(report.fits)}
 
 
+@network_path
 def warm_picture(path: str, rows: int = 2_000) -> dict[str, Any]:
     """The timeline picture of docs/tuning.md: a forest's halving search over ``n_estimators`` (9 candidates,
     3 -> 27 trees, ``factor=3``, ``cv=3``, two threads), cold rungs (``warm_start=False``, scikit-learn's
@@ -630,7 +652,7 @@ def _trees(search: Any) -> int:
 
 
 def one_pass(quick: bool = False) -> dict[str, Any]:
-    """The one-pass section (see the module's notes), with the one-pass path on: an opt-in
+    """The one-pass section (see the module's notes), with the one-pass path on at any size
     (``gn.config(one_pass=True)``); the network path is timed with it off."""
     from gpunets.tuning.onepass_search import enabled
 

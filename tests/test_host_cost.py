@@ -319,9 +319,9 @@ def _workers_without_a_gpu(executor) -> bool:
 
 
 def _greedy(z):   # module level: the Dask workers unpickle it by reference
-    from gpunets.devices import _fakecuda  # lazy: the fake GPU's error, raised where the task runs
+    from gpunets.devices import _fakegraph  # lazy: the fake GPU's error (cupy.cuda.memory), where the task runs
 
-    raise _fakecuda.OutOfMemoryError(8_000_000_000, 1_234_567)
+    raise _fakegraph.OutOfMemoryError(8_000_000_000, 1_234_567)
 
 
 def test_out_of_gpu_memory_names_the_task_device_bytes_and_what_held_memory(cp, gn_executor):

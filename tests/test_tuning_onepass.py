@@ -34,7 +34,8 @@ KEYS = ("mean_test_score", "mean_train_score", "std_test_score", *(f"split{i}_te
 
 @pytest.fixture(autouse=True)
 def one_pass_on():
-    """The one-pass path is an opt-in (gn.config(one_pass=True)): on for every test here."""
+    """The one-pass path at any size (gn.config(one_pass=True); the default "auto" takes it from 20,000 rows on):
+    on for every test here."""
     with gn.config(one_pass=True):
         yield
 
@@ -300,13 +301,40 @@ def test_a_step_that_takes_no_weights_fails_as_in_scikit_learn(executor, data):
             search(*PIPES["pca int"], cv=3).fit(X, y, pca__sample_weight=w)
 
 
-@pytest.mark.parametrize("off", ["enabled(False)", "the default"])
+@pytest.mark.parametrize("off", ["enabled(False)", "gn.config(one_pass=False)"])
 def test_turned_off_the_network_runs(data, off):
     X, y = data
     with enabled(False) if off == "enabled(False)" else gn.config(one_pass=False):
         ours, _ = _both(*PIPES["pca int"], X, y, cv=3)
-    _declined(ours, "gn.config(one_pass=True) turns it on")
+    _declined(ours, "off (gn.config(one_pass=False)")
     assert ours.search_report_.ran is None or ours.search_report_.where["ridge"] != {"one-pass": 15}
+
+
+def test_the_default_takes_the_path_from_20000_rows_on(executor):
+    """one_pass="auto" (the default): the search's network below 20,000 rows (bit for bit scikit-learn's, and
+    cheap there), the moments from 20,000 rows on; both equal scikit-learn's."""
+    assert gn.get_config()["one_pass"] is True   # this module's fixture; the default is "auto":
+    with gn.config(one_pass="auto"):
+        rng = np.random.default_rng(3)
+        for rows, taken in ((19_999, False), (20_000, True)):
+            X = rng.normal(size=(rows, 5)) @ rng.normal(size=(5, 5)) + 2.0
+            y = X @ np.arange(1.0, 6.0) + rng.normal(size=rows)
+            ours, theirs = _both(*PIPES["pca int"], X, y, cv=3)
+            note = ours.search_report_.one_pass
+            assert note.taken is taken, note
+            if not taken:
+                assert "one_pass='auto' (the default) takes it from 20,000 rows on" in note.why, note
+                assert np.array_equal(ours.cv_results_["mean_test_score"], theirs.cv_results_["mean_test_score"])
+            np.testing.assert_allclose(ours.cv_results_["mean_test_score"], theirs.cv_results_["mean_test_score"],
+                                       rtol=1e-9, atol=0)
+            assert ours.best_params_ == theirs.best_params_
+
+
+@pytest.mark.parametrize("bad", [1, "yes", None, 0.5])
+def test_bad_one_pass_settings_are_refused(bad):
+    with pytest.raises(TypeError, match=r"one_pass=.* is not a setting: expected True .* or 'auto' \(the default"):
+        with gn.config(one_pass=bad):
+            pass
 
 
 # --- equality, checked -----------------------------------------------------------------------------------------

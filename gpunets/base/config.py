@@ -43,9 +43,10 @@ _DEFAULTS: dict[str, Any] = {
     # device="auto": {estimator class name or "default": rows} from which a machine trains on the GPU (updates
     # the table shipped in gpunets.planning.crossover); None: the shipped table alone
     "gpu_crossover": None,
-    # searches of linear pipelines fitted and scored from per-fold moments (docs/tuning.md, "One pass over the
-    # data"): equal to scikit-learn's to 1e-9 relative, not bit for bit, hence an opt-in
-    "one_pass": False,
+    # searches of linear pipelines fitted and scored from per-fold moments (docs/tuning.md, "One-pass searches"),
+    # equal to scikit-learn's to 1e-9 relative: "auto" from 20,000 rows on (below, the network: bit for bit
+    # scikit-learn's, and cheap), True at any size, False never
+    "one_pass": "auto",
     # a fitted network called again with inputs of the same shapes replays captured CUDA graphs (docs/devices.md,
     # "Graph mode"); False: every call issues its tasks one by one
     "graphs": False,
@@ -89,10 +90,12 @@ def _validate(changes: dict[str, Any]) -> dict[str, Any]:
         changes = {**changes, "store": verbs.get("check_store")(changes["store"])}
     if "gpu_crossover" in changes:
         changes = {**changes, "gpu_crossover": check_crossover(changes["gpu_crossover"])}
-    if "one_pass" in changes and not isinstance(changes["one_pass"], bool):
-        msg = (f"one_pass={changes['one_pass']!r} of type {type(changes['one_pass']).__name__} is not a bool: "
-               "expected True (searches of linear pipelines fitted from per-fold moments, equal to scikit-learn's "
-               "to 1e-9) or False (the default: every search builds its network). Hint: gn.config(one_pass=True).")
+    if "one_pass" in changes and not (isinstance(changes["one_pass"], bool) or changes["one_pass"] == "auto"):
+        msg = (f"one_pass={changes['one_pass']!r} of type {type(changes['one_pass']).__name__} is not a setting: "
+               "expected True (searches of linear pipelines fitted from per-fold moments wherever that applies, "
+               "equal to scikit-learn's to 1e-9), False (every search builds its network, bit for bit "
+               "scikit-learn's) or 'auto' (the default: the moments from 20,000 rows on). "
+               "Hint: gn.config(one_pass=True).")
         raise TypeError(msg)
     if "graphs" in changes:   # the setting itself is a bool (None is only a call's "the default")
         check_graphs(changes["graphs"])

@@ -57,16 +57,23 @@ MAX_COLUMNS = 2048
 _CHECKED: dict[Any, str | None] = {}
 
 
+#: ``one_pass="auto"`` (the default) takes the one-pass path from this many rows on: below it a search's network
+#: costs milliseconds to seconds and gives scikit-learn's results bit for bit; from it the moments save seconds
+#: per search (0.02x of scikit-learn's time at 50,000 rows, ``benchmarks/bench_tuning.py --one-pass``).
+AUTO_MIN_ROWS = 20_000
+
+
 @contextlib.contextmanager
-def enabled(on: bool) -> Iterator[None]:
-    """Searches inside the block take the one-pass path where it applies (``True``) or never (``False``, the
-    default: every search builds its network): ``gn.config(one_pass=on)`` as a block.
+def enabled(on: bool | str) -> Iterator[None]:
+    """Searches inside the block take the one-pass path where it applies (``True``), never (``False``: every
+    search builds its network), or from :data:`AUTO_MIN_ROWS` rows on (``"auto"``, the default):
+    ``gn.config(one_pass=on)`` as a block.
 
     >>> from gpunets.tuning.onepass_search import enabled
     >>> with enabled(False):
     ...     pass
     """
-    with config(one_pass=bool(on)):
+    with config(one_pass=on if on == "auto" else bool(on)):
         yield
 
 
@@ -166,8 +173,8 @@ def _static(search: Any, warm: Any) -> str | None:
     from sklearn.utils.metadata_routing import _routing_enabled
 
 
-    if not get_config()["one_pass"]:
-        return "off (the default: gn.config(one_pass=True) turns it on)"
+    if get_config()["one_pass"] is False:
+        return "off (gn.config(one_pass=False); True or 'auto', the default, turn it on)"
     if warm is not None:
         return "a warm-started budget"
     if search._watched() is not None:
@@ -329,6 +336,11 @@ def run(search: Any, specs: list[Any], X: Any, y: Any, splits: list[tuple[np.nda
     why = _static(search, warm)
     if why is not None:
         return _no(why)
+    rows = getattr(X, "shape", (None,))[0]
+    if get_config()["one_pass"] == "auto" and (rows is None or rows < AUTO_MIN_ROWS):
+        return _no(f"one_pass='auto' (the default) takes it from {AUTO_MIN_ROWS:,} rows on, and the search has "
+                   f"{'an unknown number of' if rows is None else f'{rows:,}'} rows: its network, bit for bit "
+                   "scikit-learn's, costs little here (gn.config(one_pass=True) takes it at any size)")
     metric = onepass.score_rule(scorers, specs[0])
     if metric is None:
         return _no(f"scorer {scorers!r} has no statistics rule (r2, neg MSE, neg RMSE, explained variance do)")
