@@ -315,17 +315,52 @@ def test_graphs_on_the_cpu_is_a_no_op_said_in_one_line(executor):
     assert gn.evaluate(node, trace=True).trace.graphs is None
 
 
-@pytest.mark.parametrize("bad", ["yes", 1, None, "auto"])
+@pytest.mark.parametrize("bad", ["yes", 1, None, "AUTO"])
 def test_bad_graphs_values_are_refused(bad):
-    with pytest.raises(TypeError, match=r"graphs=.* is not a bool: expected True"):
+    with pytest.raises(TypeError, match=r"graphs=.* is not a setting: expected True .* or 'auto'"):
         gn.config(graphs=bad).__enter__()
     Xs = gn.source(np.ones(2), name="X")
     if bad is not None:   # a call's None means "the configured default"
-        with pytest.raises(TypeError, match="is not a bool"):
+        with pytest.raises(TypeError, match="is not a setting"):
             (Xs + 1)(graphs=bad)
     with gn.config(graphs=True):
         assert gn.get_config()["graphs"] is True
     assert gn.get_config()["graphs"] is False
+
+
+def test_auto_replays_where_earlier_calls_were_host_bound(cp, executor):
+    """graphs="auto": the first call runs eagerly with its GPU tasks timed; replay follows where they were
+    host-bound (GPU time under half of the host's issue time), eager where the GPU was busy."""
+    from gpunets.executors import gpu_auto
+
+    _, _, _, _, out = _network()
+    out.fit()
+    Xn = np.random.default_rng(1).standard_normal((20, 4))
+    eager = out(Xn)
+    gpu_auto._SEEN.clear()
+    first = gn.evaluate(out, Xn, graphs="auto", trace=True)
+    assert np.array_equal(first.value, eager)
+    if getattr(executor, "name", "") == "dask":   # the workers time nothing here that the client keeps per node
+        assert first.trace.graphs.mode == "off"
+        return
+    assert first.trace.graphs.mode == "off" and "timed before" in first.trace.graphs.note, first.trace.graphs
+    timed = list(gpu_auto._SEEN.keys())
+    assert timed, "the first call timed its GPU tasks"
+    for n in timed:   # what a host-bound H200 call looks like: 10 us of GPU work per 300 us of Python
+        gpu_auto._SEEN[n] = (1e-5, 3e-4)
+    modes = []
+    for _ in range(3):
+        r = gn.evaluate(out, Xn, graphs="auto", trace=True)
+        modes.append(r.trace.graphs.mode)
+        assert np.array_equal(r.value, eager)
+        assert "host-bound" in r.trace.graphs.note, r.trace.graphs
+    assert modes == ["trial", "capture", "replay"], modes
+    for n in timed:   # GPU-bound: replay would save little
+        gpu_auto._SEEN[n] = (3e-3, 3e-4)
+    with gn.config(graphs="auto"):
+        r = gn.evaluate(out, Xn, trace=True)
+    assert r.trace.graphs.mode == "off" and "kept the GPU busy" in r.trace.graphs.note
+    assert np.array_equal(r.value, eager)
 
 
 def test_a_source_cannot_be_named_graphs():

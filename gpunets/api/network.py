@@ -24,7 +24,7 @@ from gpunets.devices.data import check_placeable, device_of, is_pandas, off_the_
 from gpunets.devices.placement import override_placement
 from gpunets.executors import get_executor, gpu_auto
 from gpunets.executors.base import default_workers, gpu_timing, inside_task
-from gpunets.executors.graphs import run_graphs
+from gpunets.executors.graphs import GraphReport, run_graphs
 from gpunets.planning.plan import compile_call, compile_fit
 
 __all__ = ["fit", "fit_with_outputs", "evaluate", "Evaluation", "last_trace", "remember_costs"]
@@ -374,7 +374,7 @@ def _bindings(target: AbstractNode, data: Sequence[Any], named: dict[str, Any],
 
 def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any = None,
              workers: int | None = None, output: str | None = None, trace: bool = False,
-             keep_training: Sequence[str] = (), graphs: bool | None = None, **named: Any) -> Any:
+             keep_training: Sequence[str] = (), graphs: bool | str | None = None, **named: Any) -> Any:
     """Evaluate ``target``: ``target()``, ``target(Xnew)``, ``target(X=...)``, ``target(rows=r)``.
 
     With ``trace=True`` return an :class:`Evaluation` holding the value and the trace.  ``graphs=True`` (default
@@ -402,8 +402,17 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
     plan = compile_call([target], bindings, rows=rows, max_lanes=_max_lanes(executor, workers),
                         cache=_cache_allowed(executor))
     ex = get_executor(executor, workers, plan)
-    with gpu_timing(trace):   # on a GPU the trace shows GPU time (timed CUDA events), not host issue time
+    auto_note = None
+    if graphs == "auto":   # replay where earlier calls were host-bound (None: not timed yet: time this one)
+        graphs, auto_note = gpu_auto.graphs_pay(plan)
+    # on a GPU the trace shows GPU time (timed CUDA events), not host issue time
+    with gpu_timing(trace or graphs is None):
         run = run_graphs(plan, ex) if graphs else ex.run(plan)
+    if auto_note is not None:
+        report = run.trace.graphs if graphs else None
+        run.trace.graphs = report if report is not None else GraphReport("off", note=auto_note)
+        if report is not None:
+            report.note = f"{report.note} {auto_note}".strip()
     _LAST_TRACE.set(run.trace)
     remember_costs(plan, run.trace)
     (value,) = run.results()

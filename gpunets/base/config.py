@@ -193,18 +193,19 @@ def check_run_options(**options: Any) -> None:
 
 
 def check_graphs(value: Any) -> None:
-    """``graphs`` must be a bool.
+    """``graphs`` must be True, False or ``"auto"``.
 
     >>> check_graphs("yes")
     Traceback (most recent call last):
     ...
-    TypeError: graphs='yes' of type str is not a bool: expected True (a fitted network called again ...
+    TypeError: graphs='yes' of type str is not a setting: expected True (a fitted network called again ...
     """
-    if not isinstance(value, bool):
-        msg = (f"graphs={value!r} of type {type(value).__name__} is not a bool: expected True (a fitted "
-               "network called again with inputs of the same shapes replays captured CUDA graphs) or "
-               "False (the default: each call issues its tasks one by one). Hint: gn.config(graphs=True), "
-               "or node(X, graphs=True) for one call.")
+    if not (isinstance(value, bool) or value == "auto"):
+        msg = (f"graphs={value!r} of type {type(value).__name__} is not a setting: expected True (a fitted "
+               "network called again with inputs of the same shapes replays captured CUDA graphs), "
+               "False (the default: each call issues its tasks one by one) or 'auto' (replay where earlier "
+               "calls were measured host-bound). Hint: gn.config(graphs=True), or node(X, graphs=True) for "
+               "one call.")
         raise TypeError(msg)
 
 

@@ -114,7 +114,7 @@ class AbstractNode:
 
     # --- calling and fitting ----------------------------------------------------------
     def __call__(self, *data: Any, rows: Any = None, executor: Any = None, workers: int | None = None,
-                 output: str | None = None, keep_training: Sequence[str] = (), graphs: bool | None = None,
+                 output: str | None = None, keep_training: Sequence[str] = (), graphs: bool | str | None = None,
                  **named: Any) -> Any:
         """Evaluate the node: ``n()``, ``n(rows=r)``, ``n(Xnew)`` or ``n(X=Xnew)``.
 
@@ -134,9 +134,10 @@ class AbstractNode:
         keep_training : sequence of str, optional
             Origins (by source name) that keep their own data when others are given new data;
             without it, new data for some origins and not others is an error.
-        graphs : bool, optional
+        graphs : bool or "auto", optional
             Replay captured CUDA graphs when called again with inputs of the same shapes (default
-            ``gn.get_config()["graphs"]``; docs/devices.md, "Graph mode").
+            ``gn.get_config()["graphs"]``; ``"auto"``: where earlier calls were measured host-bound;
+            docs/devices.md, "Graph mode").
         **named : array-like
             New data for origins, by source name.
         """

@@ -35,7 +35,7 @@ from typing import Any
 from gpunets.base.trace import HOST_BOUND_BELOW
 from gpunets.executors._cuda_streams import blocks_host
 
-__all__ = ["remember", "remember_task", "measured", "choose_one_gpu", "MIN_GPU_SECONDS"]
+__all__ = ["remember", "remember_task", "measured", "choose_one_gpu", "graphs_pay", "MIN_GPU_SECONDS"]
 
 # Less GPU work than this in a whole plan gains nothing from streams: creating the lanes' streams and events,
 # and the hand-over to the issuing thread, cost tens of µs each.
@@ -108,3 +108,40 @@ def choose_one_gpu(plan: Any, gpu: str = "cuda:0") -> tuple[str, str]:
     return "streams", (f"the tasks run on one GPU ({gpu}), GPU-bound in earlier runs (GPU {g * 1e3:.3g} ms against "
                        f"{h * 1e3:.3g} ms of host issue, busy ~{busy:.0%}) on {len(lanes)} independent branches: "
                        "a CUDA stream per branch, issued by one thread")
+
+
+def graphs_pay(plan: Any) -> tuple[bool | None, str]:
+    """``graphs="auto"``: whether replaying captured CUDA graphs is expected to pay for this call, and why.
+
+    Replay removes Python's cost of issuing each kernel, so it pays where earlier calls of the plan's GPU tasks
+    were **host-bound** (their GPU time under half of ``max(G, H)``, :func:`remember`).  ``None``: fewer than half
+    of them were timed yet; the call runs eagerly with its GPU tasks timed, so the next call can tell.
+
+    >>> from types import SimpleNamespace as NS
+    >>> class Node: ...
+    >>> n = Node()
+    >>> plan = NS(kind="call", tasks=[NS(kind="eval", node=n, machine=None, lane=0, device="cuda:0")])
+    >>> graphs_pay(plan)[0] is None
+    True
+    >>> remember_task(plan.tasks[0], gpu=1e-5, host=3e-4); graphs_pay(plan)[0]
+    True
+    >>> remember_task(plan.tasks[0], gpu=3e-3, host=3e-4); graphs_pay(plan)[0]
+    False
+    """
+    if plan.kind != "call":
+        return False, "graphs='auto': this run fits (graph mode replays calls of fitted networks): eager."
+    work = [t for t in plan.tasks if t.kind == "eval" and str(t.device).startswith("cuda") and not blocks_host(t)]
+    if not work:
+        return False, "graphs='auto': no task of this call issues GPU work: eager."
+    seen = [m for t in work if (m := measured(t)) is not None]
+    if 2 * len(seen) < len(work):
+        return None, (f"graphs='auto': {len(seen)} of the call's {len(work)} GPU tasks were timed before: this call "
+                      "ran eagerly with its GPU tasks timed, the next decides.")
+    g = sum(m[0] for m in seen)
+    h = sum(m[1] for m in seen)
+    busy = g / max(g, h) if max(g, h) > 0 else 1.0
+    if busy < HOST_BOUND_BELOW:
+        return True, (f"graphs='auto': earlier calls were host-bound (GPU {g * 1e3:.3g} ms against {h * 1e3:.3g} ms "
+                      f"of host issue, busy ~{busy:.0%}): replaying removes the issue cost.")
+    return False, (f"graphs='auto': earlier calls kept the GPU busy (~{busy:.0%}; GPU {g * 1e3:.3g} ms against "
+                   f"{h * 1e3:.3g} ms of host issue): replay would save little, eager.")
