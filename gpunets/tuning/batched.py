@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import sklearn
+from sklearn.base import clone
 
 from gpunets.base.saved import saved_operation
 from gpunets.devices import store as _store
@@ -82,7 +83,6 @@ class RidgeRule:
         store under it, else computed and kept there, so a widened search skips it; the kind's first batch in
         a process still compares its first candidate with scikit-learn's own fit."""
         from scipy import linalg
-        from sklearn.base import clone
 
         target = _target(y)
         if (type(X) is not np.ndarray or target is None or X.ndim != 2
@@ -94,15 +94,9 @@ class RidgeRule:
                 X.flags.f_contiguous, bool(fit_intercept), type(y).__name__, target.dtype.str)
         # the fitted attributes of a Ridge on dense rows, other than coef_ and intercept_
         attributes = {"n_features_in_": X.shape[1], "n_iter_": None, "solver_": "cholesky"}
-        first = None
-        if kind not in _CHECKED:   # this kind's first batch: the first candidate fitted by scikit-learn too
-            first = clone(ests[0]).fit(X, y)
-            if {k: v for k, v in vars(first).items() if k.endswith("_") and k not in ("coef_", "intercept_")} \
-                    != attributes:
-                return None
-        if not sklearn.get_config()["skip_parameter_validation"]:   # what each fit's _fit_context checks first
-            for est in ests:
-                est._validate_params()
+        ok, first = check_first(ests, X, y, kind in _CHECKED, attributes)
+        if not ok:
+            return None
         shared = stored.load_shared(key, kind)
         kept = shared is None
         if shared is None:
@@ -139,6 +133,23 @@ class RidgeRule:
     def predict(est: Any, X: Any) -> Any:
         """``LinearModel._decision_function`` of rows ``est.predict`` accepts unchanged."""
         return X @ est.coef_ + est.intercept_
+
+
+def check_first(ests: list[Any], X: Any, y: Any, checked: bool, attributes: dict[str, Any]) -> tuple[bool, Any]:
+    """What a Ridge batch does before its shared work: ``(go on?, the first candidate as scikit-learn fits it,
+    or None)``.  In a kind's first batch (``checked`` False) the first candidate is fitted by scikit-learn too,
+    and the batch declines where its fitted attributes, other than ``coef_`` and ``intercept_``, are not
+    ``attributes``; then each candidate's parameters are validated as its fit's ``_fit_context`` does."""
+    first = None
+    if not checked:
+        first = clone(ests[0]).fit(X, y)
+        if {k: v for k, v in vars(first).items() if k.endswith("_") and k not in ("coef_", "intercept_")} \
+                != attributes:
+            return False, None
+    if not sklearn.get_config()["skip_parameter_validation"]:
+        for est in ests:
+            est._validate_params()
+    return True, first
 
 
 def _ridge_sums(X: Any, target: Any, fit_intercept: bool) -> tuple[Any, ...]:

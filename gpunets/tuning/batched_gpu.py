@@ -111,15 +111,9 @@ class RidgeSVDRule:
         kind = ("Ridge.fit svd", sklearn.__version__, xp.__name__, str(X.dtype), str(y.dtype), fit_intercept,
                 bool(X.flags.c_contiguous), bool(X.flags.f_contiguous))
         attributes = {"n_features_in_": X.shape[1], "n_iter_": None, "solver_": "svd"}
-        first = None
-        if kind not in _CHECKED:   # this kind's first batch: the first candidate fitted by scikit-learn too
-            first = clone(ests[0]).fit(X, y)
-            if {k: v for k, v in vars(first).items() if k.endswith("_") and k not in ("coef_", "intercept_")} \
-                    != attributes:
-                return None
-        if not sklearn.get_config()["skip_parameter_validation"]:   # what each fit's _fit_context checks first
-            for est in ests:
-                est._validate_params()
+        ok, first = batched.check_first(ests, X, y, kind in _CHECKED, attributes)
+        if not ok:
+            return None
         # Ridge.fit's steps, once for every alpha
         carrier = clone(ests[0])
         _, _, dev = get_namespace_and_device(X)
