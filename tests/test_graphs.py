@@ -63,6 +63,21 @@ def _host(v, cp):
     return cp.asnumpy(v) if isinstance(v, cp.ndarray) else np.asarray(v)
 
 
+def _off_on_dask(executor):
+    """On Dask (tasks in worker processes) graph mode does not apply: a call that asks for it runs eagerly, gives
+    the eager call's value and says why. True there (the caller's graph-mode checks do not apply), else False."""
+    if getattr(executor, "name", "") != "dask":
+        return False
+    _, _, _, _, out = _network()
+    out.fit()
+    Xn = np.random.default_rng(1).standard_normal((20, 4))
+    eager = out(Xn)
+    r = _call(out, Xn)
+    assert r.trace.graphs.mode == "off" and "dask" in str(r.trace.graphs), r.trace.graphs
+    assert np.array_equal(r.value, eager)
+    return True
+
+
 def test_replay_equals_eager_bit_for_bit(cp, executor):
     _, _, _, _, out = _network()
     out.fit()
@@ -91,8 +106,8 @@ def test_replay_equals_eager_bit_for_bit(cp, executor):
 
 
 def test_outputs_are_copies_never_the_graphs_buffers(cp, executor):
-    if getattr(executor, "name", "") == "dask":
-        pytest.skip("graph mode is off on dask (checked in test_replay_equals_eager_bit_for_bit)")
+    if _off_on_dask(executor):   # graph mode does not apply there: checked to say so and run eagerly
+        return
     _, _, _, _, out = _network()
     out.fit()
     rng = np.random.default_rng(2)
@@ -108,8 +123,8 @@ def test_outputs_are_copies_never_the_graphs_buffers(cp, executor):
 
 
 def test_a_host_read_ends_a_segment_and_the_verdict_is_cached(cp, executor, monkeypatch):
-    if getattr(executor, "name", "") == "dask":
-        pytest.skip("graph mode is off on dask")
+    if _off_on_dask(executor):   # graph mode does not apply there: checked to say so and run eagerly
+        return
     X = gn.source(cp.asarray(np.arange(12.0).reshape(6, 2)), name="X")
     first = gn.node(lambda x: x * 3.0, X, name="first")
     reads = gn.node(lambda x: x / float(x.sum()), first, name="reads")   # a host read: invalidates a capture
@@ -135,8 +150,8 @@ def test_a_host_read_ends_a_segment_and_the_verdict_is_cached(cp, executor, monk
 
 
 def test_a_segment_invalidated_midway_runs_eagerly_from_then_on(cp, executor, monkeypatch):
-    if getattr(executor, "name", "") == "dask":
-        pytest.skip("graph mode is off on dask")
+    if _off_on_dask(executor):   # graph mode does not apply there: checked to say so and run eagerly
+        return
     calls = []
 
     def moody(x):   # captured alone on the first call; reads the host when the segment is captured
@@ -160,8 +175,8 @@ def test_a_segment_invalidated_midway_runs_eagerly_from_then_on(cp, executor, mo
 
 
 def test_another_shape_captures_anew_never_replays_the_wrong_buffers(cp, executor):
-    if getattr(executor, "name", "") == "dask":
-        pytest.skip("graph mode is off on dask")
+    if _off_on_dask(executor):   # graph mode does not apply there: checked to say so and run eagerly
+        return
     _, _, _, _, out = _network()
     out.fit()
     rng = np.random.default_rng(3)
@@ -176,8 +191,8 @@ def test_another_shape_captures_anew_never_replays_the_wrong_buffers(cp, executo
 
 
 def test_a_refit_drops_the_graphs_and_the_next_call_captures_anew(cp, executor):
-    if getattr(executor, "name", "") == "dask":
-        pytest.skip("graph mode is off on dask")
+    if _off_on_dask(executor):   # graph mode does not apply there: checked to say so and run eagerly
+        return
     Xs, _, _, _, out = _network()
     out.fit()
     Xn = np.random.default_rng(4).standard_normal((20, 4))
@@ -192,8 +207,8 @@ def test_a_refit_drops_the_graphs_and_the_next_call_captures_anew(cp, executor):
 
 
 def test_a_refit_during_a_replay_finishes_on_the_old_state(cp, executor, monkeypatch):
-    if getattr(executor, "name", "") == "dask":
-        pytest.skip("graph mode is off on dask")
+    if _off_on_dask(executor):   # graph mode does not apply there: checked to say so and run eagerly
+        return
     Xs, _, _, _, out = _network()
     out.fit()
     Xn = np.random.default_rng(6).standard_normal((20, 4))
@@ -229,8 +244,8 @@ def test_a_refit_during_a_replay_finishes_on_the_old_state(cp, executor, monkeyp
 
 
 def test_array_constants_a_graph_reads_stay_alive(cp, executor):
-    if getattr(executor, "name", "") == "dask":
-        pytest.skip("graph mode is off on dask")
+    if _off_on_dask(executor):   # graph mode does not apply there: checked to say so and run eagerly
+        return
     import gc
 
     X = gn.source(cp.asarray(np.ones((5, 3))), name="X")
@@ -247,8 +262,8 @@ def test_array_constants_a_graph_reads_stay_alive(cp, executor):
 
 
 def test_the_graphs_use_a_private_pool(cp, executor):
-    if getattr(executor, "name", "") == "dask":
-        pytest.skip("graph mode is off on dask")
+    if _off_on_dask(executor):   # graph mode does not apply there: checked to say so and run eagerly
+        return
     _, _, _, _, out = _network()
     out.fit()
     Xn = np.random.default_rng(8).standard_normal((20, 4))
@@ -268,8 +283,8 @@ def test_the_graphs_use_a_private_pool(cp, executor):
 
 
 def test_the_configured_setting_and_the_node_output_cache(cp, executor):
-    if getattr(executor, "name", "") == "dask":
-        pytest.skip("graph mode is off on dask")
+    if _off_on_dask(executor):   # graph mode does not apply there: checked to say so and run eagerly
+        return
     _, _, _, _, out = _network()
     out.fit()
     Xn = np.random.default_rng(9).standard_normal((20, 4))
@@ -285,8 +300,8 @@ def test_the_configured_setting_and_the_node_output_cache(cp, executor):
 
 
 def test_a_nested_call_inside_a_task_runs_eagerly(cp, executor):
-    if getattr(executor, "name", "") == "dask":
-        pytest.skip("graph mode is off on dask")
+    if _off_on_dask(executor):   # graph mode does not apply there: checked to say so and run eagerly
+        return
     Z = gn.source(cp.ones(3), name="Z")
     inner = Z * 2.0
     seen = []
