@@ -777,3 +777,29 @@ def test_steps_that_write_their_input_do_not_change_what_other_candidates_see(ex
     theirs = SkGrid(est, grid, **kw).fit(X.copy(), y)
     for k in ("mean_test_score", "mean_train_score", "split0_test_score", "split2_train_score"):
         np.testing.assert_allclose(ours.cv_results_[k], theirs.cv_results_[k], rtol=1e-12, atol=1e-14, err_msg=k)
+
+
+@pytest.mark.parametrize("grid", [{"p": ["passthrough", PCA(3)], "r__alpha": [0.1, 1.0]},
+                                  {"s": [StandardScaler(), "passthrough", None], "r__alpha": [0.1, 3.0]},
+                                  {"p": ["passthrough"], "r__alpha": [1.0, 2.0]}],
+                         ids=["pca-or-passthrough", "scaler-passthrough-none", "all-passthrough"])
+@pytest.mark.parametrize("search", ["GridSearchCV", "HalvingGridSearchCV"])
+def test_a_grid_that_swaps_a_step_for_passthrough_equals_sklearn(executor, reg_data, grid, search):
+    """A step swapped for "passthrough" (or None) in some candidates: the first candidate need not fit every step
+    (this raised KeyError when the first candidate's steps were taken for all)."""
+    import sklearn.experimental.enable_halving_search_cv  # noqa: F401
+
+    X, y = reg_data
+    pipe = Pipeline([("s", StandardScaler()), ("p", PCA(3)), ("r", Ridge())])
+    kw = {"cv": 3, **({"random_state": 0, "min_resources": 30} if search.startswith("Halving") else {})}
+    theirs = getattr(skms, search)(pipe, grid, **kw).fit(X, y)
+    for one_pass in (False, True):
+        with gn.config(one_pass=one_pass):
+            ours = getattr(gn, search)(pipe, grid, **kw).fit(X, y)
+        np.testing.assert_allclose(ours.cv_results_["mean_test_score"], theirs.cv_results_["mean_test_score"],
+                                   rtol=1e-9, atol=1e-12)
+        assert ours.best_params_ == theirs.best_params_
+        # bit for bit on the local executors; on Dask a halving search's scores differ from scikit-learn's in the
+        # last bit in some runs, with or without passthrough (3 of 8 runs of a plain alpha grid; not found why)
+        if not one_pass and getattr(executor, "name", "") != "dask":
+            assert np.array_equal(ours.cv_results_["mean_test_score"], theirs.cv_results_["mean_test_score"])

@@ -118,3 +118,23 @@ def _fit_params_by_step(params: dict[str, Any], names: list[str]) -> dict[str, d
             return None
         out.setdefault(step, {})[param] = value
     return out
+
+
+def _step_names(steps: list[list[tuple[str, Any]]]) -> list[str]:
+    """The names of the steps any candidate fits, in pipeline order: a grid may swap a step for
+    ``"passthrough"`` in some candidates (``{"pca": ["passthrough", PCA(3)]}``), so the first candidate's
+    steps need not be all of them.
+
+    >>> _step_names([[("s", 1), ("r", 2)], [("s", 1), ("p", 3), ("r", 2)]])
+    ['s', 'p', 'r']
+    """
+    order: list[str] = []
+    for cand in steps:
+        at = 0
+        for name, _ in cand:
+            if name in order:
+                at = order.index(name) + 1
+            else:
+                order.insert(at, name)
+                at += 1
+    return order

@@ -77,6 +77,7 @@ from gpunets.tuning.routing import (
     _pipeline_score_routing,
     _refit_context,
     _routed_by_step,
+    _step_names,
     jobs_executor,
     quiet_fallback,
 )
@@ -382,7 +383,7 @@ class _NetworkSearch(BaseSearchCV):
         steps: Any = None if composite else [pipeline_steps(s) for s in specs]
         if steps is not None and any(s is None for s in steps):
             steps = [[(type(self.estimator).__name__, s)] for s in specs]
-        names = [] if steps is None else [n for n, _ in steps[0]]
+        names = [] if steps is None else _step_names(steps)
         by_step: Any = None
         if len(names) > 1:
             by_step = (_routed_by_step(specs[0], steps[0], params) if _routing_enabled()
