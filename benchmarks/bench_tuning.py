@@ -251,17 +251,8 @@ def run(quick: bool = False) -> dict[str, Any]:
 GPU_ATOL = 1e-8
 
 
-@network_path
-def gpu_search(quick: bool = False, rows: int | None = None, budget_s: float = 35.0) -> dict[str, Any]:
-    """The one-stage grid on CuPy data, ``device="cuda"``: streams against serial, checked against the CPU.
-
-    Rounds past the warm one stop early (reported as ``rounds``) when the next would end after ``budget_s``
-    seconds from the start (a cold CuPy kernel cache makes the first runs slow), so the section stays short.
-    """
-    t_start = time.perf_counter()
-    from sklearn.model_selection import KFold
-
-    import gpunets as gn
+def _gpu_or_skip() -> Any:
+    """CuPy (or the fake GPU) for a GPU part of this benchmark, or the ``{"skipped": why}`` it returns instead."""
     from gpunets.compute.models import scipy_array_api_enabled
     from gpunets.devices import _gpulibs
 
@@ -273,6 +264,25 @@ def gpu_search(quick: bool = False, rows: int | None = None, budget_s: float = 3
         return {"skipped": "cupy.cuda.is_available() is False: no CUDA GPU here"}
     if not scipy_array_api_enabled():
         return {"skipped": "SCIPY_ARRAY_API=1 was not set before scipy was imported: no array-API twins"}
+    return cp
+
+
+@network_path
+def gpu_search(quick: bool = False, rows: int | None = None, budget_s: float = 35.0) -> dict[str, Any]:
+    """The one-stage grid on CuPy data, ``device="cuda"``: streams against serial, checked against the CPU.
+
+    Rounds past the warm one stop early (reported as ``rounds``) when the next would end after ``budget_s``
+    seconds from the start (a cold CuPy kernel cache makes the first runs slow), so the section stays short.
+    """
+    t_start = time.perf_counter()
+    from sklearn.model_selection import KFold
+
+    import gpunets as gn
+    from gpunets.devices import _gpulibs
+
+    cp = _gpu_or_skip()
+    if isinstance(cp, dict):
+        return cp
     n = rows or (2_000 if quick else 50_000)
     repeat = 1 if quick else 3
     X, y = make_data(n)
@@ -348,18 +358,12 @@ def gpu_batch(quick: bool = False, rows: int | None = None, repeat: int | None =
     from sklearn.model_selection import GridSearchCV, KFold
 
     import gpunets as gn
-    from gpunets.compute.models import scipy_array_api_enabled
     from gpunets.devices import _gpulibs
     from gpunets.tuning import batched_gpu
 
-    try:
-        cp = _gpulibs.cupy()
-    except ImportError:
-        return {"skipped": "CuPy is not installed (and GPUNETS_FAKE_GPU is not set)"}
-    if not cp.cuda.is_available():
-        return {"skipped": "cupy.cuda.is_available() is False: no CUDA GPU here"}
-    if not scipy_array_api_enabled():
-        return {"skipped": "SCIPY_ARRAY_API=1 was not set before scipy was imported: no array-API twins"}
+    cp = _gpu_or_skip()
+    if isinstance(cp, dict):
+        return cp
     n = rows or (2_000 if quick else 50_000)
     repeat = repeat or (1 if quick else 5)
     X, y = make_data(n)

@@ -5,8 +5,6 @@ test marked ``gpu`` runs the same on a real GPU.
 """
 
 import os
-import subprocess
-import sys
 import threading
 
 import numpy as np
@@ -18,8 +16,8 @@ import gpunets as gn
 from gpunets.compute.models import scipy_array_api_enabled
 from gpunets.executors import _capture, graphs
 from gpunets.testing import fake_gpu
+from tests.helpers import run_in_the_lane
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LANE = os.environ.get("GPUNETS_FAKE_GPU")
 # The networks' estimators run on the (fake) GPU only through scikit-learn's array-API dispatch, which needs
 # SCIPY_ARRAY_API=1 before SciPy is imported: elsewhere they fall back to the CPU, and nothing is left to capture.
@@ -404,10 +402,4 @@ def test_replay_equals_eager_on_a_real_gpu():
 
 @pytest.mark.skipif(ARRAY_API, reason="with array-API dispatch the tests above run in this process")
 def test_the_graph_tests_pass_in_a_process_with_array_api_dispatch():
-    env = dict(os.environ, GPUNETS_FAKE_GPU="1", SCIPY_ARRAY_API="1", CUPY_CUDA_PER_THREAD_DEFAULT_STREAM="1",
-               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                          os.path.join(ROOT, "tests", "test_graphs.py")],
-                         capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
-    assert " passed" in out.stdout and " failed" not in out.stdout
+    run_in_the_lane("test_graphs.py")

@@ -32,6 +32,7 @@ from gpunets.testing import fake_gpu
 from gpunets.tuning import batched, batched_gpu
 from gpunets.tuning.onepass_search import enabled
 from gpunets.tuning.report import SearchReport
+from tests.helpers import run_in_the_lane
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALPHAS = [0.001, 0.1, 1.0, 10.0, 1000.0]
@@ -365,13 +366,7 @@ def test_the_report_says_which_equality_the_gpu_batches_promise():
 
 @pytest.mark.skipif(LANE, reason="in the lane the tests above run in this process")
 def test_the_gpu_batch_tests_pass_in_a_process_with_array_api_dispatch():
-    env = dict(os.environ, GPUNETS_FAKE_GPU="1", SCIPY_ARRAY_API="1", CUPY_CUDA_PER_THREAD_DEFAULT_STREAM="1",
-               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                          os.path.join(ROOT, "tests", "test_tuning_batched_gpu.py")],
-                         capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
-    assert " passed" in out.stdout and " failed" not in out.stdout and "error" not in out.stdout.splitlines()[-1]
+    run_in_the_lane("test_tuning_batched_gpu.py")
 
 
 def test_the_gpu_batch_benchmark_runs_on_the_fake_gpu_without_claiming_a_target(tmp_path):

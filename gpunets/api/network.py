@@ -408,11 +408,11 @@ def evaluate(target: AbstractNode, *data: Any, rows: Any = None, executor: Any =
     # on a GPU the trace shows GPU time (timed CUDA events), not host issue time
     with gpu_timing(trace or graphs is None):
         run = run_graphs(plan, ex) if graphs else ex.run(plan)
-    if auto_note is not None:
-        report = run.trace.graphs if graphs else None
-        run.trace.graphs = report if report is not None else GraphReport("off", note=auto_note)
-        if report is not None:
-            report.note = f"{report.note} {auto_note}".strip()
+    if auto_note is not None:   # graph mode's own report, with why auto chose it; else why auto ran eagerly
+        if graphs and run.trace.graphs is not None:
+            run.trace.graphs.note = f"{run.trace.graphs.note} {auto_note}".strip()
+        else:
+            run.trace.graphs = GraphReport("off", note=auto_note)
     _LAST_TRACE.set(run.trace)
     remember_costs(plan, run.trace)
     (value,) = run.results()

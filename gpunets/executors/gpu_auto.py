@@ -77,6 +77,14 @@ def measured(task: Any) -> tuple[float, float] | None:
         return None
 
 
+def _busy(seen: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """``(GPU seconds G, host issue seconds H, G / max(G, H))`` over measured tasks (the fraction 1 where nothing
+    took time: no evidence of a host-bound run): how busy one issuing thread kept the GPU."""
+    g = sum(m[0] for m in seen)
+    h = sum(m[1] for m in seen)
+    return g, h, (g / max(g, h) if max(g, h) > 0 else 1.0)
+
+
 def choose_one_gpu(plan: Any, gpu: str = "cuda:0") -> tuple[str, str]:
     """``auto``'s choice for a plan whose tasks run on one GPU, ``"streams"`` or ``"serial"``, and why."""
     gpu_tasks = [t for t in plan.tasks if t.kind in ("eval", "fit") and str(t.device).startswith("cuda")]
@@ -90,9 +98,7 @@ def choose_one_gpu(plan: Any, gpu: str = "cuda:0") -> tuple[str, str]:
         return "serial", (f"the tasks run on one GPU ({gpu}); {len(seen)} of its {len(work)} tasks were timed on "
                           "it before (a fit or trace=True times them), too few to tell whether the GPU or the host "
                           "sets the pace: one thread issues its kernels")
-    g = sum(m[0] for _, m in seen)
-    h = sum(m[1] for _, m in seen)
-    busy = g / max(g, h) if g > 0 else 0.0
+    g, h, busy = _busy([m for _, m in seen])
     if busy < HOST_BOUND_BELOW:
         return "serial", (f"the tasks run on one GPU ({gpu}), host-bound in earlier runs (GPU {g * 1e3:.3g} ms "
                           f"against {h * 1e3:.3g} ms of host issue, busy ~{busy:.0%}): streams cannot overlap "
@@ -137,9 +143,7 @@ def graphs_pay(plan: Any) -> tuple[bool | None, str]:
     if 2 * len(seen) < len(work):
         return None, (f"graphs='auto': {len(seen)} of the call's {len(work)} GPU tasks were timed before: this call "
                       "ran eagerly with its GPU tasks timed, the next decides.")
-    g = sum(m[0] for m in seen)
-    h = sum(m[1] for m in seen)
-    busy = g / max(g, h) if max(g, h) > 0 else 1.0
+    g, h, busy = _busy(seen)
     if busy < HOST_BOUND_BELOW:
         return True, (f"graphs='auto': earlier calls were host-bound (GPU {g * 1e3:.3g} ms against {h * 1e3:.3g} ms "
                       f"of host issue, busy ~{busy:.0%}): replaying removes the issue cost.")

@@ -62,16 +62,7 @@ class RidgeRule:
 
     @staticmethod
     def group_key(est: Any) -> Any:
-        from sklearn.linear_model import Ridge
-
-        if type(est) is not Ridge:
-            return None
-        # Ridge's own parameters, read directly (get_params inspects the signature: per candidate and fold)
-        params = {k: getattr(est, k) for k in _RIDGE_PARAMS}
-        if (not _plain_number(params.pop("alpha")) or params["solver"] not in ("auto", "cholesky")
-                or params["positive"] is not False or params["copy_X"] is not True):
-            return None
-        return ("Ridge", tuple((k, repr(v)) for k, v in params.items()))
+        return ridge_group_key(est, ("auto", "cholesky"), "Ridge")
 
     @staticmethod
     def fit(ests: list[Any], X: Any, y: Any, key: bytes | None = None) -> list[Any] | None:
@@ -133,6 +124,21 @@ class RidgeRule:
     def predict(est: Any, X: Any) -> Any:
         """``LinearModel._decision_function`` of rows ``est.predict`` accepts unchanged."""
         return X @ est.coef_ + est.intercept_
+
+
+def ridge_group_key(est: Any, solvers: tuple[str, ...], tag: str) -> Any:
+    """The group key of a ``Ridge`` batch rule: ``(tag, its parameters but alpha)`` for a plain ``Ridge`` with a
+    plain-number ``alpha``, a solver in ``solvers``, ``positive=False`` and ``copy_X=True``; else None."""
+    from sklearn.linear_model import Ridge  # lazy: scikit-learn's estimators load with the search
+
+    if type(est) is not Ridge:
+        return None
+    # Ridge's own parameters, read directly (get_params inspects the signature: per candidate and fold)
+    params = {k: getattr(est, k) for k in _RIDGE_PARAMS}
+    if (not _plain_number(params.pop("alpha")) or params["solver"] not in solvers
+            or params["positive"] is not False or params["copy_X"] is not True):
+        return None
+    return (tag, tuple((k, repr(v)) for k, v in params.items()))
 
 
 def check_first(ests: list[Any], X: Any, y: Any, checked: bool, attributes: dict[str, Any]) -> tuple[bool, Any]:

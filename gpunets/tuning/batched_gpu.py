@@ -55,7 +55,6 @@ CLOSE = 1e-9
 # is True, a score kind's ``(the type of the scorer's result, True where bit for bit)``
 _CHECKED: dict[Any, Any] = {}
 
-_RIDGE_PARAMS = ("alpha", "fit_intercept", "copy_X", "max_iter", "tol", "solver", "positive", "random_state")
 
 
 def _namespace(*arrays: Any) -> Any:
@@ -80,15 +79,7 @@ class RidgeSVDRule:
 
     @staticmethod
     def group_key(est: Any) -> Any:
-        from sklearn.linear_model import Ridge  # lazy: scikit-learn's estimators load with the search
-
-        if type(est) is not Ridge:
-            return None
-        params = {k: getattr(est, k) for k in _RIDGE_PARAMS}
-        if (not batched._plain_number(params.pop("alpha")) or params["solver"] != "svd"
-                or params["positive"] is not False or params["copy_X"] is not True):
-            return None
-        return ("Ridge svd", tuple((k, repr(v)) for k, v in params.items()))
+        return batched.ridge_group_key(est, ("svd",), "Ridge svd")
 
     @staticmethod
     def fit(ests: list[Any], X: Any, y: Any) -> list[Any] | None:
